@@ -1,0 +1,417 @@
+"""A kubelet stand-in: the kubelet's side of the device-plugin API, on a real unix socket.
+
+It serves `v1beta1.Registration` on `<plugin dir>/kubelet.sock` and behaves as the kubelet's
+device manager does (REFERENCE.md section 2), so tests, the demo and the benchmarks exercise a
+plugin the way a node would:
+
+- Register validates the version and the resource name with the kubelet's texts, then, still
+  inside the Register call, dials the plugin's socket (blocking, 10 s) and calls
+  GetDevicePluginOptions; a failure there fails Register with `failed to get device plugin
+  options: ...`. Only after Register returned does it start ListAndWatch.
+- ListAndWatch messages are taken as full snapshots; capacity = all devices, allocatable =
+  devices whose health is exactly "Healthy". When a stream ends, every device of that resource
+  turns unhealthy and nothing retries: only a new Register recovers.
+- Re-registration of a resource replaces the previous endpoint. In `legacy_keying` mode (the
+  default, like kubelets up to 1.35, kubernetes#121994) the end of an *old* endpoint's stream
+  after a newer one registered also disconnects the newer one: a plugin must close its old
+  streams before it registers again, and this stand-in catches one that does not.
+- `allocate()` calls GetPreferredAllocation (when the plugin offers it) and then Allocate with
+  the IDs in random order, one container request each, as the kubelet does at pod admission.
+- `restart()` closes every stream, deletes every socket file in the plugin dir (regular files and
+  folders stay) and creates a fresh kubelet.sock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from common.kubeletapi import HEALTHY, KUBELET_SOCKET_NAME, VERSION, pb
+from common.kubeletapi.rpc import DevicePluginClient, registration_handler, unix_target
+
+log = logging.getLogger("gpuvisor.kubelet")
+
+DIAL_TIMEOUT_S = 10.0
+_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """The kubelet's test for a device plugin's resource name (an extended resource name)."""
+    if "/" not in name or name.startswith("kubernetes.io/") or name.startswith("requests."):
+        return False
+    domain, _, part = name.partition("/")
+    if not domain or len(domain) > 253 or not _DOMAIN.match(domain) or "/" in part:
+        return False
+    return 0 < len(part) <= 63 and bool(_NAME_PART.match(part))
+
+
+@dataclass
+class DeviceState:
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...]
+
+
+@dataclass
+class Endpoint:
+    """One registered plugin instance (a resource served from one socket)."""
+
+    resource: str
+    socket_path: str
+    options: pb.DevicePluginOptions
+    channel: grpc.Channel
+    client: DevicePluginClient
+    registered_at: float
+    generation: int
+    stream: Any = None  # the ListAndWatch call, cancellable
+    connected: bool = True
+    updates: int = 0
+
+
+@dataclass
+class Resource:
+    name: str
+    devices: dict[str, DeviceState] = field(default_factory=dict)
+    endpoint: Endpoint | None = None
+    allocated: set[str] = field(default_factory=set)
+    last_update: float = 0.0
+
+    @property
+    def capacity(self) -> int:
+        return len(self.devices)
+
+    @property
+    def allocatable(self) -> int:
+        if self.endpoint is None or not self.endpoint.connected:
+            return 0
+        return sum(1 for d in self.devices.values() if d.health == HEALTHY)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A record of one Register call (accepted or not)."""
+
+    resource: str
+    endpoint: str
+    at: float
+    error: str = ""
+
+
+class KubeletStandin:
+    """The kubelet's device manager, in-process, on a real unix socket in `plugin_dir`."""
+
+    def __init__(
+        self, plugin_dir: str, *, legacy_keying: bool = True, seed: int = 0, dial_timeout: float = DIAL_TIMEOUT_S
+    ) -> None:
+        self.dial_timeout = dial_timeout
+        self.plugin_dir = os.path.abspath(plugin_dir)
+        self.socket_path = os.path.join(self.plugin_dir, KUBELET_SOCKET_NAME)
+        self.legacy_keying = legacy_keying
+        self._cond = threading.Condition()
+        self._resources: dict[str, Resource] = {}
+        self._server: grpc.Server | None = None
+        self._generation = 0
+        self._random = random.Random(seed)
+        self.registrations: list[Registration] = []
+        self.listeners: list[Callable[[str, list[DeviceState]], None]] = []
+
+    # ----------------------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="kubelet"))
+        server.add_generic_rpc_handlers((registration_handler(self),))
+        server.add_insecure_port(unix_target(self.socket_path))
+        server.start()
+        self._server = server
+        log.info("kubelet stand-in listening on %s", self.socket_path)
+
+    def stop(self) -> None:
+        """Stop serving and close every plugin stream; leaves kubelet.sock removed."""
+        with self._cond:
+            endpoints = [r.endpoint for r in self._resources.values() if r.endpoint is not None]
+        for ep in endpoints:
+            self._close_endpoint(ep)
+        if self._server is not None:
+            self._server.stop(grace=None).wait()
+            self._server = None
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+
+    def restart(self) -> None:
+        """Simulate a kubelet restart: close streams, delete every socket, fresh kubelet.sock."""
+        self.stop()
+        with self._cond:
+            for res in self._resources.values():
+                res.endpoint = None  # capacity stays (from the checkpoint), allocatable drops to 0
+            self._cond.notify_all()
+        for entry in os.scandir(self.plugin_dir):
+            try:
+                if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+        self.start()
+
+    def __enter__(self) -> KubeletStandin:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------------------- Registration
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        error = self._validate(request)
+        endpoint: Endpoint | None = None
+        if not error:
+            try:
+                endpoint = self._dial(request)
+            except Exception as exc:  # any dial or options failure fails Register
+                error = f"failed to get device plugin options: {exc}"
+        with self._cond:
+            self.registrations.append(Registration(request.resource_name, request.endpoint, time.monotonic(), error))
+            self._cond.notify_all()
+        if error or endpoint is None:
+            log.info("registration of %r refused: %s", request.resource_name, error)
+            context.abort(grpc.StatusCode.UNKNOWN, error)
+        self._install(endpoint)
+        return pb.Empty()
+
+    def _validate(self, request: pb.RegisterRequest) -> str:
+        if request.version != VERSION:
+            return (
+                f'requested API version "{request.version}" is not supported by kubelet. '
+                f'Supported version is ["{VERSION}"]'
+            )
+        if not is_extended_resource_name(request.resource_name):
+            return f'the ResourceName "{request.resource_name}" is invalid'
+        return ""
+
+    def _dial(self, request: pb.RegisterRequest) -> Endpoint:
+        path = os.path.join(self.plugin_dir, request.endpoint)
+        channel = grpc.insecure_channel(unix_target(path))
+        try:
+            grpc.channel_ready_future(channel).result(timeout=self.dial_timeout)
+            client = DevicePluginClient(channel)
+            options = client.GetDevicePluginOptions(pb.Empty(), timeout=self.dial_timeout)
+        except grpc.FutureTimeoutError:
+            channel.close()
+            raise RuntimeError(f"dial unix {path}: timed out after {self.dial_timeout:g}s") from None
+        except grpc.RpcError as exc:
+            channel.close()
+            raise RuntimeError(_rpc_text(exc)) from None
+        with self._cond:
+            self._generation += 1
+            generation = self._generation
+        return Endpoint(
+            resource=request.resource_name,
+            socket_path=path,
+            options=options,
+            channel=channel,
+            client=client,
+            registered_at=time.monotonic(),
+            generation=generation,
+        )
+
+    def _install(self, endpoint: Endpoint) -> None:
+        with self._cond:
+            res = self._resources.setdefault(endpoint.resource, Resource(endpoint.resource))
+            old = res.endpoint
+            res.endpoint = endpoint
+            self._cond.notify_all()
+        if old is not None and old is not endpoint:
+            self._close_endpoint(old)
+        thread = threading.Thread(
+            target=self._watch, args=(endpoint,), name=f"law-{endpoint.resource}", daemon=True
+        )
+        thread.start()
+
+    def _watch(self, endpoint: Endpoint) -> None:
+        stream = endpoint.client.ListAndWatch(pb.Empty())
+        endpoint.stream = stream
+        reason = "stream ended"
+        try:
+            for response in stream:
+                self._apply(endpoint, response)
+        except grpc.RpcError as exc:
+            reason = _rpc_text(exc)
+        self._disconnect(endpoint, reason)
+
+    def _apply(self, endpoint: Endpoint, response: pb.ListAndWatchResponse) -> None:
+        devices = [
+            DeviceState(d.ID, d.health, tuple(int(n.ID) for n in d.topology.nodes)) for d in response.devices
+        ]
+        with self._cond:
+            res = self._resources[endpoint.resource]
+            if res.endpoint is not endpoint:
+                return
+            res.devices = {d.id: d for d in devices}
+            res.last_update = time.monotonic()
+            endpoint.updates += 1
+            self._cond.notify_all()
+        for listener in list(self.listeners):
+            listener(endpoint.resource, devices)
+
+    def _disconnect(self, endpoint: Endpoint, reason: str) -> None:
+        with self._cond:
+            endpoint.connected = False
+            res = self._resources.get(endpoint.resource)
+            newer = res.endpoint if res is not None else None
+            if newer is not None and newer is not endpoint:  # noqa: SIM102 - the comment belongs to the inner test
+                if self.legacy_keying and endpoint.generation < newer.generation:
+                    # kubernetes#121994: the old instance's stream ending disconnects the new one.
+                    log.warning("%s: old endpoint's stream ended after re-registration", endpoint.resource)
+                    newer.connected = False
+            self._cond.notify_all()
+        endpoint.channel.close()
+        log.info("%s: ListAndWatch ended (%s)", endpoint.resource, reason)
+
+    def _close_endpoint(self, endpoint: Endpoint) -> None:
+        stream = endpoint.stream
+        if stream is not None:
+            stream.cancel()
+        else:
+            endpoint.connected = False
+            endpoint.channel.close()
+
+    # ----------------------------------------------------------------------------- queries
+    def resource(self, name: str) -> Resource | None:
+        with self._cond:
+            return self._resources.get(name)
+
+    def resource_names(self) -> list[str]:
+        with self._cond:
+            return sorted(self._resources)
+
+    def capacity(self, name: str) -> int:
+        with self._cond:
+            res = self._resources.get(name)
+            return res.capacity if res else 0
+
+    def allocatable(self, name: str) -> int:
+        with self._cond:
+            res = self._resources.get(name)
+            return res.allocatable if res else 0
+
+    def devices(self, name: str) -> dict[str, DeviceState]:
+        with self._cond:
+            res = self._resources.get(name)
+            return dict(res.devices) if res else {}
+
+    def connected(self, name: str) -> bool:
+        with self._cond:
+            res = self._resources.get(name)
+            return bool(res and res.endpoint and res.endpoint.connected and res.endpoint.updates > 0)
+
+    def endpoint_socket(self, name: str) -> str:
+        with self._cond:
+            res = self._resources.get(name)
+            return res.endpoint.socket_path if res and res.endpoint else ""
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+        """Wait until `predicate()` (evaluated under the stand-in's lock) holds; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+            return True
+
+    def wait_listed(self, names: Iterable[str], timeout: float = 10.0) -> bool:
+        """Wait until every named resource is registered, connected and has sent a list."""
+        wanted = list(names)
+
+        def ready() -> bool:
+            for name in wanted:
+                res = self._resources.get(name)
+                if not (res and res.endpoint and res.endpoint.connected and res.endpoint.updates > 0):
+                    return False
+            return True
+
+        return self.wait_for(ready, timeout)
+
+    # ----------------------------------------------------------------------------- allocation
+    def _client(self, name: str) -> tuple[Resource, Endpoint]:
+        with self._cond:
+            res = self._resources.get(name)
+            if res is None or res.endpoint is None or not res.endpoint.connected:
+                raise LookupError(f"resource {name} has no registered plugin")
+            return res, res.endpoint
+
+    def preferred(self, name: str, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        _, ep = self._client(name)
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=list(available),
+                    must_include_deviceIDs=list(must_include),
+                    allocation_size=size,
+                )
+            ]
+        )
+        response = ep.client.GetPreferredAllocation(request, timeout=DIAL_TIMEOUT_S)
+        return list(response.container_responses[0].deviceIDs)
+
+    def allocate_ids(self, name: str, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+        """Call Allocate with exactly these IDs (shuffled, as the kubelet's map order does)."""
+        _, ep = self._client(name)
+        shuffled = list(ids)
+        self._random.shuffle(shuffled)
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=shuffled)])
+        response = ep.client.Allocate(request, timeout=DIAL_TIMEOUT_S)
+        return response.container_responses[0]
+
+    def allocate(
+        self, name: str, count: int, must_include: Sequence[str] = ()
+    ) -> tuple[list[str], pb.ContainerAllocateResponse]:
+        """Admit a container asking for `count` devices: preferred allocation, then Allocate."""
+        res, ep = self._client(name)
+        with self._cond:
+            available = sorted(
+                d.id for d in res.devices.values() if d.health == HEALTHY and d.id not in res.allocated
+            )
+        if len(available) < count:
+            raise LookupError(f"{name}: {count} requested, {len(available)} available")
+        chosen: list[str] = []
+        if ep.options.get_preferred_allocation_available:
+            preferred = self.preferred(name, available, must_include, count)
+            chosen = [i for i in preferred if i in available][:count]
+        for device_id in list(must_include) + available:  # the kubelet fills in what is missing
+            if len(chosen) >= count:
+                break
+            if device_id not in chosen:
+                chosen.append(device_id)
+        response = self.allocate_ids(name, chosen)
+        with self._cond:
+            res.allocated.update(chosen)
+        return chosen, response
+
+    def release(self, name: str, ids: Iterable[str]) -> None:
+        with self._cond:
+            res = self._resources.get(name)
+            if res is not None:
+                res.allocated.difference_update(ids)
+
+
+def _rpc_text(exc: grpc.RpcError) -> str:
+    details = getattr(exc, "details", None)
+    code = getattr(exc, "code", None)
+    text = details() if callable(details) else str(exc)
+    name = code().name if callable(code) else "UNKNOWN"
+    return f"rpc error: code = {name} desc = {text}"

@@ -1,0 +1,42 @@
+"""Regenerate the committed protobuf/gRPC stubs from api.proto.
+
+Run from anywhere: `python -m common.kubeletapi.generate [OUT_DIR]`. The stubs are committed so
+that installing gpuvisor needs no code generator; tests/test_kubeletapi.py regenerates them into a
+temp dir and checks the result is byte-for-byte what is committed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+PROTO = "common/kubeletapi/api.proto"
+
+
+def generate(out_dir: Path) -> None:
+    """Write api_pb2.py, api_pb2.pyi and api_pb2_grpc.py for api.proto under out_dir."""
+    from grpc_tools import protoc  # a test-only dependency: imported here, not at module load
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = [
+        "protoc",
+        f"-I{ROOT}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        str(ROOT / PROTO),
+    ]
+    if protoc.main(args) != 0:
+        raise RuntimeError(f"protoc failed for {PROTO}")
+
+
+def main() -> int:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT
+    generate(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

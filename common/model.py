@@ -1,0 +1,204 @@
+"""The device and resource model shared by the supervisor and the workers.
+
+Everything here is plain, immutable, typed data with no NVML handles in it: discovery turns NVML
+into a `Node`, planning turns a `Node` and a config into one `ResourcePlan` per resource, and a
+plan is what a worker receives (as JSON, written by the supervisor, read by the worker at start).
+
+Serialisation is canonical (sorted keys, no whitespace) so that the same plan always gives the
+same bytes: a reload compares old and new plans by their JSON, resource by resource.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+Sharing = Literal["none", "time-slicing", "mps"]
+IdStrategy = Literal["uuid", "index"]
+SharedPolicy = Literal["distributed", "packed"]
+DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
+
+# NVML's topology levels (nvmlGpuTopologyLevel_t), nearest first.
+TOPOLOGY_INTERNAL = 0  # same board
+TOPOLOGY_SINGLE = 10  # one PCIe switch
+TOPOLOGY_MULTIPLE = 20  # several PCIe switches
+TOPOLOGY_HOSTBRIDGE = 30  # same host bridge
+TOPOLOGY_NODE = 40  # same NUMA node
+TOPOLOGY_SYSTEM = 50  # across NUMA nodes (SMP interconnect)
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG device (GPU instance + compute instance) on a MIG-enabled GPU."""
+
+    uuid: str
+    parent_uuid: str
+    parent_index: int
+    index: int  # position among the parent's MIG devices: the `j` of the `i:j` index
+    gi_id: int
+    ci_id: int
+    profile: str  # "1g.10gb", "1g.10gb+me", ...
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A physical GPU as NVML describes it."""
+
+    index: int
+    uuid: str
+    minor: int
+    name: str
+    memory_mib: int
+    pci_bus_id: str
+    numa_node: int | None
+    compute_capability: tuple[int, int]
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class Link:
+    """How two GPUs (by index, a < b) are connected: common PCI ancestor and NVLink count."""
+
+    a: int
+    b: int
+    ancestor: int  # one of the TOPOLOGY_* levels
+    nvlinks: int = 0
+
+
+@dataclass(frozen=True)
+class Node:
+    """What discovery found on this node."""
+
+    gpus: tuple[Gpu, ...]
+    links: tuple[Link, ...] = ()
+    driver_version: str = ""
+    cuda_driver_version: int = 0
+
+    def gpu_by_uuid(self, uuid: str) -> Gpu | None:
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        return None
+
+
+@dataclass(frozen=True)
+class AllocatableDevice:
+    """One device ID the kubelet sees: a full GPU, a MIG device, or a replica of either.
+
+    `id` is what is advertised (a UUID, or `<uuid>::<n>` for replica n); `uuid` is the backing
+    GPU or MIG device, `index` its index-strategy name (`i` or `i:j`).
+    """
+
+    id: str
+    uuid: str
+    index: str
+    gpu_uuid: str
+    gpu_index: int
+    gpu_minor: int
+    numa_node: int | None
+    memory_mib: int
+    replica: int | None = None
+    replicas: int = 1  # how many replicas the backing device is split into (1: not shared)
+    mig_gi: int | None = None
+    mig_ci: int | None = None
+    mig_profile: str | None = None
+
+    @property
+    def is_mig(self) -> bool:
+        return self.mig_gi is not None
+
+
+@dataclass(frozen=True)
+class AllocateSettings:
+    """What shapes an Allocate response (NVIDIA's plugin flags, per resource)."""
+
+    device_list_strategies: tuple[str, ...] = ("envvar",)
+    device_id_strategy: str = "uuid"
+    pass_device_specs: bool = False
+    driver_root: str = "/"
+    dev_root: str = "/"
+    container_driver_root: str = "/driver-root"
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    cdi_vendor: str = "k8s.device-plugin.nvidia.com"
+    cdi_class: str = "gpu"
+    nvidia_ctk_path: str = "/usr/bin/nvidia-ctk"
+    gds_enabled: bool = False
+    mofed_enabled: bool = False
+    gdrcopy_enabled: bool = False
+    imex_channel_ids: tuple[int, ...] = ()
+    imex_required: bool = False
+    mps_root: str = ""
+    mig_minors_path: str = "/proc/driver/nvidia-caps/mig-minors"
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    """Everything a worker needs to serve one resource. Same input, same plan, same bytes."""
+
+    resource: str  # fully qualified, e.g. "nvidia.com/gpu"
+    devices: tuple[AllocatableDevice, ...]
+    sharing: str = "none"  # Sharing
+    fail_requests_greater_than_one: bool = False
+    shared_policy: str = "distributed"  # SharedPolicy
+    allocate: AllocateSettings = field(default_factory=AllocateSettings)
+    links: tuple[Link, ...] = ()  # topology between the GPUs backing this resource
+
+    @property
+    def name(self) -> str:
+        """The resource name without its domain: `gpu`, `mig-1g.10gb`, `gpu.shared`."""
+        return self.resource.split("/", 1)[1]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> ResourcePlan:
+        raw = json.loads(text)
+        return plan_from_dict(raw)
+
+
+def _tuple_of_str(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value)
+
+
+def plan_from_dict(raw: dict[str, Any]) -> ResourcePlan:
+    """Rebuild a plan from `dataclasses.asdict` output (lists back into tuples)."""
+    alloc_raw = dict(raw.get("allocate", {}))
+    alloc_raw["device_list_strategies"] = _tuple_of_str(alloc_raw.get("device_list_strategies", ("envvar",)))
+    alloc_raw["imex_channel_ids"] = tuple(int(v) for v in alloc_raw.get("imex_channel_ids", ()))
+    return ResourcePlan(
+        resource=str(raw["resource"]),
+        devices=tuple(AllocatableDevice(**d) for d in raw["devices"]),
+        sharing=str(raw.get("sharing", "none")),
+        fail_requests_greater_than_one=bool(raw.get("fail_requests_greater_than_one", False)),
+        shared_policy=str(raw.get("shared_policy", "distributed")),
+        allocate=AllocateSettings(**alloc_raw),
+        links=tuple(Link(**link) for link in raw.get("links", ())),
+    )
+
+
+def node_to_json(node: Node) -> str:
+    return json.dumps(dataclasses.asdict(node), sort_keys=True, separators=(",", ":"))
+
+
+def node_from_json(text: str) -> Node:
+    raw = json.loads(text)
+    gpus = []
+    for g in raw["gpus"]:
+        g = dict(g)
+        g["compute_capability"] = tuple(g["compute_capability"])
+        g["mig_devices"] = tuple(MigDevice(**m) for m in g.get("mig_devices", ()))
+        gpus.append(Gpu(**g))
+    return Node(
+        gpus=tuple(gpus),
+        links=tuple(Link(**link) for link in raw.get("links", ())),
+        driver_version=str(raw.get("driver_version", "")),
+        cuda_driver_version=int(raw.get("cuda_driver_version", 0)),
+    )

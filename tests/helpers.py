@@ -1,0 +1,66 @@
+"""Shared test helpers: short temp dirs for unix sockets, poll-until-true, process checks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psutil
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.02) -> bool:
+    """Poll `predicate` until it is truthy or `timeout` passes; returns whether it held."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+@contextmanager
+def short_tmpdir(prefix: str = "gv") -> Iterator[str]:
+    """A temp dir with a short path: unix socket paths must stay under 108 bytes."""
+    path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def sockets_in(directory: str) -> list[str]:
+    import stat
+
+    found = []
+    for entry in os.scandir(directory):
+        try:
+            if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                found.append(entry.name)
+        except FileNotFoundError:
+            pass
+    return sorted(found)
+
+
+def children_of(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def gone(pids: list[int]) -> bool:
+    """True when none of these PIDs is a live (non-zombie) process."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
