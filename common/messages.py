@@ -1,0 +1,760 @@
+"""The ZeroMQ wire format between the supervisor, its workers and the CLI: the only module that
+knows how a message looks on the wire.
+
+Every message is two frames, `[topic, body]`:
+
+- `topic` is `b"health"` for what the supervisor PUBlishes to every worker (one topic for all
+  resources, see below) and `b"control"` for everything on the ROUTER/DEALER control socket
+  (worker <-> supervisor, CLI <-> supervisor). A ROUTER sees routing frames in front of these
+  two; `split_routed` separates them.
+- `body` is compact UTF-8 JSON, the envelope
+  `{"v": PROTOCOL_VERSION, "seq": n, "time": wall, "kind": "...", "payload": {...}}`.
+  `seq` counts the messages one sender sent (a `SequenceCounter` per socket); it is for logs and
+  duplicate spotting. Health ordering uses the health sequence number inside the payload.
+
+`decode` is strict: wrong frame count, non-UTF-8, bad JSON, another protocol version, an unknown
+kind, a kind sent on the wrong topic, a missing, extra or wrongly typed field all raise
+`MessageError` with the reason, and nothing else escapes it, so a receive loop can log and drop.
+
+Health uses the "clone" pattern: a worker subscribes, asks for a `HealthSnapshot` of its
+resource at sequence S over control, then applies only deltas with seq > S (`HealthApplier`).
+One topic with one node-wide sequence, rather than a topic per resource, is a deliberate choice:
+every worker sees every sequence number, so a missing delta is always seen as a gap. Deltas carry
+device IDs only; a worker ignores IDs that are not in its plan. `HealthBeacon`s, published
+periodically with the current sequence, reveal a lost last delta that no later delta would show.
+`epoch` names one supervisor life, so a worker never mixes two supervisors' sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+
+HEALTH_TOPIC = b"health"
+CONTROL_TOPIC = b"control"
+_TOPICS = (HEALTH_TOPIC, CONTROL_TOPIC)
+
+# Envelope keys, once.
+_K_VERSION = "v"
+_K_SEQ = "seq"
+_K_TIME = "time"
+_K_KIND = "kind"
+_K_PAYLOAD = "payload"
+_ENVELOPE_KEYS = frozenset({_K_VERSION, _K_SEQ, _K_TIME, _K_KIND, _K_PAYLOAD})
+
+
+class MessageError(ValueError):
+    """A message could not be encoded or decoded; the text says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed field readers: each names the field and says what was wrong with it.
+
+
+def _where(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _require(obj: Mapping[str, Any], name: str, path: str) -> Any:
+    if name not in obj:
+        raise MessageError(f"missing field {_where(path, name)!r}")
+    return obj[name]
+
+
+def _str(obj: Mapping[str, Any], name: str, path: str = "") -> str:
+    value = _require(obj, name, path)
+    if not isinstance(value, str):
+        raise MessageError(f"field {_where(path, name)!r} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _bool(obj: Mapping[str, Any], name: str, path: str = "") -> bool:
+    value = _require(obj, name, path)
+    if not isinstance(value, bool):
+        raise MessageError(f"field {_where(path, name)!r} must be a boolean, not {type(value).__name__}")
+    return value
+
+
+def _int(obj: Mapping[str, Any], name: str, path: str = "", minimum: int = 0) -> int:
+    value = _require(obj, name, path)
+    # bool is an int in Python; on the wire true is not 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MessageError(f"field {_where(path, name)!r} must be an integer, not {type(value).__name__}")
+    if value < minimum:
+        raise MessageError(f"field {_where(path, name)!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _finite(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise MessageError(f"field {where!r} must be a number, not {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise MessageError(f"field {where!r} must be a finite number, got {value!r}")
+    return number
+
+
+def _float(obj: Mapping[str, Any], name: str, path: str = "") -> float:
+    return _finite(_require(obj, name, path), _where(path, name))
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise MessageError(f"{where} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _dict(obj: Mapping[str, Any], name: str, path: str = "") -> dict[str, Any]:
+    return dict(_object(_require(obj, name, path), f"field {_where(path, name)!r}"))
+
+
+def _number_dict(obj: Mapping[str, Any], name: str, path: str = "") -> dict[str, float]:
+    raw = _dict(obj, name, path)
+    return {key: _finite(value, f"{_where(path, name)}.{key}") for key, value in raw.items()}
+
+
+def _list(obj: Mapping[str, Any], name: str, path: str = "") -> list[Any]:
+    value = _require(obj, name, path)
+    if not isinstance(value, list):
+        raise MessageError(f"field {_where(path, name)!r} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _only(obj: Mapping[str, Any], allowed: Iterable[str], path: str) -> None:
+    extra = sorted(set(obj) - set(allowed))
+    if extra:
+        where = f" in {path!r}" if path else ""
+        raise MessageError(f"unexpected field(s) {', '.join(map(repr, extra))}{where}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Records carried inside messages.
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    """The health of one allocatable device ID, as of `since` (wall time of the last flip)."""
+
+    device_id: str
+    healthy: bool
+    reason: str
+    since: float
+
+    _FIELDS: ClassVar[tuple[str, ...]] = ("device_id", "healthy", "reason", "since")
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"device_id": self.device_id, "healthy": self.healthy, "reason": self.reason, "since": self.since}
+
+    @classmethod
+    def from_payload(cls, raw: Any, path: str) -> DeviceHealth:
+        obj = _object(raw, f"field {path!r}")
+        _only(obj, cls._FIELDS, path)
+        return cls(
+            device_id=_str(obj, "device_id", path),
+            healthy=_bool(obj, "healthy", path),
+            reason=_str(obj, "reason", path),
+            since=_float(obj, "since", path),
+        )
+
+
+def _health_list(obj: Mapping[str, Any], name: str) -> tuple[DeviceHealth, ...]:
+    return tuple(DeviceHealth.from_payload(item, f"{name}[{i}]") for i, item in enumerate(_list(obj, name)))
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    """The full health of one resource's devices at health sequence `seq`."""
+
+    seq: int
+    resource: str
+    devices: tuple[DeviceHealth, ...]
+    epoch: str = ""
+
+    _FIELDS: ClassVar[tuple[str, ...]] = ("seq", "resource", "devices", "epoch")
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "resource": self.resource,
+            "devices": [d.to_payload() for d in self.devices],
+            "epoch": self.epoch,
+        }
+
+    @classmethod
+    def from_payload(cls, raw: Any, path: str) -> HealthSnapshot:
+        obj = _object(raw, f"field {path!r}")
+        _only(obj, cls._FIELDS, path)
+        devices = tuple(
+            DeviceHealth.from_payload(item, f"{path}.devices[{i}]")
+            for i, item in enumerate(_list(obj, "devices", path))
+        )
+        return cls(
+            seq=_int(obj, "seq", path),
+            resource=_str(obj, "resource", path),
+            devices=devices,
+            epoch=_str(obj, "epoch", path),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Message kinds. Each declares its wire name (KIND), its topic, and how its payload maps.
+
+
+@dataclass(frozen=True)
+class HealthDelta:
+    """PUB: devices whose health changed in the change batch numbered `seq`."""
+
+    KIND: ClassVar[str] = "health-delta"
+    TOPIC: ClassVar[bytes] = HEALTH_TOPIC
+
+    seq: int
+    changes: tuple[DeviceHealth, ...]
+    epoch: str = ""
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"seq": self.seq, "changes": [c.to_payload() for c in self.changes], "epoch": self.epoch}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> HealthDelta:
+        _only(p, ("seq", "changes", "epoch"), "payload")
+        return cls(seq=_int(p, "seq"), changes=_health_list(p, "changes"), epoch=_str(p, "epoch"))
+
+
+@dataclass(frozen=True)
+class HealthBeacon:
+    """PUB, periodic: the current health sequence, so a subscriber can notice a lost last delta."""
+
+    KIND: ClassVar[str] = "health-beacon"
+    TOPIC: ClassVar[bytes] = HEALTH_TOPIC
+
+    seq: int
+    epoch: str = ""
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"seq": self.seq, "epoch": self.epoch}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> HealthBeacon:
+        _only(p, ("seq", "epoch"), "payload")
+        return cls(seq=_int(p, "seq"), epoch=_str(p, "epoch"))
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Worker -> supervisor, first message on a new DEALER: who I am."""
+
+    KIND: ClassVar[str] = "hello"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    resource: str
+    pid: int
+    worker_token: str
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"resource": self.resource, "pid": self.pid, "worker_token": self.worker_token}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> Hello:
+        _only(p, ("resource", "pid", "worker_token"), "payload")
+        return cls(resource=_str(p, "resource"), pid=_int(p, "pid"), worker_token=_str(p, "worker_token"))
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Worker -> supervisor, periodic: liveness, state and metric data (a flat name -> number map)."""
+
+    KIND: ClassVar[str] = "heartbeat"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    resource: str
+    pid: int
+    state: str
+    registered: bool
+    socket_path: str
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "pid": self.pid,
+            "state": self.state,
+            "registered": self.registered,
+            "socket_path": self.socket_path,
+            "stats": dict(self.stats),
+        }
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> Heartbeat:
+        _only(p, ("resource", "pid", "state", "registered", "socket_path", "stats"), "payload")
+        return cls(
+            resource=_str(p, "resource"),
+            pid=_int(p, "pid"),
+            state=_str(p, "state"),
+            registered=_bool(p, "registered"),
+            socket_path=_str(p, "socket_path"),
+            stats=_number_dict(p, "stats"),
+        )
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """Worker -> supervisor: something happened (registered, stream-started, stream-ended, ...)."""
+
+    KIND: ClassVar[str] = "status"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    resource: str
+    event: str
+    detail: str = ""
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"resource": self.resource, "event": self.event, "detail": self.detail}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> StatusReport:
+        _only(p, ("resource", "event", "detail"), "payload")
+        return cls(resource=_str(p, "resource"), event=_str(p, "event"), detail=_str(p, "detail"))
+
+
+@dataclass(frozen=True)
+class SnapshotRequest:
+    """Worker -> supervisor: send me the health snapshot of my resource."""
+
+    KIND: ClassVar[str] = "snapshot-request"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    resource: str
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"resource": self.resource}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> SnapshotRequest:
+        _only(p, ("resource",), "payload")
+        return cls(resource=_str(p, "resource"))
+
+
+@dataclass(frozen=True)
+class SnapshotReply:
+    """Supervisor -> worker: the answer to a SnapshotRequest."""
+
+    KIND: ClassVar[str] = "snapshot-reply"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    snapshot: HealthSnapshot
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"snapshot": self.snapshot.to_payload()}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> SnapshotReply:
+        _only(p, ("snapshot",), "payload")
+        return cls(snapshot=HealthSnapshot.from_payload(_require(p, "snapshot", ""), "snapshot"))
+
+
+@dataclass(frozen=True)
+class Reregister:
+    """Supervisor -> worker: start a new server on a new socket and register again."""
+
+    KIND: ClassVar[str] = "reregister"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    reason: str
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> Reregister:
+        _only(p, ("reason",), "payload")
+        return cls(reason=_str(p, "reason"))
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Supervisor -> worker: stop serving and exit cleanly."""
+
+    KIND: ClassVar[str] = "shutdown"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    def to_payload(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> Shutdown:
+        _only(p, (), "payload")
+        return cls()
+
+
+@dataclass(frozen=True)
+class PlanUpdate:
+    """Supervisor -> worker: the resource's plan changed; `plan_json` is `ResourcePlan.to_json()`."""
+
+    KIND: ClassVar[str] = "plan-update"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    plan_json: str
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"plan_json": self.plan_json}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> PlanUpdate:
+        _only(p, ("plan_json",), "payload")
+        return cls(plan_json=_str(p, "plan_json"))
+
+
+@dataclass(frozen=True)
+class Command:
+    """CLI -> supervisor: a named command with JSON arguments (`status`, `sim-xid`, ...)."""
+
+    KIND: ClassVar[str] = "command"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"name": self.name, "args": dict(self.args)}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> Command:
+        _only(p, ("name", "args"), "payload")
+        return cls(name=_str(p, "name"), args=_dict(p, "args"))
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Supervisor -> CLI: the outcome of a Command."""
+
+    KIND: ClassVar[str] = "reply"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+
+    ok: bool
+    error: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"ok": self.ok, "error": self.error, "data": dict(self.data)}
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> Reply:
+        _only(p, ("ok", "error", "data"), "payload")
+        return cls(ok=_bool(p, "ok"), error=_str(p, "error"), data=_dict(p, "data"))
+
+
+Message = (
+    HealthDelta
+    | HealthBeacon
+    | Hello
+    | Heartbeat
+    | StatusReport
+    | SnapshotRequest
+    | SnapshotReply
+    | Reregister
+    | Shutdown
+    | PlanUpdate
+    | Command
+    | Reply
+)
+
+_KINDS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
+    cls.KIND: cls.from_payload
+    for cls in (
+        HealthDelta,
+        HealthBeacon,
+        Hello,
+        Heartbeat,
+        StatusReport,
+        SnapshotRequest,
+        SnapshotReply,
+        Reregister,
+        Shutdown,
+        PlanUpdate,
+        Command,
+        Reply,
+    )
+}
+_KIND_TOPIC: dict[str, bytes] = {
+    cls.KIND: cls.TOPIC
+    for cls in (
+        HealthDelta,
+        HealthBeacon,
+        Hello,
+        Heartbeat,
+        StatusReport,
+        SnapshotRequest,
+        SnapshotReply,
+        Reregister,
+        Shutdown,
+        PlanUpdate,
+        Command,
+        Reply,
+    )
+}
+
+KINDS: tuple[str, ...] = tuple(_KINDS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Envelope, encode, decode.
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A decoded message with its envelope fields."""
+
+    topic: bytes
+    version: int
+    seq: int
+    time: float
+    kind: str
+    message: Message
+
+
+class SequenceCounter:
+    """A thread-safe, strictly increasing counter (1, 2, 3, ...) for one sender's messages."""
+
+    def __init__(self, start: int = 0) -> None:
+        if start < 0:
+            raise ValueError(f"sequence start must be >= 0, got {start}")
+        self._value = start
+        self._lock = threading.Lock()
+
+    @property
+    def value(self) -> int:
+        """The last number handed out (the start value if none yet)."""
+        return self._value
+
+    def next(self) -> int:
+        with self._lock:
+            self._value += 1
+            return self._value
+
+
+def encode(message: Message, *, seq: int, now: float | None = None) -> list[bytes]:
+    """Frames `[topic, body]` for `message`; `seq` from the sender's SequenceCounter.
+
+    Raises MessageError when the message holds what JSON cannot carry (NaN, sets, objects):
+    that is a bug in the sender, caught here rather than at the receiver.
+    """
+    wall = time.time() if now is None else now
+    body = {
+        _K_VERSION: PROTOCOL_VERSION,
+        _K_SEQ: seq,
+        _K_TIME: wall,
+        _K_KIND: message.KIND,
+        _K_PAYLOAD: message.to_payload(),
+    }
+    try:
+        text = json.dumps(body, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise MessageError(f"cannot encode {message.KIND} message: {exc}") from exc
+    return [message.TOPIC, text.encode("utf-8")]
+
+
+def _reject_constant(name: str) -> Any:
+    raise MessageError(f"body has the non-JSON number {name}")
+
+
+def _as_bytes(frame: Any, which: str) -> bytes:
+    if isinstance(frame, bytes):
+        return frame
+    if isinstance(frame, bytearray | memoryview):
+        return bytes(frame)
+    raise MessageError(f"{which} frame must be bytes, not {type(frame).__name__}")
+
+
+def decode(frames: Sequence[Any]) -> Envelope:
+    """Parse `[topic, body]`; raises MessageError (and only that) for anything malformed."""
+    try:
+        return _decode(frames)
+    except MessageError:
+        raise
+    # A last net, on purpose: whatever a peer sends must never take down a receive loop.
+    # RecursionError comes from absurdly nested JSON; the others would be bugs in a reader.
+    except (RecursionError, ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+        raise MessageError(f"malformed message: {type(exc).__name__}: {exc}") from exc
+
+
+def _decode(frames: Sequence[Any]) -> Envelope:
+    if isinstance(frames, bytes | bytearray | str) or not isinstance(frames, Sequence):
+        raise MessageError(f"expected a list of 2 frames [topic, body], got {type(frames).__name__}")
+    if len(frames) != 2:
+        raise MessageError(f"expected 2 frames [topic, body], got {len(frames)}")
+    topic = _as_bytes(frames[0], "topic")
+    raw = _as_bytes(frames[1], "body")
+    if topic not in _TOPICS:
+        raise MessageError(f"unknown topic {topic[:40]!r}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MessageError(f"body is not UTF-8: {exc.reason} at byte {exc.start}") from exc
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise MessageError(f"body is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    envelope = _object(body, "body")
+    version = _int(envelope, _K_VERSION, minimum=0)
+    if version != PROTOCOL_VERSION:
+        raise MessageError(f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})")
+    _only(envelope, _ENVELOPE_KEYS, "")
+    seq = _int(envelope, _K_SEQ)
+    wall = _float(envelope, _K_TIME)
+    kind = _str(envelope, _K_KIND)
+    reader = _KINDS.get(kind)
+    if reader is None:
+        raise MessageError(f"unknown message kind {kind[:60]!r}")
+    if _KIND_TOPIC[kind] != topic:
+        raise MessageError(f"kind {kind!r} does not belong on topic {topic!r}")
+    payload = _object(_require(envelope, _K_PAYLOAD, ""), "field 'payload'")
+    message = reader(payload)
+    return Envelope(topic=topic, version=version, seq=seq, time=wall, kind=kind, message=message)
+
+
+def split_routed(frames: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """Split a ROUTER's frames into (routing frames, [topic, body]); reply with route + encode(...)."""
+    if len(frames) < 2:
+        raise MessageError(f"expected routing frames then [topic, body], got {len(frames)} frame(s)")
+    return list(frames[:-2]), list(frames[-2:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker side of the clone pattern.
+
+
+class ApplyOutcome(Enum):
+    APPLIED = "applied"  # in order; state updated
+    STALE = "stale"  # at or before what we have: nothing to do
+    GAP = "gap"  # something was missed: request a new snapshot
+    BUFFERED = "buffered"  # no snapshot yet: kept for replay
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    outcome: ApplyOutcome
+    changed: tuple[DeviceHealth, ...] = ()  # devices whose state (healthy, reason) changed
+
+
+
+class HealthApplier:
+    """The worker's copy of its resource's health: a snapshot at S, then only deltas after S.
+
+    Deltas that arrive before the first snapshot (or while a new one is awaited after a gap) are
+    buffered and replayed once it comes. A delta or beacon whose seq skips ahead, or whose epoch
+    differs from the snapshot's, is a gap: `needs_snapshot` turns true and the worker should send
+    a SnapshotRequest. Until then the last known state stays in force (better than none).
+    """
+
+    def __init__(self, device_ids: Iterable[str] | None = None, *, max_buffer: int = 10_000) -> None:
+        self._wanted: frozenset[str] | None = None if device_ids is None else frozenset(device_ids)
+        self._state: dict[str, DeviceHealth] = {}
+        self._seq: int | None = None
+        self._epoch: str | None = None
+        self._needs_snapshot = True
+        self._buffer: list[HealthDelta] = []
+        self._max_buffer = max_buffer
+
+    @property
+    def seq(self) -> int | None:
+        """The last health sequence applied, or None before the first snapshot."""
+        return self._seq
+
+    @property
+    def needs_snapshot(self) -> bool:
+        return self._needs_snapshot
+
+    @property
+    def state(self) -> dict[str, DeviceHealth]:
+        return dict(self._state)
+
+    def health_of(self, device_id: str) -> DeviceHealth | None:
+        return self._state.get(device_id)
+
+    def set_device_ids(self, device_ids: Iterable[str] | None) -> None:
+        """A new plan: track these IDs from now on; a new snapshot is needed to fill them in."""
+        self._wanted = None if device_ids is None else frozenset(device_ids)
+        self._state = {k: v for k, v in self._state.items() if self._wants(k)}
+        self._needs_snapshot = True
+
+    def _wants(self, device_id: str) -> bool:
+        return self._wanted is None or device_id in self._wanted
+
+    def _put(self, records: Iterable[DeviceHealth]) -> tuple[DeviceHealth, ...]:
+        changed: list[DeviceHealth] = []
+        for rec in records:
+            if not self._wants(rec.device_id):
+                continue
+            old = self._state.get(rec.device_id)
+            self._state[rec.device_id] = rec
+            if old is None or (old.healthy, old.reason) != (rec.healthy, rec.reason):
+                changed.append(rec)
+        return tuple(changed)
+
+    def apply_snapshot(self, snapshot: HealthSnapshot) -> ApplyResult:
+        """Take the snapshot as the truth at its seq, then replay buffered newer deltas."""
+        if (
+            self._seq is not None
+            and snapshot.epoch == self._epoch
+            and snapshot.seq < self._seq
+            and not self._needs_snapshot
+        ):
+            return ApplyResult(ApplyOutcome.STALE)
+        previous = self._state
+        self._state = {}
+        self._put(snapshot.devices)
+        changed = {
+            rec.device_id: rec
+            for rec in self._state.values()
+            if (old := previous.get(rec.device_id)) is None or (old.healthy, old.reason) != (rec.healthy, rec.reason)
+        }
+        self._seq = snapshot.seq
+        self._epoch = snapshot.epoch
+        self._needs_snapshot = False
+        pending, self._buffer = self._buffer, []
+        # Deltas of another supervisor life are meaningless against this snapshot: drop them.
+        for delta in sorted((d for d in pending if d.epoch == snapshot.epoch), key=lambda d: d.seq):
+            result = self.apply_delta(delta)
+            for rec in result.changed:
+                changed[rec.device_id] = rec
+        return ApplyResult(ApplyOutcome.APPLIED, tuple(changed.values()))
+
+    def apply_delta(self, delta: HealthDelta) -> ApplyResult:
+        if self._seq is None or self._needs_snapshot:
+            self._keep(delta)
+            return ApplyResult(ApplyOutcome.BUFFERED)
+        if delta.epoch != self._epoch:
+            return self._gap(delta)
+        if delta.seq <= self._seq:
+            return ApplyResult(ApplyOutcome.STALE)
+        if delta.seq != self._seq + 1:
+            return self._gap(delta)
+        self._seq = delta.seq
+        return ApplyResult(ApplyOutcome.APPLIED, self._put(delta.changes))
+
+    def apply_beacon(self, beacon: HealthBeacon) -> ApplyResult:
+        if self._seq is None or self._needs_snapshot:
+            return ApplyResult(ApplyOutcome.BUFFERED)
+        if beacon.epoch != self._epoch or beacon.seq > self._seq:
+            self._needs_snapshot = True
+            return ApplyResult(ApplyOutcome.GAP)
+        return ApplyResult(ApplyOutcome.STALE)
+
+    def _gap(self, delta: HealthDelta) -> ApplyResult:
+        self._needs_snapshot = True
+        self._keep(delta)
+        return ApplyResult(ApplyOutcome.GAP)
+
+    def _keep(self, delta: HealthDelta) -> None:
+        # Bounded: if a snapshot never comes, the oldest deltas go first (the snapshot covers them).
+        self._buffer.append(delta)
+        if len(self._buffer) > self._max_buffer:
+            del self._buffer[0]
