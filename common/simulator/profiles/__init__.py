@@ -1,0 +1,1 @@
+"""Built-in simulator node descriptions (YAML files; a package so they ship as package data)."""
