@@ -95,6 +95,7 @@ class WorkerHandle:
     stop_deadline: float = 0.0
     last_exit: str = ""
     wanted: bool = True
+    stats: dict[str, float] = field(default_factory=dict)  # the worker's figures, from heartbeats
     listeners: list[Callable[[WorkerHandle, WState, WState, str], None]] = field(default_factory=list)
 
     def change_state(self, new: WState, reason: str) -> None:

@@ -51,7 +51,8 @@ class DeviceBook:
         self._health: dict[str, Health] = {}
         self._plan = plan
         self._message = pb.ListAndWatchResponse()
-        self._rebuild()
+        with self._cond:
+            self._rebuild()
 
     @property
     def plan(self) -> ResourcePlan:

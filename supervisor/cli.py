@@ -1,0 +1,194 @@
+"""The `gpuvisor` command: `run` (the supervisor), `demo`, `status`, `sim`.
+
+Errors a user can cause (a bad flag or config, no supervisor to talk to) end with one clear
+line on stderr and a non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_RUN_DIR = "/run/gpuvisor"
+
+
+def _check_import_root() -> None:
+    """`supervisor`, `worker` and `common` are top-level names (the design card's folders): make
+    sure they are ours and not another distribution's (Supervisor ships a `supervisor` package)."""
+    import common
+    import worker
+
+    for mod in (common, worker):
+        if not os.path.exists(os.path.join(os.path.dirname(mod.__file__ or ""), "py.typed")):
+            raise SystemExit(
+                f"gpuvisor: the module {mod.__name__!r} at {mod.__file__} is not gpuvisor's; "
+                "install gpuvisor into its own virtual environment (see the README)"
+            )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from common.config import add_run_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="gpuvisor", description="A Kubernetes device plugin for NVIDIA GPUs: one supervisor, one worker per resource."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="run the device plugin (the supervisor)")
+    add_run_arguments(run)
+
+    demo = sub.add_parser("demo", help="a simulated node, a kubelet stand-in and an allocation, in a temp dir")
+    demo.add_argument("--profile", default="dgx-h100", help="simulator profile or node-description YAML")
+    demo.add_argument("--follow", action="store_true", help="keep running until Ctrl-C")
+
+    status = sub.add_parser("status", help="show workers, device health and allocations")
+    status.add_argument("--run-dir", default=os.environ.get("GPUVISOR_RUN_DIR", DEFAULT_RUN_DIR))
+    status.add_argument("--json", action="store_true", help="stable JSON instead of a table")
+    status.add_argument("--kubelet-dir", default="", help="where to find the kubelet's checkpoint file")
+
+    sim = sub.add_parser("sim", help="inject faults into a simulated node (simulated supervisors only)")
+    sim_sub = sim.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def common_args(p: argparse.ArgumentParser, device: bool = True) -> None:
+        if device:
+            p.add_argument("--device", required=True, help="GPU or MIG UUID")
+        p.add_argument("--run-dir", default=os.environ.get("GPUVISOR_RUN_DIR", DEFAULT_RUN_DIR))
+
+    xid = sim_sub.add_parser("xid", help="an XID critical error event")
+    common_args(xid)
+    xid.add_argument("--xid", type=int, required=True)
+    xid.add_argument("--gpu-instance", type=int, default=None)
+    xid.add_argument("--compute-instance", type=int, default=None)
+    ecc = sim_sub.add_parser("ecc", help="an ECC error event")
+    common_args(ecc)
+    ecc.add_argument("--kind", choices=("single", "double"), default="double")
+    for action, text in (("lose", "the GPU falls off the bus"), ("restore", "a lost GPU comes back"), ("reset", "a GPU reset")):
+        common_args(sim_sub.add_parser(action, help=text))
+    mig = sim_sub.add_parser("mig", help="change a GPU's MIG layout (then the supervisor rediscovers)")
+    common_args(mig, device=False)
+    mig.add_argument("--gpu", type=int, required=True, help="GPU index")
+    mig.add_argument("--layout", default="", help="comma list of profiles, e.g. 3g.40gb,2g.20gb; empty disables MIG")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _check_import_root()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "demo":
+            from supervisor.demo import run_demo
+
+            return run_demo(args.profile, args.follow)
+        if args.command == "status":
+            return cmd_status(args)
+        if args.command == "sim":
+            return cmd_sim(args)
+    except KeyboardInterrupt:
+        return 130
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from common import logs
+    from common.config import EXIT_CONFIG_ERROR, ConfigError, load_config
+    from supervisor.main import StartupError, Supervisor
+
+    try:
+        config = load_config(args, os.environ)
+    except ConfigError as exc:
+        print(f"gpuvisor: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    logs.setup(config.log_format, config.log_level, role="supervisor")
+    try:
+        return Supervisor(config, args).run()
+    except StartupError as exc:
+        print(f"gpuvisor: {exc}", file=sys.stderr)
+        return exc.code
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from supervisor.commands import CommandError, send_command
+
+    payload: dict[str, Any] = {"action": args.action, "device": getattr(args, "device", "")}
+    if args.action == "xid":
+        payload.update(xid=args.xid, gpu_instance=args.gpu_instance, compute_instance=args.compute_instance)
+    elif args.action == "ecc":
+        payload["kind"] = args.kind
+    elif args.action == "mig":
+        payload["gpu"] = args.gpu
+        payload["layout"] = [p for p in args.layout.split(",") if p] or None
+    try:
+        send_command(args.run_dir, "sim", payload)
+    except CommandError as exc:
+        print(f"gpuvisor sim {args.action}: {exc}", file=sys.stderr)
+        return 1
+    print(f"injected: {args.action} {payload.get('device', '')}".rstrip())
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from supervisor.commands import CommandError, send_command
+
+    try:
+        data = send_command(args.run_dir, "status", {})
+    except CommandError as exc:
+        print(f"gpuvisor status: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print(format_status(data))
+    return 0
+
+
+def format_status(data: dict[str, Any]) -> str:
+    import time
+
+    lines = [f"supervisor pid {data.get('pid')}{'  (simulated node)' if data.get('simulated') else ''}", ""]
+    rows: list[tuple[str, ...]] = [("RESOURCE", "STATE", "PID", "RESTARTS", "REGISTERED SINCE", "SOCKET")]
+    for w in data.get("workers", []):
+        since = w.get("registered_since")
+        rows.append(
+            (
+                w["resource"],
+                w["state"],
+                str(w.get("pid") or "-"),
+                str(w.get("restarts", 0)),
+                time.strftime("%H:%M:%S", time.localtime(since)) if since else "-",
+                os.path.basename(w.get("socket") or "") or "-",
+            )
+        )
+    lines += _table(rows)
+    for resource, devices in sorted(data.get("resources", {}).items()):
+        healthy = sum(1 for d in devices if d["health"] == "Healthy")
+        lines += ["", f"{resource}: {healthy}/{len(devices)} healthy"]
+        bad = [d for d in devices if d["health"] != "Healthy"]
+        for d in bad:
+            lines.append(f"  {d['id']}  Unhealthy  {d.get('reason', '')}")
+    allocations = data.get("allocations")
+    if allocations:
+        lines += ["", "allocations:"]
+        rows = [("POD", "CONTAINER", "RESOURCE", "DEVICES")]  # a new table
+        for a in allocations:
+            rows.append((str(a["pod"]), str(a["container"]), str(a["resource"]), ",".join(a["devices"])))
+        lines += _table(rows)
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""A simulated node for integration tests: a kubelet stand-in plus a real supervisor process.
+
+Everything lives in a short temp dir (unix socket paths must stay under 108 bytes) that is
+removed on exit, and only the processes started here are ever signalled, by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import psutil
+
+from common.kubelet_standin import KubeletStandin
+from supervisor.commands import send_command
+from tests.helpers import REPO, wait_until
+
+
+class SimNode:
+    def __init__(
+        self,
+        profile: str = "dgx-h100",
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        legacy_keying: bool = True,
+        start_kubelet: bool = True,
+    ) -> None:
+        self.base = tempfile.mkdtemp(prefix="gv", dir="/tmp")
+        self.plugin_dir = os.path.join(self.base, "p")
+        self.run_dir = os.path.join(self.base, "r")
+        self.log_path = os.path.join(self.base, "supervisor.log")
+        os.makedirs(self.plugin_dir)
+        self.kubelet = KubeletStandin(self.plugin_dir, legacy_keying=legacy_keying)
+        self.profile = profile
+        self.args = list(args)
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start_kubelet = start_kubelet
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
+        self.pids_seen: set[int] = set()
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> SimNode:
+        if self.start_kubelet:
+            self.kubelet.start()
+        self.start_supervisor()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def supervisor_argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "supervisor", "run",
+            "--simulate", self.profile,
+            "--kubelet-socket", self.kubelet.socket_path,
+            "--run-dir", self.run_dir,
+            "--metrics-address", "",
+            *self.args,
+        ]  # fmt: skip
+
+    def start_supervisor(self) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
+        env.update(self.env)
+        env["PYTHONPATH"] = REPO
+        self.proc = subprocess.Popen(
+            self.supervisor_argv(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO
+        )
+        self.pids_seen.add(self.proc.pid)
+        return self.proc
+
+    def workers(self) -> list[psutil.Process]:
+        if self.proc is None:
+            return []
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        for k in kids:
+            self.pids_seen.add(k.pid)
+        return kids
+
+    def worker_pid(self, resource: str) -> int:
+        for proc in self.workers():
+            try:
+                cmd = proc.cmdline()
+            except psutil.NoSuchProcess:
+                continue
+            if "--resource" in cmd and cmd[cmd.index("--resource") + 1] == resource:
+                return proc.pid
+        return 0
+
+    def stop_supervisor(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def close(self) -> None:
+        self.workers()
+        self.stop_supervisor()
+        # Only processes this harness started (the supervisor and its children), by PID.
+        for pid in sorted(self.pids_seen):
+            try:
+                proc = psutil.Process(pid)
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.kubelet.stop()
+        self._log.close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    # ---------------------------------------------------------------- queries
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+    def wait_listed(self, resources: Sequence[str], timeout: float = 30.0) -> None:
+        ok = self.kubelet.wait_listed(resources, timeout)
+        assert ok, f"{list(resources)} not registered and listed within {timeout}s\n--- log:\n{self.log()[-6000:]}"
+
+    def command(self, name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        return send_command(self.run_dir, name, args or {})
+
+    def sim(self, action: str, **args: Any) -> None:
+        self.command("sim", {"action": action, **args})
+
+    def health(self, resource: str, device_id: str) -> str:
+        dev = self.kubelet.devices(resource).get(device_id)
+        return dev.health if dev else ""
+
+    def wait_health(self, resource: str, device_ids: Sequence[str], health: str, timeout: float = 15.0) -> None:
+        ok = wait_until(lambda: all(self.health(resource, d) == health for d in device_ids), timeout)
+        assert ok, f"{resource} {list(device_ids)} not {health}: {self.kubelet.devices(resource)}\n{self.log()[-4000:]}"
+
+    def elapsed(self, since: float) -> float:
+        return time.monotonic() - since

@@ -1,0 +1,310 @@
+"""The worker process: serves one resource plan to the kubelet.
+
+`python -m worker --resource nvidia.com/gpu --plan PLAN.json --kubelet-socket PATH
+[--control ipc://... --health ipc://... --supervisor-pid N]`
+
+Started by the supervisor (spawn/exec, never a bare fork), it sets itself up here: logging,
+signals, the parent-death signal, its ZeroMQ link to the supervisor. Before the first
+ListAndWatch can be answered it holds the current health snapshot of its resource (the clone
+pattern, see common.messages), then it serves and registers (worker.registration) and applies
+health deltas as they come. Without --control it runs alone (all devices healthy), which the
+tests of registration use.
+
+Threads: the main thread owns every ZeroMQ socket (they are not thread-safe) and loops on a
+poller; the registrar thread and gRPC's pool talk to it only through a queue plus a wake pipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from types import FrameType
+
+from common import logs
+from common.messages import (
+    ApplyOutcome,
+    DeviceHealth,
+    HealthApplier,
+    HealthBeacon,
+    HealthDelta,
+    Heartbeat,
+    Hello,
+    Message,
+    MessageError,
+    PlanUpdate,
+    Reregister,
+    SequenceCounter,
+    Shutdown,
+    SnapshotReply,
+    SnapshotRequest,
+    StatusReport,
+    decode,
+    encode,
+)
+from common.model import ResourcePlan
+from common.procutil import set_parent_death_signal
+from worker.registration import Registrar, RegState
+from worker.server import DeviceBook, Health, PluginService
+from worker.stats import Stats
+
+log = logging.getLogger("gpuvisor.worker")
+
+EXIT_CONFIG_ERROR = 78
+HEARTBEAT_S = 1.0
+SNAPSHOT_RETRY_S = 1.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpuvisor-worker", description="gpuvisor worker: serves one resource")
+    p.add_argument("--resource", required=True, help="the resource this worker serves (shown in ps)")
+    p.add_argument("--plan", required=True, help="the resource plan (JSON) written by the supervisor")
+    p.add_argument("--kubelet-socket", default="/var/lib/kubelet/device-plugins/kubelet.sock")
+    p.add_argument("--control", default="", help="the supervisor's control socket (ZeroMQ endpoint)")
+    p.add_argument("--health", default="", help="the supervisor's health publisher (ZeroMQ endpoint)")
+    p.add_argument("--supervisor-pid", type=int, default=0)
+    p.add_argument("--log-format", default="text", choices=("text", "json"))
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace, plan: ResourcePlan) -> None:
+        self.args = args
+        self.plan = plan
+        self.stats = Stats()
+        self.book = DeviceBook(plan)
+        self.service = PluginService(self.book, observe=self.stats.observe)
+        plugin_dir = os.path.dirname(os.path.abspath(args.kubelet_socket))
+        self.registrar = Registrar(self.service, plugin_dir, args.kubelet_socket, on_state=self._on_reg_state)
+        self.pid = os.getpid()
+        self.stopping = False
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.applier = HealthApplier(d.id for d in plan.devices)
+        self._seq = SequenceCounter()
+        self._snapshot_asked = 0.0
+        self._next_heartbeat = 0.0
+
+    # -------------------------------------------------------------- cross-thread plumbing
+    def post(self, fn: Callable[[], None]) -> None:
+        self._inbox.put(fn)
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass
+
+    def _on_reg_state(self, state: RegState, detail: str) -> None:
+        self.stats.count(f"registrations_{state.value}")
+
+        def tell() -> None:
+            self._report(state.value, detail)
+            self._next_heartbeat = 0.0  # the supervisor learns of a registration at once
+
+        self.post(tell)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    # -------------------------------------------------------------- run
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGQUIT, self._on_signal)
+        # Under a supervisor, Ctrl-C in a terminal reaches the whole process group: the
+        # supervisor decides when its workers stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN if self.args.supervisor_pid else self._on_signal)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        if not self.args.control:
+            self.registrar.start()
+            return self._loop_standalone()
+        import zmq
+
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"health")
+        self.sub.connect(self.args.health)
+        self.dealer = ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.connect(self.args.control)
+        token = uuid.uuid4().hex
+        self._send(Hello(resource=self.plan.resource, pid=self.pid, worker_token=token))
+        self._ask_snapshot()
+        poller = zmq.Poller()
+        poller.register(self.sub, zmq.POLLIN)
+        poller.register(self.dealer, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        started = False
+        try:
+            while not self.stopping:
+                now = time.monotonic()
+                if self.args.supervisor_pid and os.getppid() != self.args.supervisor_pid:
+                    log.warning("supervisor (pid %d) is gone: exiting", self.args.supervisor_pid)
+                    break
+                if now >= self._next_heartbeat:
+                    self._heartbeat()
+                    self._next_heartbeat = now + HEARTBEAT_S
+                if self.applier.needs_snapshot and now - self._snapshot_asked >= SNAPSHOT_RETRY_S:
+                    self._ask_snapshot()
+                timeout_ms = max(0, int((self._next_heartbeat - time.monotonic()) * 1000)) + 1
+                events = dict(poller.poll(timeout_ms))
+                if self._wake_r in events:
+                    self._drain_wake()
+                if self.sub in events:
+                    self._drain(self.sub)
+                if self.dealer in events:
+                    self._drain(self.dealer)
+                if not started and self.applier.seq is not None:
+                    started = True  # serve only once the health snapshot is in the book
+                    self.registrar.start()
+        finally:
+            self.registrar.stop()
+            self.sub.close(0)
+            self.dealer.close(0)
+        return 0
+
+    def _loop_standalone(self) -> int:
+        import select
+
+        try:
+            while not self.stopping:
+                if self.args.supervisor_pid and os.getppid() != self.args.supervisor_pid:
+                    break
+                select.select([self._wake_r], [], [], HEARTBEAT_S)
+                self._drain_wake()
+        finally:
+            self.registrar.stop()
+        return 0
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                fn = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            fn()
+
+    def _drain(self, sock: object) -> None:
+        import zmq
+
+        assert isinstance(sock, zmq.Socket)
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                envelope = decode(frames)
+            except MessageError as exc:
+                log.warning("dropped a malformed message: %s", exc)
+                self.stats.count("malformed_messages")
+                continue
+            self._handle(envelope.message)
+
+    # -------------------------------------------------------------- messages
+    def _handle(self, message: Message) -> None:
+        if isinstance(message, HealthDelta):
+            self._apply_result(self.applier.apply_delta(message))
+        elif isinstance(message, HealthBeacon):
+            self._apply_result(self.applier.apply_beacon(message))
+        elif isinstance(message, SnapshotReply):
+            if message.snapshot.resource == self.plan.resource:
+                self.applier.apply_snapshot(message.snapshot)
+                self._sync_book(replace=True)
+        elif isinstance(message, Reregister):
+            self.registrar.trigger(message.reason)
+        elif isinstance(message, Shutdown):
+            self.stopping = True
+        elif isinstance(message, PlanUpdate):
+            self._update_plan(message.plan_json)
+
+    def _apply_result(self, result: object) -> None:
+        outcome = getattr(result, "outcome", None)
+        if outcome is ApplyOutcome.APPLIED:
+            self._sync_book(replace=False, changed=getattr(result, "changed", ()))
+        elif outcome is ApplyOutcome.GAP:
+            self.stats.count("health_gaps")
+            log.warning("health sequence gap: asking the supervisor for a fresh snapshot")
+            self._ask_snapshot()
+
+    def _sync_book(self, replace: bool, changed: tuple[DeviceHealth, ...] = ()) -> None:
+        records = self.applier.state.values() if replace else changed
+        items = [(r.device_id, Health(r.healthy, r.reason, r.since)) for r in records]
+        if self.book.set_health(items, replace=replace):
+            bad = sorted(d for d, h in items if not h.healthy)
+            log.info("device health changed; unhealthy now: %s", ", ".join(bad) or "none")
+
+    def _update_plan(self, plan_json: str) -> None:
+        try:
+            plan = ResourcePlan.from_json(plan_json)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("refused a plan update that does not parse: %s", exc)
+            return
+        if plan.resource != self.plan.resource:
+            log.error("refused a plan update for another resource (%s)", plan.resource)
+            return
+        self.plan = plan
+        self.book.set_plan(plan)
+        self.applier.set_device_ids(d.id for d in plan.devices)
+        self._ask_snapshot()
+        log.info("plan updated in place: %d devices", len(plan.devices))
+
+    def _send(self, message: Message) -> None:
+        self.dealer.send_multipart(encode(message, seq=self._seq.next()))
+
+    def _ask_snapshot(self) -> None:
+        self._snapshot_asked = time.monotonic()
+        self._send(SnapshotRequest(resource=self.plan.resource))
+
+    def _report(self, event: str, detail: str) -> None:
+        if self.args.control:
+            self._send(StatusReport(resource=self.plan.resource, event=event, detail=detail))
+
+    def _heartbeat(self) -> None:
+        server = self.registrar.server
+        self._send(
+            Heartbeat(
+                resource=self.plan.resource,
+                pid=self.pid,
+                state=self.registrar.state.value,
+                registered=self.registrar.state is RegState.REGISTERED,
+                socket_path=server.path if server else "",
+                stats=self.stats.snapshot(streams=self.service.streams),
+            )
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs.setup(args.log_format, args.log_level, role="worker", resource=args.resource)
+    if args.supervisor_pid:
+        set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != args.supervisor_pid:  # the parent died before the prctl took effect
+            return 0
+    try:
+        with open(args.plan, encoding="utf-8") as fh:
+            plan = ResourcePlan.from_json(fh.read())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.error("cannot load the resource plan %s: %s", args.plan, exc)
+        return EXIT_CONFIG_ERROR
+    if plan.resource != args.resource:
+        log.error("plan %s is for %s, not %s", args.plan, plan.resource, args.resource)
+        return EXIT_CONFIG_ERROR
+    return Worker(args, plan).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
