@@ -65,9 +65,9 @@ def run_demo(profile: str, follow: bool) -> int:
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
         started = time.monotonic()
-        if not _wait(lambda: bool(kubelet.resource_names()) and all(
+        if not _wait(lambda: (bool(kubelet.resource_names()) and all(
             kubelet.connected(r) for r in kubelet.resource_names()
-        ) or (proc is not None and proc.poll() is not None), 60):
+        )) or (proc is not None and proc.poll() is not None), 60):
             raise DemoError("the plugin did not register within 60 s")
         if proc.poll() is not None:
             raise DemoError(f"the supervisor exited with status {proc.returncode}")

@@ -24,8 +24,8 @@ from typing import Any
 
 from common.model import Node
 from common.nvml import EventWatch, Nvml, NvmlCallError, NvmlEvent, ProbeResult
-from supervisor.healthbook import ChangeBatch, HealthBook
 from supervisor.health_policy import HealthPolicy
+from supervisor.healthbook import ChangeBatch, HealthBook
 
 log = logging.getLogger("gpuvisor.health")
 

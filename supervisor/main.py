@@ -33,7 +33,6 @@ from common.config import Config, ConfigError, load_config
 from common.messages import (
     Command,
     HealthBeacon,
-    HealthDelta,
     HealthSnapshot,
     Heartbeat,
     Hello,
@@ -54,8 +53,8 @@ from common.planning import PlanningError, plan_resources
 from common.procutil import unix_socket_listening
 from supervisor.commands import CommandError, run_command
 from supervisor.health import Apply, HealthMonitor
-from supervisor.healthbook import ChangeBatch, HealthBook
 from supervisor.health_policy import HealthPolicy
+from supervisor.healthbook import ChangeBatch, HealthBook
 from supervisor.workers import EXIT_CONFIG_ERROR, Policy, WorkerHandle, WorkerSet, WState
 
 log = logging.getLogger("gpuvisor.supervisor")
@@ -504,7 +503,7 @@ class Supervisor:
             )
         resources = {}
         for resource in self.plans:
-            seq, devices = self.book.snapshot(resource) if self.book else (0, [])
+            _seq, devices = self.book.snapshot(resource) if self.book else (0, [])
             resources[resource] = [
                 {"id": d.device_id, "health": "Healthy" if d.healthy else "Unhealthy", "reason": d.reason, "since": d.since}
                 for d in devices

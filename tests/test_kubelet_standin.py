@@ -45,7 +45,7 @@ def test_unreachable_endpoint_fails_register_with_options_error() -> None:
     """Register fails with `failed to get device plugin options` when the plugin cannot be dialled."""
     with short_tmpdir() as d, KubeletStandin(d, dial_timeout=0.5) as kubelet:
         err = _register(kubelet, VERSION, "nvidia.com/gpu", endpoint="nobody.sock")
-        assert err.details().startswith("failed to get device plugin options: ")
+        assert (err.details() or "").startswith("failed to get device plugin options: ")
         assert kubelet.registrations[-1].error.startswith("failed to get device plugin options")
 
 

@@ -17,6 +17,7 @@ poller; the registrar thread and gRPC's pool talk to it only through a queue plu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import queue
@@ -97,10 +98,8 @@ class Worker:
     # -------------------------------------------------------------- cross-thread plumbing
     def post(self, fn: Callable[[], None]) -> None:
         self._inbox.put(fn)
-        try:
+        with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass
 
     def _on_reg_state(self, state: RegState, detail: str) -> None:
         self.stats.count(f"registrations_{state.value}")
