@@ -18,6 +18,10 @@ NVIDIA parses but ignores and gpuvisor honours: custom `resources` names, `renam
    name. A `count` selector takes the first N remaining devices (fewer if the node has fewer), and
    references that match no device on this node are ignored, so one DaemonSet config can serve
    nodes of different shapes.
+3. MPS checks: an MPS root is set, the MIG strategy is not `mixed`, no MIG device and no
+   MIG-enabled GPU is shared, and no GPU is split into more replicas than MPS allows clients on
+   it (48 from compute capability 7.5 on, 16 before). The config loader checks the first two
+   too; they are repeated here because a `Config` can also be built without the loader.
 """
 
 from __future__ import annotations
@@ -30,6 +34,17 @@ from common.config import RESOURCE_DOMAIN, Config, DeviceSelector, ResourcePatte
 from common.model import AllocatableDevice, AllocateSettings, Gpu, Link, MigDevice, Node, ResourcePlan
 
 GPU_RESOURCE = f"{RESOURCE_DOMAIN}/gpu"
+
+# How many MPS clients one GPU serves: 48 from compute capability 7.5 on, 16 before (the MPS
+# server's per-device client limit). A replica is a client slot, so replicas may not exceed it.
+MPS_MAX_CLIENTS_NEW = 48
+MPS_MAX_CLIENTS_OLD = 16
+MPS_NEW_LIMIT_FROM = (7, 5)
+
+
+def mps_max_clients(compute_capability: tuple[int, int]) -> int:
+    """The most MPS replicas a GPU of this compute capability can be split into."""
+    return MPS_MAX_CLIENTS_NEW if tuple(compute_capability) >= MPS_NEW_LIMIT_FROM else MPS_MAX_CLIENTS_OLD
 
 
 class PlanningError(Exception):
@@ -47,8 +62,12 @@ class _Placed:
 
 def plan_resources(node: Node, config: Config) -> dict[str, ResourcePlan]:
     """One plan per advertised resource, keyed by the full resource name, ordered by name."""
+    if config.sharing.strategy == "mps":
+        _check_mps_config(config)
     base = _base_devices(node, config)
     placed = _apply_sharing(base, config)
+    if config.sharing.strategy == "mps":
+        _check_mps_devices(placed, node)
 
     by_resource: dict[str, list[AllocatableDevice]] = defaultdict(list)
     origins: dict[str, set[str]] = defaultdict(set)
@@ -237,7 +256,50 @@ def _apply_sharing(base: list[_Placed], config: Config) -> list[_Placed]:
     return out
 
 
-# --- step 3: plans ----------------------------------------------------------------------------
+# --- step 3: MPS checks -----------------------------------------------------------------------
+
+
+def _check_mps_config(config: Config) -> None:
+    if not config.mps_root:
+        raise PlanningError("MPS sharing needs an MPS root: set --mps-root, MPS_ROOT or flags.mpsRoot")
+    if config.mig_strategy == "mixed":
+        raise PlanningError(
+            "MPS sharing is not supported with the mixed MIG strategy: use --mig-strategy none or single "
+            "(and no MIG devices under MPS), or time-slicing"
+        )
+
+
+def _check_mps_devices(placed: list[_Placed], node: Node) -> None:
+    """Every MPS-shared GPU: not MIG-enabled, and no more replicas than MPS clients it can serve."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for item in placed:
+        device = item.device
+        if device.replicas < 2 or device.uuid in seen:
+            continue  # not shared by this strategy (a whole device), or already checked
+        seen.add(device.uuid)
+        gpu = node.gpu_by_uuid(device.gpu_uuid)
+        if gpu is None:
+            continue
+        if gpu.mig_enabled:
+            problems.append(
+                f"GPU {gpu.index} ({gpu.uuid}) has MIG mode enabled: MPS cannot share a MIG-enabled GPU "
+                f"(resource {item.resource}); disable MIG on it or leave it out of sharing.mps"
+            )
+            continue
+        limit = mps_max_clients(gpu.compute_capability)
+        if device.replicas > limit:
+            major, minor = gpu.compute_capability
+            problems.append(
+                f"GPU {gpu.index} ({gpu.name}, compute capability {major}.{minor}) cannot be split into "
+                f"{device.replicas} MPS replicas for {item.resource}: MPS serves at most {limit} clients per GPU "
+                f"{'from' if limit == MPS_MAX_CLIENTS_NEW else 'below'} compute capability 7.5"
+            )
+    if problems:
+        raise PlanningError("; ".join(problems))
+
+
+# --- step 4: plans ----------------------------------------------------------------------------
 
 
 def _device_order(device: AllocatableDevice) -> tuple[int, int, int]:

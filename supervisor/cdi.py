@@ -1,0 +1,544 @@
+"""The CDI spec for the devices gpuvisor advertises (`cdi-annotations` / `cdi-cri` list strategies).
+
+With a CDI list strategy, Allocate answers `k8s.device-plugin.nvidia.com/gpu=<id>` names and the
+container runtime looks them up in a CDI spec file; this module writes that file. One CDI device
+per device ID the workers hand out: the backing UUID (replica suffix dropped) under the uuid
+strategy, `i` / `i:j` under the index strategy, so all replicas of a GPU collapse into one CDI
+device. Each device's edits hold its device nodes (the GPU node, plus the GI and CI capability
+nodes for a MIG device); the spec-wide edits hold the control nodes that exist under the dev root
+and `NVIDIA_VISIBLE_DEVICES=void`, which keeps a legacy-mode NVIDIA runtime hook from adding GPUs
+of its own when the image sets `NVIDIA_VISIBLE_DEVICES=all` (as CUDA images do).
+
+This own spec carries device nodes only, no driver libraries: that is enough where the runtime
+mounts the driver some other way. For a self-contained spec (libraries, hooks), `nvidia-ctk cdi
+generate` can produce the whole file with the same vendor, class and naming; its output is checked
+with the same validator and must name every device ID we hand out, else we fall back to our own.
+
+The file is written atomically (a temp file in the same directory, then rename), replaced on
+reload, and deliberately never deleted: a container that restarts while gpuvisor is down still
+needs its CDI devices to resolve. Supervisor and worker never import each other, so the two small
+helpers shared in spirit with worker/allocate.py (the MIG minors parser and the dev-root join)
+are written again here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import posixpath
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import yaml
+
+from common.model import AllocatableDevice, ResourcePlan
+
+log = logging.getLogger("gpuvisor.cdi")
+
+CDI_VENDOR = "k8s.device-plugin.nvidia.com"
+CDI_CLASS = "gpu"
+# 0.5.0 is the first CDI version with `hostPath` on device nodes, which a dev root needs.
+CDI_VERSION = "0.5.0"
+CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
+FORMATS = ("json", "yaml")
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+MIG_CAPS_DIR = "/dev/nvidia-caps"
+DEVICE_PERMISSIONS = "rw"
+VOID_ENV = "NVIDIA_VISIBLE_DEVICES=void"
+
+# CDI's name rules (the reference parser of the container-device-interface project):
+# vendor and class start with a letter, end with a letter or digit, and hold letters, digits,
+# '_', '-' and '.' between; a device name starts and ends with a letter or digit and may also
+# hold ':' between.
+_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+_SEMVER = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
+_KNOWN_VERSIONS = ((0, 3, 0), (0, 8, 0))  # oldest and newest CDI spec versions this validator knows
+_HOST_PATH_SINCE = (0, 5, 0)
+_DEVICE_NODE_TYPES = frozenset({"", "b", "c", "u", "p"})
+_HOOK_NAMES = frozenset(
+    {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
+)
+_MAX_CLASS_LENGTH = 63
+
+
+class CdiError(Exception):
+    """The CDI spec cannot be built, is invalid, or cannot be written; the message says which and why."""
+
+
+# --- what the spec holds ------------------------------------------------------------------------
+
+
+def cdi_needed(plans: Mapping[str, ResourcePlan]) -> bool:
+    """Does any plan hand out CDI device names (a `cdi-annotations` or `cdi-cri` list strategy)?"""
+    return any(CDI_STRATEGIES.intersection(p.allocate.device_list_strategies) for p in plans.values())
+
+
+def cdi_device_id(device: AllocatableDevice, id_strategy: str) -> str:
+    """The CDI device name Allocate uses for this device: exactly worker/allocate.py's list ID."""
+    return device.index if id_strategy == "index" else device.uuid
+
+
+def host_path(root: str, container_path: str) -> str:
+    """Join a root onto an absolute container path the way Go's filepath.Join does ("/" adds nothing)."""
+    joined = posixpath.normpath(f"{root or '/'}/{container_path}")
+    return "/" + joined.lstrip("/") if joined.startswith("//") else joined
+
+
+def read_mig_minors(path: str) -> dict[str, int]:
+    """Parse the nvidia-caps minors file (`gpu0/gi1/access 12`, `gpu0/gi1/ci0/access 13`, ...).
+
+    Raises OSError when it cannot be read; lines that are not `<name> <int>` are skipped.
+    """
+    minors: dict[str, int] = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            parts = line.split()
+            if len(parts) == 2 and parts[1].isdigit():
+                minors[parts[0]] = int(parts[1])
+    return minors
+
+
+def _node(container_path: str, dev_root: str) -> dict[str, str]:
+    return {"path": container_path, "hostPath": host_path(dev_root, container_path), "permissions": DEVICE_PERMISSIONS}
+
+
+def build_spec(
+    plans: Mapping[str, ResourcePlan],
+    *,
+    exists: Callable[[str], bool] = os.path.exists,
+    minors_reader: Callable[[str], dict[str, int]] = read_mig_minors,
+) -> dict[str, Any]:
+    """The CDI spec (as a dict) for every device of the plans that use a CDI list strategy.
+
+    Raises CdiError when no plan needs CDI, or when a MIG device's capability minors cannot be
+    found (a MIG device without its capability nodes would not work in the container).
+    """
+    wanted = [p for p in plans.values() if CDI_STRATEGIES.intersection(p.allocate.device_list_strategies)]
+    if not wanted:
+        raise CdiError("no resource uses a CDI device list strategy (cdi-annotations or cdi-cri)")
+    dev_root = wanted[0].allocate.dev_root
+    devices: dict[str, list[dict[str, str]]] = {}
+    minors: dict[str, dict[str, int]] = {}  # per minors-file path, read once
+    for plan in sorted(wanted, key=lambda p: p.resource):
+        settings = plan.allocate
+        for device in plan.devices:
+            name = cdi_device_id(device, settings.device_id_strategy)
+            if name in devices:
+                continue  # a replica of a device already listed: one CDI device per backing device
+            nodes = [_node(f"/dev/nvidia{device.gpu_minor}", settings.dev_root)]
+            if device.is_mig:
+                path = settings.mig_minors_path
+                if path not in minors:
+                    try:
+                        minors[path] = minors_reader(path)
+                    except OSError as exc:
+                        raise CdiError(
+                            f"cannot build the CDI spec: MIG device {device.uuid} (index {device.index}) of "
+                            f"{plan.resource} needs its capability device nodes, but the MIG minors file "
+                            f"{path} cannot be read: {exc.strerror or exc}"
+                        ) from None
+                gpu = f"gpu{device.gpu_minor}"
+                for key in (f"{gpu}/gi{device.mig_gi}/access", f"{gpu}/gi{device.mig_gi}/ci{device.mig_ci}/access"):
+                    minor = minors[path].get(key)
+                    if minor is None:
+                        raise CdiError(
+                            f"cannot build the CDI spec: MIG device {device.uuid} (index {device.index}) of "
+                            f"{plan.resource}: no entry {key!r} in the MIG minors file {path}"
+                        )
+                    nodes.append(_node(f"{MIG_CAPS_DIR}/nvidia-cap{minor}", settings.dev_root))
+            devices[name] = nodes
+    control = [_node(p, dev_root) for p in CONTROL_DEVICES if exists(host_path(dev_root, p))]
+    edits: dict[str, Any] = {"env": [VOID_ENV]}
+    if control:
+        edits["deviceNodes"] = control
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": f"{CDI_VENDOR}/{CDI_CLASS}",
+        "devices": [{"name": name, "containerEdits": {"deviceNodes": nodes}} for name, nodes in devices.items()],
+        "containerEdits": edits,
+    }
+
+
+def expected_device_names(plans: Mapping[str, ResourcePlan]) -> set[str]:
+    """Every CDI device name the workers' Allocate responses can name."""
+    names: set[str] = set()
+    for plan in plans.values():
+        if CDI_STRATEGIES.intersection(plan.allocate.device_list_strategies):
+            names.update(cdi_device_id(d, plan.allocate.device_id_strategy) for d in plan.devices)
+    return names
+
+
+# --- validation -----------------------------------------------------------------------------------
+
+
+def _version(text: object) -> tuple[int, int, int] | None:
+    if not isinstance(text, str):
+        return None
+    match = _SEMVER.fullmatch(text)
+    if match is None:
+        return None
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3)))
+
+
+def _check_env(env: object, where: str, problems: list[str]) -> None:
+    if env is None:
+        return
+    if not isinstance(env, list):
+        problems.append(f"{where}: must be a list of NAME=VALUE strings")
+        return
+    for i, item in enumerate(env):
+        if not isinstance(item, str) or item.find("=") <= 0:
+            problems.append(f"{where}[{i}] {item!r}: not of the form NAME=VALUE")
+
+
+def _check_path(value: object, where: str, problems: list[str], *, required: bool = True) -> None:
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value:
+        problems.append(f"{where}: must be a non-empty path")
+    elif not value.startswith("/"):
+        problems.append(f"{where} {value!r}: must be an absolute path")
+
+
+def _check_edits(
+    edits: object, where: str, problems: list[str], version: tuple[int, int, int] | None, *, device: bool
+) -> None:
+    if edits is None:
+        if device:
+            problems.append(f"{where}: a device needs container edits")
+        return
+    if not isinstance(edits, dict):
+        problems.append(f"{where}: must be a mapping")
+        return
+    kinds = ("env", "deviceNodes", "mounts", "hooks", "additionalGids", "intelRdt", "netDevices")
+    if device and not any(edits.get(k) for k in kinds):
+        problems.append(f"{where}: a device's container edits must not be empty")
+    _check_env(edits.get("env"), f"{where}.env", problems)
+    nodes = edits.get("deviceNodes") or []
+    if not isinstance(nodes, list):
+        problems.append(f"{where}.deviceNodes: must be a list")
+        nodes = []
+    for i, node in enumerate(nodes):
+        at = f"{where}.deviceNodes[{i}]"
+        if not isinstance(node, dict):
+            problems.append(f"{at}: must be a mapping")
+            continue
+        _check_path(node.get("path"), f"{at}.path", problems)
+        _check_path(node.get("hostPath"), f"{at}.hostPath", problems, required=False)
+        if node.get("hostPath") is not None and version is not None and version < _HOST_PATH_SINCE:
+            problems.append(f"{at}.hostPath: needs cdiVersion 0.5.0 or later")
+        if node.get("type", "") not in _DEVICE_NODE_TYPES:
+            problems.append(f"{at}.type {node.get('type')!r}: must be one of b, c, u, p")
+        perms = node.get("permissions", "")
+        if not isinstance(perms, str) or (perms != "none" and perms.strip("rwm") != ""):
+            problems.append(f"{at}.permissions {perms!r}: must be made of r, w and m")
+        for number in ("major", "minor"):
+            value = node.get(number)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                problems.append(f"{at}.{number} {value!r}: must be a non-negative integer")
+    mounts = edits.get("mounts") or []
+    for i, mount in enumerate(mounts if isinstance(mounts, list) else []):
+        at = f"{where}.mounts[{i}]"
+        if not isinstance(mount, dict):
+            problems.append(f"{at}: must be a mapping")
+            continue
+        for key in ("hostPath", "containerPath"):
+            if not isinstance(mount.get(key), str) or not mount.get(key):
+                problems.append(f"{at}.{key}: must be a non-empty path")
+    hooks = edits.get("hooks") or []
+    for i, hook in enumerate(hooks if isinstance(hooks, list) else []):
+        at = f"{where}.hooks[{i}]"
+        if not isinstance(hook, dict):
+            problems.append(f"{at}: must be a mapping")
+            continue
+        if hook.get("hookName") not in _HOOK_NAMES:
+            problems.append(f"{at}.hookName {hook.get('hookName')!r}: must be one of {', '.join(sorted(_HOOK_NAMES))}")
+        _check_path(hook.get("path"), f"{at}.path", problems)
+        _check_env(hook.get("env"), f"{at}.env", problems)
+
+
+def spec_problems(spec: object) -> list[str]:
+    """Every way `spec` breaks the CDI specification's rules (empty: valid)."""
+    if not isinstance(spec, dict):
+        return ["the spec must be a mapping"]
+    problems: list[str] = []
+    raw_version = spec.get("cdiVersion")
+    version = _version(raw_version)
+    if version is None:
+        problems.append(f"cdiVersion {raw_version!r}: must be a semantic version such as {CDI_VERSION!r}")
+    elif not _KNOWN_VERSIONS[0] <= version <= _KNOWN_VERSIONS[1]:
+        problems.append(f"cdiVersion {raw_version!r}: unknown CDI spec version (known: 0.3.0 to 0.8.0)")
+    kind = spec.get("kind")
+    vendor, slash, klass = kind.partition("/") if isinstance(kind, str) else ("", "", "")
+    if not slash or not _VENDOR_OR_CLASS.fullmatch(vendor) or not _VENDOR_OR_CLASS.fullmatch(klass):
+        problems.append(
+            f"kind {kind!r}: must be <vendor>/<class>, each starting with a letter, ending with a letter or "
+            "digit, with letters, digits, '_', '-' and '.' between"
+        )
+    elif len(klass) > _MAX_CLASS_LENGTH:
+        problems.append(f"kind {kind!r}: the class must be at most {_MAX_CLASS_LENGTH} characters")
+    devices = spec.get("devices")
+    if not isinstance(devices, list) or not devices:
+        problems.append("devices: must list at least one device")
+        devices = []
+    seen: set[str] = set()
+    for i, device in enumerate(devices):
+        at = f"devices[{i}]"
+        if not isinstance(device, dict):
+            problems.append(f"{at}: must be a mapping")
+            continue
+        name = device.get("name")
+        if not isinstance(name, str) or not _DEVICE_NAME.fullmatch(name):
+            problems.append(
+                f"{at}.name {name!r}: must start and end with a letter or digit, with letters, digits, "
+                "'_', '-', '.' and ':' between"
+            )
+        elif name in seen:
+            problems.append(f"{at}.name {name!r}: listed twice")
+        else:
+            seen.add(name)
+        _check_edits(device.get("containerEdits"), f"{at}.containerEdits", problems, version, device=True)
+    _check_edits(spec.get("containerEdits"), "containerEdits", problems, version, device=False)
+    return problems
+
+
+def validate_spec(spec: object, source: str = "CDI spec") -> None:
+    """Raise CdiError naming every rule `spec` breaks."""
+    problems = spec_problems(spec)
+    if problems:
+        raise CdiError(f"invalid {source}: " + "; ".join(problems))
+
+
+# --- files ----------------------------------------------------------------------------------------
+
+
+def spec_basename() -> str:
+    return f"{CDI_VENDOR}-{CDI_CLASS}"
+
+
+def spec_path(spec_dir: str, fmt: str = "json") -> str:
+    """Where our spec lives: `<dir>/k8s.device-plugin.nvidia.com-gpu.<json|yaml>`."""
+    if fmt not in FORMATS:
+        raise CdiError(f"unknown CDI spec format {fmt!r}: use json or yaml")
+    return os.path.join(spec_dir, f"{spec_basename()}.{fmt}")
+
+
+def render_spec(spec: Mapping[str, Any], fmt: str) -> str:
+    if fmt == "yaml":
+        return yaml.safe_dump(dict(spec), sort_keys=False, default_flow_style=False)
+    return json.dumps(spec, indent=2) + "\n"
+
+
+def _install(tmp: str, final: str, spec_dir: str, fmt: str) -> None:
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, final)
+    # Two files of one kind make the runtime refuse the kind: drop ours in the other format.
+    for other in FORMATS:
+        if other != fmt:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(spec_path(spec_dir, other))
+
+
+def _temp_in(spec_dir: str) -> str:
+    # A dot name: the CDI registry only reads *.json / *.yaml, so a half-written file is never loaded.
+    fd, tmp = tempfile.mkstemp(prefix=f".{spec_basename()}.", suffix=".tmp", dir=spec_dir)
+    os.close(fd)
+    return tmp
+
+
+def _make_dir(spec_dir: str) -> None:
+    try:
+        os.makedirs(spec_dir, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise CdiError(f"cannot create the CDI spec directory {spec_dir}: {exc.strerror or exc}") from None
+
+
+def write_spec(spec: Mapping[str, Any], spec_dir: str, fmt: str = "json") -> str:
+    """Validate and write `spec` atomically (temp file in the same dir, fsync, rename; mode 0644).
+
+    Returns the path. A reader sees the old file or the new one, never a partial one.
+    """
+    validate_spec(spec)
+    final = spec_path(spec_dir, fmt)
+    _make_dir(spec_dir)
+    text = render_spec(spec, fmt)
+    tmp = _temp_in(spec_dir)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _install(tmp, final, spec_dir, fmt)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise CdiError(f"cannot write the CDI spec {final}: {exc.strerror or exc}") from None
+    return final
+
+
+def load_spec_file(path: str) -> object:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        return yaml.safe_load(text)  # JSON is YAML
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise CdiError(f"cannot read the CDI spec {path}: {exc}") from None
+
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def generate_with_nvidia_ctk(
+    ctk: str,
+    spec_dir: str,
+    *,
+    id_strategy: str,
+    driver_root: str,
+    expected_names: Iterable[str],
+    fmt: str = "json",
+    runner: Runner = subprocess.run,
+    timeout: float = 120.0,
+) -> str:
+    """Have `nvidia-ctk cdi generate` write the full spec (driver libraries, hooks) with our vendor,
+    class and device naming; check it, then install it atomically. Returns the path.
+
+    Raises CdiError when the tool fails, or when its output is invalid or lacks a device name
+    that Allocate hands out.
+    """
+    final = spec_path(spec_dir, fmt)
+    _make_dir(spec_dir)
+    # nvidia-ctk may add the format's extension to an output name that lacks it, so give it a
+    # proper name, in a private subdirectory of the spec dir: the CDI registry does not descend
+    # into subdirectories (no half-written spec is ever loaded) and the rename stays on one
+    # filesystem.
+    try:
+        work = tempfile.mkdtemp(prefix=".gpuvisor-cdi-", dir=spec_dir)
+    except OSError as exc:
+        raise CdiError(f"cannot write in the CDI spec directory {spec_dir}: {exc.strerror or exc}") from None
+    tmp = os.path.join(work, os.path.basename(final))
+    argv = [
+        ctk, "cdi", "generate",
+        f"--output={tmp}",
+        f"--format={fmt}",
+        f"--vendor={CDI_VENDOR}",
+        f"--class={CDI_CLASS}",
+        f"--device-name-strategy={'index' if id_strategy == 'index' else 'uuid'}",
+        f"--driver-root={driver_root}",
+    ]  # fmt: skip
+    try:
+        try:
+            done = runner(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise CdiError(f"{' '.join(argv[:3])} failed: {exc}") from None
+        if done.returncode != 0:
+            detail = (done.stderr or done.stdout or "").strip().splitlines()
+            raise CdiError(
+                f"{' '.join(argv[:3])} exited with status {done.returncode}: {detail[-1] if detail else 'no output'}"
+            )
+        spec = load_spec_file(tmp)
+        validate_spec(spec, f"CDI spec from {ctk}")
+        assert isinstance(spec, dict)  # validate_spec checked it
+        if spec.get("kind") != f"{CDI_VENDOR}/{CDI_CLASS}":
+            raise CdiError(f"the CDI spec from {ctk} has kind {spec.get('kind')!r}, not {CDI_VENDOR}/{CDI_CLASS}")
+        names = {d.get("name") for d in spec.get("devices", []) if isinstance(d, dict)}
+        missing = sorted(set(expected_names) - names)
+        if missing:
+            raise CdiError(f"the CDI spec from {ctk} lacks device(s) {', '.join(missing)} that Allocate hands out")
+        try:
+            _install(tmp, final, spec_dir, fmt)
+        except OSError as exc:
+            raise CdiError(f"cannot write the CDI spec {final}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def find_nvidia_ctk(path: str) -> str | None:
+    """The nvidia-ctk to run: `path` if it is an executable file, else `nvidia-ctk` on PATH, else None."""
+    if os.path.isfile(path) and os.access(path, os.X_OK):
+        return path
+    return shutil.which(os.path.basename(path) or "nvidia-ctk")
+
+
+class CdiSpecWriter:
+    """Keeps the spec file in step with the plans: call `sync(plans)` at start and on every reload.
+
+    `use_nvidia_ctk` asks for delegation to `nvidia-ctk cdi generate`; when the tool is missing or
+    its output does not do, the own spec is written and a log line says why.
+    """
+
+    def __init__(
+        self,
+        spec_dir: str,
+        *,
+        fmt: str = "json",
+        use_nvidia_ctk: bool = False,
+        runner: Runner = subprocess.run,
+        exists: Callable[[str], bool] = os.path.exists,
+        minors_reader: Callable[[str], dict[str, int]] = read_mig_minors,
+    ) -> None:
+        if fmt not in FORMATS:
+            raise CdiError(f"unknown CDI spec format {fmt!r}: use json or yaml")
+        self.spec_dir = spec_dir
+        self.fmt = fmt
+        self.use_nvidia_ctk = use_nvidia_ctk
+        self._runner = runner
+        self._exists = exists
+        self._minors_reader = minors_reader
+        self.last_text: str | None = None  # what we last wrote ourselves (to skip identical rewrites)
+        self.source = ""  # "gpuvisor" or "nvidia-ctk": who wrote the current file
+
+    def sync(self, plans: Mapping[str, ResourcePlan]) -> str | None:
+        """Write (or replace) the spec for these plans; None when no plan uses CDI (a file left by
+        an earlier config stays: removing it could break containers that still name its devices).
+
+        Raises CdiError when the spec cannot be built or written; the old file then stays.
+        """
+        if not cdi_needed(plans):
+            return None
+        first = next(p for p in plans.values() if CDI_STRATEGIES.intersection(p.allocate.device_list_strategies))
+        if self.use_nvidia_ctk:
+            ctk = find_nvidia_ctk(first.allocate.nvidia_ctk_path)
+            if ctk is None:
+                log.warning(
+                    "nvidia-ctk not found at %s nor on PATH: writing gpuvisor's own CDI spec (device nodes only)",
+                    first.allocate.nvidia_ctk_path,
+                )
+            else:
+                try:
+                    path = generate_with_nvidia_ctk(
+                        ctk,
+                        self.spec_dir,
+                        id_strategy=first.allocate.device_id_strategy,
+                        driver_root=first.allocate.driver_root,
+                        expected_names=expected_device_names(plans),
+                        fmt=self.fmt,
+                        runner=self._runner,
+                    )
+                except CdiError as exc:
+                    log.warning("%s; writing gpuvisor's own CDI spec (device nodes only) instead", exc)
+                else:
+                    self.source, self.last_text = "nvidia-ctk", None
+                    log.info("CDI spec written by %s: %s", ctk, path)
+                    return path
+        spec = build_spec(plans, exists=self._exists, minors_reader=self._minors_reader)
+        path = spec_path(self.spec_dir, self.fmt)
+        text = render_spec(spec, self.fmt)
+        if text == self.last_text and self.source == "gpuvisor" and os.path.exists(path):
+            return path
+        write_spec(spec, self.spec_dir, self.fmt)
+        self.source, self.last_text = "gpuvisor", text
+        log.info("CDI spec written: %s (%d device(s))", path, len(spec["devices"]))
+        return path
+
+
+def cdi_names(plans: Mapping[str, ResourcePlan]) -> Sequence[str]:
+    """The qualified CDI names (`vendor/class=name`) of the plans' devices, sorted (for status output)."""
+    return sorted(f"{CDI_VENDOR}/{CDI_CLASS}={n}" for n in expected_device_names(plans))
