@@ -1,29 +1,39 @@
 """The NVML side of health: one thread that waits on the event set and probes the GPUs.
 
-The thread never touches the health book: for every finding it posts a small function to the
-supervisor's main loop, which applies it to the book and publishes what changed. So the book
-has one writer and needs no lock.
+The thread never touches the health book: for every finding it hands a small function to
+`apply`, which the supervisor runs on its main loop (applies it to the book, publishes what
+changed). So the book has one writer and needs no lock.
 
 - Events: XID critical errors and single/double-bit ECC, waited on 5 s at a time (as NVIDIA's
-  plugin). A wait error is never spun on: the watch is dropped, the GPUs are probed to find out
-  which are lost (precise, instead of NVIDIA's "everything is unhealthy"), and the next attempt
-  waits with exponential backoff. Only when no probe explains the failure are all devices
-  marked unhealthy.
+  plugin). An XID 79 (fell off the bus) is followed at once by a probe of that GPU, so the book
+  knows the GPU is *lost* (recovers when NVML sees it again) rather than only "XID 79"
+  (recovers on a reset).
+- Wait errors are never spun on (NVIDIA #1937 burns a core): the watch is dropped and rebuilt
+  after an exponential backoff (1 s doubling to 30 s). The GPUs are probed first: if some are
+  lost, only their devices go unhealthy (precise, where NVIDIA marks everything); only a failure
+  no probe explains marks every device unhealthy, logged once. While waits keep failing, probe
+  passes are not recorded, so that condition cannot recover (and flap) before NVML works again.
 - Probes: every `probe_interval` a few cheap NVML queries per GPU catch what sends no event
   (a GPU that fell off the bus, retired pages or remapped rows pending a reset: NVIDIA #267),
-  and give the passing probe that transient recovery needs.
+  give the passing probe that transient recovery needs, and notice a lost GPU that is back
+  (then the event set is rebuilt, so the GPU's events are registered again).
+
+`GPUVISOR_PROBE_INTERVAL` (seconds, default 10) overrides the probe period when the caller does
+not pass one: a tuning knob for tests and for nodes that want faster recovery.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from common.model import Node
-from common.nvml import EventWatch, Nvml, NvmlCallError, NvmlEvent, ProbeResult
+from common.nvml import NVML_ERROR_UNKNOWN, EventWatch, Nvml, NvmlCallError, NvmlEvent, ProbeResult
 from supervisor.health_policy import HealthPolicy
 from supervisor.healthbook import ChangeBatch, HealthBook
 
@@ -32,11 +42,37 @@ log = logging.getLogger("gpuvisor.health")
 WAIT_MS = 5000
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
+DEFAULT_PROBE_INTERVAL_S = 10.0
+PROBE_INTERVAL_ENV = "GPUVISOR_PROBE_INTERVAL"
+XID_FELL_OFF_BUS = 79
+_LOST_STATUSES = ("lost", "not-found")
 
 Apply = Callable[[HealthBook, float], list[ChangeBatch]]
 
 
+def probe_interval_from_env(environ: Mapping[str, str]) -> float:
+    """`GPUVISOR_PROBE_INTERVAL` in seconds, or the default; a bad value is logged and ignored."""
+    raw = environ.get(PROBE_INTERVAL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PROBE_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        log.warning(
+            "%s=%r is not a positive number of seconds: probing every %gs",
+            PROBE_INTERVAL_ENV,
+            raw,
+            DEFAULT_PROBE_INTERVAL_S,
+        )
+        return DEFAULT_PROBE_INTERVAL_S
+    return value
+
+
 class HealthMonitor:
+    """NVML events and probes turned into health-book updates, on a thread of its own."""
+
     def __init__(
         self,
         module: Any,
@@ -44,27 +80,50 @@ class HealthMonitor:
         policy: HealthPolicy,
         post: Callable[[Callable[[], None]], None],
         apply: Callable[[Apply], None],
-        probe_interval: float = 10.0,
+        probe_interval: float | None = None,
     ) -> None:
         self.nvml = Nvml(module)
         self.node = node
         self.policy = policy
-        self._post = post
+        self._post = post  # kept for callers that want to run plain callables on the main loop
         self._apply = apply
-        self.probe_interval = probe_interval
+        self.probe_interval = probe_interval_from_env(os.environ) if probe_interval is None else probe_interval
+        if not math.isfinite(self.probe_interval) or self.probe_interval <= 0:
+            raise ValueError(f"probe_interval must be a positive number of seconds, got {self.probe_interval!r}")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nvml-health", daemon=True)
+        self._watch: EventWatch | None = None
         self._lost: set[str] = set()
-        self.errors = 0  # NVML errors seen by the loop, for metrics
+        self._failure: str | None = None  # the reason every device is unhealthy, while waits fail
+        self._rebuild = False  # a lost GPU is back: register its events again
+        self.backoff_start_s = BACKOFF_START_S
+        self.backoff_max_s = BACKOFF_MAX_S
+        # Figures for metrics and tests.
+        self.errors = 0
         self.events = 0
+        self.probes = 0
 
     # ------------------------------------------------------------------ public
+    @property
+    def failing(self) -> bool:
+        """True while event waits fail for a reason no probe explains."""
+        return self._failure is not None
+
+    @property
+    def lost(self) -> frozenset[str]:
+        return frozenset(self._lost)
+
+    @property
+    def thread_id(self) -> int | None:
+        return self._thread.native_id
+
     def set_node(self, node: Node) -> None:
         self.node = node  # read by the thread at the next probe: a plain reference swap
 
     def initial_probe(self, book: HealthBook) -> list[ChangeBatch]:
         """Probe every GPU once, synchronously, before any worker starts (NVIDIA #111)."""
-        return [batch for fn in self._probe_all() for batch in fn(book, time.time()) if batch]
+        now = time.time()
+        return [batch for fn in self._probe_all() for batch in fn(book, now) if batch]
 
     def start(self) -> None:
         if not self.policy.checks_enabled:
@@ -72,109 +131,173 @@ class HealthMonitor:
             return
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 0.2) -> bool:
+        """Ask the thread to end; True when it did within `timeout` seconds."""
         # An NVML event wait cannot be interrupted and lasts up to 5 s: the thread is a daemon and
         # is not waited for long, so a stop signal still ends the process promptly.
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=0.2)
+            self._thread.join(timeout=timeout)
+        return not self._thread.is_alive()
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
-        watch: EventWatch | None = None
-        backoff = BACKOFF_START_S
+        backoff = self.backoff_start_s
+        retry_at = 0.0
         next_probe = time.monotonic() + self.probe_interval
         while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_probe:
+                self._probe_round()
+                next_probe = time.monotonic() + self.probe_interval
+            if self._rebuild:
+                self._rebuild = False
+                self._close_watch()
+                retry_at = 0.0
             try:
-                if watch is None:
-                    watch = self.nvml.watch_events()
-                    if watch.skipped:
-                        log.warning("no health events from: %s", ", ".join(f"{k} ({v})" for k, v in watch.skipped.items()))
+                if self._watch is None:
+                    if now < retry_at:
+                        self._stop.wait(max(0.0, min(retry_at, next_probe) - now))
+                        continue
+                    self._watch = self._open_watch()
                 timeout = max(1, min(WAIT_MS, int((next_probe - time.monotonic()) * 1000)))
-                event = watch.wait(timeout)
-                backoff = BACKOFF_START_S
+                event = self._watch.wait(timeout)
+            except NvmlCallError as exc:
+                failure = exc
+            except Exception as exc:  # a bug or an unexpected binding error must not end health
+                log.exception("health loop error")
+                failure = NvmlCallError("health loop", NVML_ERROR_UNKNOWN, exc)
+            else:
+                backoff = self.backoff_start_s
+                if self._failure is not None:
+                    self._failure = None
+                    log.info("NVML event wait works again: devices recover after the quiet period and a passing probe")
                 if event is not None:
                     self.events += 1
-                    self._on_event(event)
-            except NvmlCallError as exc:
-                self.errors += 1
-                self._on_wait_error(exc)
-                if watch is not None:
-                    watch.close()
-                    watch = None
-                if self._stop.wait(backoff):
-                    break
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
-            if time.monotonic() >= next_probe:
-                for fn in self._probe_all():
-                    self._apply(fn)
-                next_probe = time.monotonic() + self.probe_interval
-        if watch is not None:
-            watch.close()
+                    try:
+                        self._on_event(event)
+                    except Exception:  # one bad event must not end health watching
+                        log.exception("handling NVML event %s failed", event)
+                continue
+            if self._stop.is_set():
+                break  # a wait woken by shutdown is no fault to report
+            self.errors += 1
+            self._close_watch()
+            try:
+                self._on_wait_error(failure, backoff)
+            except Exception:  # reporting the failure failed too: still back off, never spin
+                log.exception("handling an NVML event wait failure failed")
+            retry_at = time.monotonic() + backoff
+            backoff = min(backoff * 2, self.backoff_max_s)
+        self._close_watch()
+
+    def _open_watch(self) -> EventWatch:
+        watch = self.nvml.watch_events()
+        if watch.skipped:
+            log.warning("no health events from: %s", ", ".join(f"{k} ({v})" for k, v in watch.skipped.items()))
+        return watch
+
+    def _close_watch(self) -> None:
+        if self._watch is not None:
+            try:
+                self._watch.close()
+            except Exception as exc:  # freeing a broken set must not stop the loop
+                log.debug("closing the NVML event set failed: %s", exc)
+            self._watch = None
 
     def _on_event(self, event: NvmlEvent) -> None:
         uuid = event.gpu_uuid
         if uuid is None:
             log.warning("an NVML event (type 0x%x, data %d) named no known GPU: ignored", event.event_type, event.data)
             return
+        gi, ci = event.gi_id, event.ci_id
         if event.kind == "xid":
             xid = event.data
 
             def apply_xid(book: HealthBook, now: float) -> list[ChangeBatch]:
-                return [book.apply_xid(uuid, xid, event.gi_id, event.ci_id, now=now)]
+                return [book.apply_xid(uuid, xid, gi, ci, now=now)]
 
             self._apply(apply_xid)
+            if xid == XID_FELL_OFF_BUS:
+                # Only a lost finding is applied: a pass right after the event must not count as
+                # the "probe after the last event" that transient recovery waits for.
+                result = self._probe(uuid)
+                if result.status in _LOST_STATUSES:
+                    self._apply(self._finding(result))
         elif event.kind in ("single-bit-ecc", "double-bit-ecc"):
-            kind = "double" if event.kind == "double-bit-ecc" else "single"
+            kind = "double-bit" if event.kind == "double-bit-ecc" else "single-bit"
 
             def apply_ecc(book: HealthBook, now: float) -> list[ChangeBatch]:
-                return [book.apply_ecc(uuid, kind, event.gi_id, event.ci_id, now=now)]
+                return [book.apply_ecc(uuid, kind, gi, ci, now=now)]
 
             self._apply(apply_ecc)
 
-    def _on_wait_error(self, exc: NvmlCallError) -> None:
-        findings = self._probe_all()
-        if self._lost or exc.gpu_lost:
-            log.warning("NVML event wait failed (%s); lost GPUs: %s", exc, ", ".join(sorted(self._lost)) or "none found")
-            for fn in findings:
-                self._apply(fn)
-            if self._lost:
-                return
-        log.error("NVML event wait failed (%s): every device is marked unhealthy until NVML recovers", exc)
-        reason = f"NVML event wait failed: {exc}"
+    def _on_wait_error(self, exc: NvmlCallError, backoff: float) -> None:
+        results = [self._probe(gpu.uuid) for gpu in self.node.gpus]
+        lost = sorted(r.uuid for r in results if r.status in _LOST_STATUSES)
+        if lost:
+            log.warning("NVML event wait failed (%s); lost GPUs: %s; retrying in %gs", exc, ", ".join(lost), backoff)
+            self._failure = None
+        else:
+            reason = f"NVML event wait failed: {exc}"
+            if self._failure is None:
+                log.error("%s: every device is marked unhealthy until NVML recovers; retrying in %gs", reason, backoff)
+            else:
+                log.debug("%s again; retrying in %gs", reason, backoff)
+            self._failure = reason
+            self._apply(self._all_unhealthy(reason))
+        for result in results:
+            self._apply(self._finding(result))
 
+    def _probe_round(self) -> None:
+        try:
+            if self._failure is not None:
+                # Keep the event-wait condition fresh: the quiet period starts when waits work.
+                self._apply(self._all_unhealthy(self._failure))
+            for fn in self._probe_all():
+                self._apply(fn)
+        except Exception:  # an unexpected probe error must not end the health thread
+            log.exception("health probe round failed")
+
+    @staticmethod
+    def _all_unhealthy(reason: str) -> Apply:
         def all_bad(book: HealthBook, now: float) -> list[ChangeBatch]:
             return [book.mark_all_unhealthy(reason, now)]
 
-        self._apply(all_bad)
-        for fn in findings:
-            self._apply(fn)
+        return all_bad
+
+    def _probe(self, uuid: str) -> ProbeResult:
+        self.probes += 1
+        return self.nvml.probe(uuid)
 
     def _probe_all(self) -> list[Apply]:
-        out: list[Apply] = []
-        for gpu in self.node.gpus:
-            out.append(self._probe_one(gpu.uuid, self.nvml.probe(gpu.uuid)))
-        return out
+        return [self._finding(self._probe(gpu.uuid)) for gpu in self.node.gpus]
 
-    def _probe_one(self, uuid: str, result: ProbeResult) -> Apply:
-        if result.status == "lost" or result.status == "not-found":
-            first = uuid not in self._lost
+    def _finding(self, result: ProbeResult) -> Apply:
+        """What one probe result does to the book; updates what the thread knows of lost GPUs."""
+        uuid = result.uuid
+        if result.status in _LOST_STATUSES:
             self._lost.add(uuid)
             detail = "GPU is lost (fell off the bus)" if result.status == "lost" else "GPU is no longer visible to NVML"
 
             def lost(book: HealthBook, now: float) -> list[ChangeBatch]:
-                if first:
-                    return [book.mark_lost(uuid, now, detail)]
-                return [book.probe_result(uuid, False, detail, now)]
+                return [book.mark_lost(uuid, now, detail)]
 
             return lost
         was_lost = uuid in self._lost
-        self._lost.discard(uuid)
+        if was_lost:
+            self._lost.discard(uuid)
+            self._rebuild = True
+            log.info("GPU %s answers NVML again", uuid, extra={"device": uuid})
         ok = result.ok
         reason = "" if ok else (result.detail or result.status)
+        # While every device is down for a failed wait, a pass must not start its recovery.
+        record = not ok or self._failure is None
 
         def probed(book: HealthBook, now: float) -> list[ChangeBatch]:
-            found = [book.mark_found(uuid, now)] if was_lost else []
-            return [*found, book.probe_result(uuid, ok, reason, now)]
+            out = [book.mark_found(uuid, now)] if was_lost else []
+            if record:
+                out.append(book.probe_result(uuid, ok, reason, now))
+            return out
 
         return probed
