@@ -29,8 +29,11 @@ def run_command(sup: Supervisor, name: str, args: dict[str, Any]) -> dict[str, A
     if name == "status":
         return sup.status()
     if name == "reload":
-        sup.reload("control command")
-        return {"plans": sorted(sup.plans)}
+        ok = sup.reload("control command")
+        return {"applied": ok, "plans": sorted(sup.plans)}
+    if name == "rediscover":
+        ok = sup.rediscover("control command")
+        return {"applied": ok, "plans": sorted(sup.plans)}
     if name == "sim":
         return _sim(sup, args)
     raise CommandError(f"unknown command {name!r}")
@@ -59,7 +62,10 @@ def _sim(sup: Supervisor, args: dict[str, Any]) -> dict[str, Any]:
         elif action == "mig":
             layout = args.get("layout")
             sim.set_mig_layout(int(args["gpu"]), None if layout is None else list(layout))
-            sup.reload("MIG layout changed")
+            # Like a `nvidia-smi mig` run by an operator; the reload makes the change show at
+            # once. `reload: false` leaves it to the periodic rediscovery (its tests use that).
+            if args.get("reload", True):
+                sup.reload("MIG layout changed")
         else:
             raise CommandError(f"unknown sim action {action!r} (one of {', '.join(SIM_ACTIONS)})")
     except CommandError:

@@ -1,7 +1,14 @@
-"""Watch the kubelet's plugin dir: kubelet.sock created, our workers' sockets deleted.
+"""Filesystem watches: the kubelet's plugin dir, and the directory of the config file.
 
-A watchdog (inotify) observer calls back from its own thread; the callbacks only enqueue (the
-supervisor's main loop acts on them), so nothing here touches worker state.
+Watchdog (inotify) observers call back from their own thread; the callbacks only enqueue (the
+supervisor's main loop acts on them), so nothing here touches supervisor state.
+
+The config file is watched through its *directory*, not the file: a Kubernetes ConfigMap volume
+updates by writing a new timestamped dir, pointing a new `..data_tmp` symlink at it and renaming
+that over `..data` (the file itself is a symlink `config.yaml -> ..data/config.yaml`), so the
+file's inode never changes and an inotify watch on it would see nothing. Editors that save by
+rename do much the same. Every event in the directory is reported; the supervisor debounces the
+burst and compares the file's content, so spurious events cost one read.
 """
 
 from __future__ import annotations
@@ -18,27 +25,26 @@ from common.kubeletapi import KUBELET_SOCKET_NAME
 log = logging.getLogger("gpuvisor.kubelet-watch")
 
 
-class _Handler(FileSystemEventHandler):
+def _basename(path: str | bytes) -> str:
+    return os.path.basename(path if isinstance(path, str) else path.decode())
+
+
+class _KubeletHandler(FileSystemEventHandler):
     def __init__(self, on_kubelet: Callable[[], None], on_deleted: Callable[[str], None]) -> None:
         self._on_kubelet = on_kubelet
         self._on_deleted = on_deleted
 
-    @staticmethod
-    def _name(event: FileSystemEvent) -> str:
-        path = event.src_path
-        return os.path.basename(path if isinstance(path, str) else path.decode())
-
     def on_created(self, event: FileSystemEvent) -> None:
-        if self._name(event) == KUBELET_SOCKET_NAME:
+        if _basename(event.src_path) == KUBELET_SOCKET_NAME:
             self._on_kubelet()
 
     def on_moved(self, event: FileSystemEvent) -> None:
-        dest = event.dest_path
-        if os.path.basename(dest if isinstance(dest, str) else dest.decode()) == KUBELET_SOCKET_NAME:
+        if _basename(event.dest_path) == KUBELET_SOCKET_NAME:
             self._on_kubelet()
+        self._on_deleted(_basename(event.src_path))  # gone from under its name all the same
 
     def on_deleted(self, event: FileSystemEvent) -> None:
-        self._on_deleted(self._name(event))
+        self._on_deleted(_basename(event.src_path))
 
 
 class KubeletWatch:
@@ -48,9 +54,42 @@ class KubeletWatch:
         self.plugin_dir = plugin_dir
         self._observer = Observer()
         self._observer.daemon = True
-        self._observer.schedule(_Handler(on_kubelet, on_deleted), plugin_dir, recursive=False)
+        self._observer.schedule(_KubeletHandler(on_kubelet, on_deleted), plugin_dir, recursive=False)
 
     def start(self) -> None:
+        self._observer.start()
+
+    def stop(self) -> None:
+        self._observer.stop()
+        self._observer.join(timeout=5)
+
+
+class _AnyEventHandler(FileSystemEventHandler):
+    def __init__(self, on_event: Callable[[], None]) -> None:
+        self._on_event = on_event
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in ("opened", "closed_no_write"):
+            return  # reads (ours included) change nothing
+        self._on_event()
+
+
+class ConfigWatch:
+    """Calls `on_event()` for every change in the config file's directory (see the module doc).
+
+    Raises OSError at `start()` when the directory cannot be watched (it does not exist).
+    """
+
+    def __init__(self, config_file: str, on_event: Callable[[], None]) -> None:
+        self.directory = os.path.dirname(os.path.abspath(config_file))
+        self._handler = _AnyEventHandler(on_event)
+        self._observer = Observer()
+        self._observer.daemon = True
+
+    def start(self) -> None:
+        if not os.path.isdir(self.directory):
+            raise OSError(f"no directory {self.directory}")
+        self._observer.schedule(self._handler, self.directory, recursive=False)
         self._observer.start()
 
     def stop(self) -> None:

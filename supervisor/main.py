@@ -1,9 +1,26 @@
-"""The supervisor process (`gpuvisor run`): discovery, plans, workers, health, kubelet watch.
+"""The supervisor process (`gpuvisor run`): discovery, plans, workers, health, watches.
 
 One main loop owns every ZeroMQ socket and all mutable state. Other threads (the NVML event
-loop, the watchdog observer, signal handlers) only enqueue a callable and poke a wake pipe;
-the loop runs them, reaps and reconciles the workers (`WorkerSet.tick`), ticks the health book
-(transient recovery) and publishes health. So no lock guards the state: one thread touches it.
+loop, the watchdog observers, signal handlers) only enqueue a callable or set a flag and poke a
+wake pipe; the loop runs them, reaps and reconciles the workers (`WorkerSet.tick`), ticks the
+health book (transient recovery), publishes health, and runs what is due (NVML retry,
+rediscovery, a debounced config-file check). So no lock guards the state: one thread touches it.
+
+Start-up order matters for NVIDIA #170 (a failed NVML must not look like a healthy plugin that
+advertises nothing): the run dir, the stale-socket sweep, the control socket and the watches
+come up first, then NVML. With --fail-on-init-error (the default) an NVML failure ends the
+process with exit status 3 and a text that says what to check; without it the loop runs
+not-ready (`ready()` is false, `gpuvisor status` answers) and retries NVML with backoff.
+
+Reload (SIGHUP, the config file changing, the `reload` command) re-reads the config and the
+device set; rediscovery (every --rediscovery-interval seconds, and the simulator's `sim mig`)
+re-reads the device set only. Both end in `apply_plans`, a diff per resource: unchanged plans
+are not touched, changed ones go to the running worker as a PlanUpdate (same process, same
+gRPC stream: allocatable never drops), added and removed resources start and stop workers.
+
+Hooks for the node's observability (metrics, systemd notify) belong in the `_on_*` methods:
+`_on_worker_state` (every lifecycle transition), `_on_registered` (every registration a worker
+reports), `_publish` (every health change batch) and `_on_ready_changed`.
 
 Sockets in the run dir (mode 0700, the sockets 0600): `control.sock` (ROUTER: workers' hello,
 heartbeat and snapshot requests; `gpuvisor status` and `gpuvisor sim`) and `health.sock` (PUB:
@@ -13,10 +30,13 @@ health deltas and beacons to every worker).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
 import logging
 import os
 import queue
+import re
 import signal
 import stat
 import subprocess
@@ -55,14 +75,38 @@ from supervisor.commands import CommandError, run_command
 from supervisor.health import Apply, HealthMonitor
 from supervisor.health_policy import HealthPolicy
 from supervisor.healthbook import ChangeBatch, HealthBook
+from supervisor.kubeletwatch import ConfigWatch, KubeletWatch
 from supervisor.workers import EXIT_CONFIG_ERROR, Policy, WorkerHandle, WorkerSet, WState
 
 log = logging.getLogger("gpuvisor.supervisor")
 
 EXIT_NVML_ERROR = 3
+EXIT_IN_USE = 1  # the run dir belongs to a running supervisor, or cannot be made
 TICK_S = 0.5
 BEACON_S = 2.0
+CONFIG_DEBOUNCE_S = 0.3  # a ConfigMap update is a burst of create/rename/delete events
+NVML_RETRY_START_S = 1.0
+NVML_RETRY_MAX_S = 60.0
+SHUTDOWN_GRACE_S = 4.0  # SIGTERM to workers, then SIGKILL: the whole stop stays under 5 s
 SOCKET_PREFIX = "gpuvisor-"
+
+# Test-only hook: with a simulated node, fail the first N nvmlInit calls with
+# NVML_ERROR_LIBRARY_NOT_FOUND, as on a node without a driver. Ignored on real NVML.
+SIM_FAIL_INIT_ENV = "GPUVISOR_SIM_FAIL_INIT"
+
+# Settings a running supervisor cannot take over at a reload: a change is logged, not applied.
+RESTART_ONLY = (
+    "kubelet_socket",
+    "run_dir",
+    "simulate",
+    "metrics_address",
+    "log_format",
+    "log_level",
+    "fail_on_init_error",
+    "disable_healthchecks",
+    "enable_healthchecks",
+    "health",
+)
 
 
 class StartupError(Exception):
@@ -113,22 +157,66 @@ class SubprocessSpawner:
         return subprocess.Popen(argv, close_fds=True, stdin=subprocess.DEVNULL)
 
 
-def open_nvml(config: Config) -> tuple[Any, Any]:
+def open_nvml(config: Config, environ: dict[str, str] | None = None) -> tuple[Any, Any]:
     """The pynvml module to use (the real one, or the simulator) and the simulator or None."""
     if config.simulate:
         from common.simulator import load_simulator
 
-        sim = load_simulator(config.simulate)
+        try:
+            sim = load_simulator(config.simulate)
+        except (ValueError, OSError) as exc:  # SimulatorConfigError is a ValueError naming file, key, why
+            raise StartupError(f"config error: --simulate: {exc}", EXIT_CONFIG_ERROR) from None
+        fail_init = (environ if environ is not None else dict(os.environ)).get(SIM_FAIL_INIT_ENV, "").strip()
+        if fail_init:
+            import pynvml
+
+            if not fail_init.isdigit() or int(fail_init) < 1:
+                raise StartupError(f"config error: env {SIM_FAIL_INIT_ENV}: {fail_init!r} is not a count >= 1", EXIT_CONFIG_ERROR)
+            sim.fail("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, count=int(fail_init))
         return sim, sim
     import pynvml
 
     return pynvml, None
 
 
+def keep_vanished_gpus(old: Node | None, new: Node) -> tuple[Node, tuple[str, ...]]:
+    """`new`, plus the GPUs of `old` that rediscovery no longer sees (and whose index is free).
+
+    Discovery leaves a lost GPU out (it cannot be described). A rediscovery must not turn that
+    into a shrinking device list: a lost GPU stays advertised, and the health pipeline (probes,
+    XID 79) marks it Unhealthy and brings it back. Returns the node and the UUIDs kept.
+    """
+    if old is None:
+        return new, ()
+    uuids = {g.uuid for g in new.gpus}
+    indexes = {g.index for g in new.gpus}
+    kept = [g for g in old.gpus if g.uuid not in uuids and g.index not in indexes]
+    if not kept:
+        return new, ()
+    kept_indexes = {g.index for g in kept}
+    links = new.links + tuple(link for link in old.links if link.a in kept_indexes or link.b in kept_indexes)
+    merged = dataclasses.replace(
+        new,
+        gpus=tuple(sorted(new.gpus + tuple(kept), key=lambda g: g.index)),
+        links=tuple(sorted(links, key=lambda link: (link.a, link.b))),
+    )
+    return merged, tuple(g.uuid for g in kept)
+
+
+def file_fingerprint(path: str) -> str:
+    """What the config file holds now (through any symlinks), cheap to compare."""
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+
+
 class Supervisor:
-    def __init__(self, config: Config, argv_flags: Any = None) -> None:
+    def __init__(self, config: Config, argv_flags: Any = None, environ: dict[str, str] | None = None) -> None:
         self.config = config
         self.argv_flags = argv_flags
+        self.environ = dict(os.environ) if environ is None else environ
         self.run_dir = os.path.abspath(config.run_dir)
         self.plugin_dir = os.path.dirname(os.path.abspath(config.kubelet_socket))
         self.plans_dir = os.path.join(self.run_dir, "plans")
@@ -141,10 +229,17 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
-        self.nvml_module, self.simulator = open_nvml(config)
+        self.nvml_module, self.simulator = open_nvml(config, self.environ)
+        # NVML state: not up until init and the first discovery worked.
+        self.nvml_up = False
+        self.nvml_error = ""
+        self.nvml_attempts = 0
+        self._nvml_retry_at = 0.0
+        self._nvml_delay = NVML_RETRY_START_S
         self.node: Node | None = None
         self.plans: dict[str, ResourcePlan] = {}
         self.plan_json: dict[str, str] = {}
+        self.kept_gpus: tuple[str, ...] = ()
         self.health_policy = HealthPolicy.from_settings(
             disable_env=",".join(config.disable_healthchecks) or None,
             enable_env=",".join(config.enable_healthchecks) or None,
@@ -153,14 +248,25 @@ class Supervisor:
         )
         self.book: HealthBook | None = None
         self.monitor: HealthMonitor | None = None
+        self.watch: KubeletWatch | None = None
+        self.config_watch: ConfigWatch | None = None
+        self.spawner = SubprocessSpawner(config, self.run_dir)
         self.workers = WorkerSet(
-            SubprocessSpawner(config, self.run_dir),
-            Policy(heartbeat_timeout=config.heartbeat_timeout, start_retries=config.start_retries),
+            self.spawner, Policy(heartbeat_timeout=config.heartbeat_timeout, start_retries=config.start_retries)
         )
-        self.routes: dict[str, bytes] = {}  # resource -> ROUTER identity of its worker
+        self.workers.listeners.append(self._on_worker_state)
+        self.routes: dict[str, bytes] = {}  # resource -> ROUTER identity of its current worker
+        self.worker_plan: dict[str, str] = {}  # resource -> plan JSON its current worker has
         self.out_seq = SequenceCounter()
         self.health_changes = 0
+        self.rediscoveries = 0
+        self.reloads = 0
+        self._was_ready = False
         self._next_beacon = 0.0
+        self._next_rediscovery = 0.0
+        self._config_check_at = 0.0
+        self._config_fp = file_fingerprint(config.config_file) if config.config_file else ""
+        self._last_refusal = ""
 
     # ------------------------------------------------------------------ plumbing
     def post(self, fn: Callable[[], None]) -> None:
@@ -170,6 +276,7 @@ class Supervisor:
             os.write(self._wake_w, b"x")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only flags: the loop (woken by the wakeup fd) does the work.
         if signum == signal.SIGHUP:
             self.reload_requested = True
         elif signum != signal.SIGCHLD:
@@ -177,21 +284,33 @@ class Supervisor:
 
     # ------------------------------------------------------------------ start
     def prepare_dirs(self) -> None:
-        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)
-        os.makedirs(self.plans_dir, mode=0o700, exist_ok=True)
-        os.makedirs(self.plugin_dir, exist_ok=True)
-        for name in ("control.sock", "health.sock"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(self.run_dir, name))
+        control = os.path.join(self.run_dir, "control.sock")
+        if unix_socket_listening(control):
+            # Removing a live supervisor's sockets would cut it off from its workers.
+            raise StartupError(
+                f"another gpuvisor is running with run dir {self.run_dir} (its control socket answers): "
+                "stop it first, or give this one another --run-dir",
+                EXIT_IN_USE,
+            )
+        try:
+            os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+            os.chmod(self.run_dir, 0o700)
+            os.makedirs(self.plans_dir, mode=0o700, exist_ok=True)
+            os.makedirs(self.plugin_dir, exist_ok=True)
+            for name in ("control.sock", "health.sock"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.run_dir, name))
+        except OSError as exc:
+            raise StartupError(f"cannot prepare {exc.filename or self.run_dir}: {exc.strerror}", EXIT_IN_USE) from None
         self.remove_stale_sockets()
 
-    def remove_stale_sockets(self) -> None:
+    def remove_stale_sockets(self) -> list[str]:
         """Remove sockets an earlier life of gpuvisor left: ours by name, and nobody listening."""
+        removed: list[str] = []
         try:
             entries = list(os.scandir(self.plugin_dir))
         except FileNotFoundError:
-            return
+            return removed
         for entry in entries:
             if not (entry.name.startswith(SOCKET_PREFIX) and entry.name.endswith(".sock")):
                 continue
@@ -204,40 +323,111 @@ class Supervisor:
                 continue  # a live server (another gpuvisor?) owns it: not ours to remove
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
-            log.info("removed stale socket %s", entry.path)
+            removed.append(entry.name)
+        if removed:
+            log.info("removed %d stale socket(s) of an earlier run: %s", len(removed), ", ".join(removed))
+        return removed
+
+    def remove_dead_sockets(self, resource: str) -> list[str]:
+        """A worker died: remove the sockets it left (SIGKILL leaves them), by its exact name pattern.
+
+        Only `gpuvisor-<name>-<8 hex>.sock` of this resource that nobody accepts on: the dead
+        worker's, never another resource's nor a live server's.
+        """
+        pattern = re.compile(rf"{re.escape(SOCKET_PREFIX + resource.split('/', 1)[-1])}-[0-9a-f]{{8}}\.sock")
+        removed: list[str] = []
+        try:
+            names = [n for n in os.listdir(self.plugin_dir) if pattern.fullmatch(n)]
+        except FileNotFoundError:
+            return removed
+        for name in names:
+            path = os.path.join(self.plugin_dir, name)
+            if unix_socket_listening(path):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                removed.append(name)
+        if removed:
+            log.info("removed the socket(s) a dead worker of %s left: %s", resource, ", ".join(removed))
+        return removed
+
+    def _open_sockets(self) -> None:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.router.bind(control_endpoint(self.run_dir))
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 100_000)
+        self.pub.bind(health_endpoint(self.run_dir))
+        for name in ("control.sock", "health.sock"):
+            os.chmod(os.path.join(self.run_dir, name), 0o600)
+
+    def _start_watches(self) -> None:
+        self.watch = KubeletWatch(self.plugin_dir, self._kubelet_created, self._file_deleted)
+        self.watch.start()
+        if self.config.config_file:
+            try:
+                self.config_watch = ConfigWatch(self.config.config_file, self._config_event)
+                self.config_watch.start()
+            except OSError as exc:
+                self.config_watch = None
+                log.warning("cannot watch the config file %s (%s): reload with SIGHUP", self.config.config_file, exc)
 
     def discover(self) -> Node:
         from common.nvml import Nvml
 
-        nvml = Nvml(self.nvml_module)
-        return nvml.discover()
+        return Nvml(self.nvml_module).discover()
 
-    def init_nvml(self) -> None:
-        """NVML init, with the two behaviours of --fail-on-init-error (NVIDIA #170)."""
+    def _try_nvml(self) -> None:
+        """One attempt at NVML init and first discovery (NVIDIA #170 for what follows a failure)."""
         from common.nvml import Nvml
 
-        delay = 1.0
-        while True:
-            try:
-                Nvml(self.nvml_module).init()
-                return
-            except Exception as exc:  # any NVML failure at init: the message says what to check
-                text = nvml_init_help(exc)
-                if self.config.fail_on_init_error:
-                    raise StartupError(text, EXIT_NVML_ERROR) from None
-                log.error("%s; retrying in %.0fs (not ready)", text, delay)
-            deadline = time.monotonic() + delay
-            while time.monotonic() < deadline and not self.stopping:
-                time.sleep(min(0.2, deadline - time.monotonic()))
-            if self.stopping:
-                raise StartupError("stopped before NVML came up", 0)
-            delay = min(delay * 2, 60.0)
-
-    def make_plans(self, node: Node, config: Config) -> dict[str, ResourcePlan]:
+        self.nvml_attempts += 1
         try:
-            return plan_resources(node, config)
+            Nvml(self.nvml_module).init()
+            node = self.discover()
+        except Exception as exc:  # any NVML failure at start: the message says what to check
+            text = nvml_init_help(exc)
+            if self.config.fail_on_init_error:
+                raise StartupError(text, EXIT_NVML_ERROR) from None
+            delay = self._nvml_delay
+            if self.nvml_attempts == 1:
+                log.error("%s. Not ready; retrying with backoff (--fail-on-init-error=false)", text)
+            else:
+                log.warning("NVML still unavailable (attempt %d): %s; next try in %.0fs", self.nvml_attempts, exc, delay)
+            self.nvml_error = str(exc)
+            self._nvml_retry_at = time.monotonic() + delay
+            self._nvml_delay = min(delay * 2, NVML_RETRY_MAX_S)
+            return
+        if self.nvml_attempts > 1:
+            log.info("NVML is up after %d attempts", self.nvml_attempts)
+        self.nvml_up = True
+        self.nvml_error = ""
+        self._bring_up(node)
+
+    def _bring_up(self, node: Node) -> None:
+        """NVML works: plan, health book and monitor, then one worker per resource."""
+        try:
+            plans = plan_resources(node, self.config)
         except PlanningError as exc:
             raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
+        self.node = node
+        self.plans = plans
+        log.info(
+            "discovered %d GPUs; resources: %s",
+            len(node.gpus),
+            ", ".join(f"{r} ({len(p.devices)})" for r, p in plans.items()) or "none",
+        )
+        self.book = HealthBook(plans, self.health_policy, time.time())
+        self.monitor = HealthMonitor(self.nvml_module, node, self.health_policy, self.post, self._on_health_event)
+        for batch in self.monitor.initial_probe(self.book):
+            self._publish(batch)
+        self.monitor.start()
+        for resource, plan in plans.items():
+            self.workers.want(resource, self.write_plan(plan))
+        self._schedule_rediscovery(time.monotonic())
 
     def write_plan(self, plan: ResourcePlan) -> str:
         text = plan.to_json()
@@ -256,39 +446,13 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         log.info("gpuvisor starting (pid %d): %s", os.getpid(), json.dumps(self.config.describe(), sort_keys=True))
+        if self.config.unknown_keys:
+            log.warning("config file keys ignored (unknown): %s", ", ".join(self.config.unknown_keys))
         self.prepare_dirs()
-        self.init_nvml()
-        node = self.discover()
-        self.node = node
-        self.plans = self.make_plans(node, self.config)
-        log.info(
-            "discovered %d GPUs; resources: %s",
-            len(node.gpus),
-            ", ".join(f"{r} ({len(p.devices)})" for r, p in self.plans.items()) or "none",
-        )
-        self.book = HealthBook(self.plans, self.health_policy, time.time())
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.router = ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.router.bind(control_endpoint(self.run_dir))
-        self.pub = ctx.socket(zmq.PUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.setsockopt(zmq.SNDHWM, 100_000)
-        self.pub.bind(health_endpoint(self.run_dir))
-        for name in ("control.sock", "health.sock"):
-            os.chmod(os.path.join(self.run_dir, name), 0o600)
-        self.monitor = HealthMonitor(self.nvml_module, node, self.health_policy, self.post, self._on_health_event)
-        for batch in self.monitor.initial_probe(self.book):
-            self._publish(batch)
-        self.monitor.start()
-        from supervisor.kubeletwatch import KubeletWatch
-
-        self.watch = KubeletWatch(self.plugin_dir, self._kubelet_created, self._file_deleted)
-        self.watch.start()
-        for resource, plan in self.plans.items():
-            self.workers.want(resource, self.write_plan(plan))
         try:
+            self._open_sockets()
+            self._start_watches()
+            self._try_nvml()
             self._loop()
         finally:
             self._shutdown()
@@ -302,19 +466,39 @@ class Supervisor:
             now = time.monotonic()
             self.last_loop = now
             self.workers.tick(now)
-            if self.book is not None:
-                self._publish(self.book.tick(time.time()))
-            if now >= self._next_beacon:
-                self._beacon()
-                self._next_beacon = now + BEACON_S
-            if self.reload_requested:
-                self.reload_requested = False
-                self.reload("SIGHUP")
-            events = dict(poller.poll(int(TICK_S * 1000)))
+            self._run_due(now)
+            self._check_ready()
+            events = dict(poller.poll(self._poll_ms(now)))
             if self._wake_r in events:
                 self._drain_wake()
             if self.router in events:
                 self._drain_router()
+
+    def _run_due(self, now: float) -> None:
+        """Everything with a deadline or a flag; each is cheap when it has nothing to do."""
+        if not self.nvml_up and now >= self._nvml_retry_at:
+            self._try_nvml()
+        if self.book is not None:
+            self._publish(self.book.tick(time.time()))
+        if now >= self._next_beacon:
+            self._beacon()
+            self._next_beacon = now + BEACON_S
+        if self.reload_requested:
+            self.reload_requested = False
+            self.reload("SIGHUP")
+        if self._config_check_at and now >= self._config_check_at:
+            self._config_check_at = 0.0
+            self._check_config_file()
+        if self._next_rediscovery and now >= self._next_rediscovery:
+            self.rediscover("periodic rediscovery")
+
+    def _poll_ms(self, now: float) -> int:
+        deadlines = [now + TICK_S, self._next_beacon]
+        if self._config_check_at:
+            deadlines.append(self._config_check_at)
+        if self._next_rediscovery:
+            deadlines.append(self._next_rediscovery)
+        return max(1, int((min(deadlines) - now) * 1000) + 1)
 
     def _drain_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -348,22 +532,24 @@ class Supervisor:
     def _handle(self, route: list[bytes], message: Any) -> None:
         now = time.monotonic()
         if isinstance(message, Hello):
-            self.routes[message.resource] = route[0]
-        elif isinstance(message, Heartbeat):
-            self.routes[message.resource] = route[0]
-            self.workers.heartbeat(message.resource, message.pid, message.registered, message.socket_path, now)
             handle = self.workers.workers.get(message.resource)
-            if handle is not None and handle.pid == message.pid:
-                handle.stats = dict(message.stats)
+            if handle is not None and handle.proc is not None and handle.pid == message.pid:
+                self.routes[message.resource] = route[0]
+                self._catch_up_plan(message.resource)
+        elif isinstance(message, Heartbeat):
+            beat = self.workers.heartbeat(message.resource, message.pid, message.registered, message.socket_path, now)
+            if beat is not None:
+                self.routes[message.resource] = route[0]
+                beat.stats = dict(message.stats)
         elif isinstance(message, SnapshotRequest):
-            self.routes[message.resource] = route[0]
-            self._send(route, SnapshotReply(self._snapshot(message.resource)))
+            if self.book is not None:
+                self._send(route, SnapshotReply(self._snapshot(message.resource)))
         elif isinstance(message, StatusReport):
             log.debug("worker %s: %s (%s)", message.resource, message.event, message.detail)
-            if message.event == "registered":
-                handle = self.workers.workers.get(message.resource)
-                if handle is not None and handle.proc is not None:
-                    self.workers.heartbeat(message.resource, handle.pid, True, handle.socket_path, now)
+            handle = self.workers.workers.get(message.resource)
+            if message.event == "registered" and handle is not None and handle.proc is not None:
+                self.workers.heartbeat(message.resource, handle.pid, True, handle.socket_path, now)
+                self._on_registered(handle, message.detail)
         elif isinstance(message, Command):
             try:
                 data = self.command(message.name, dict(message.args))
@@ -375,6 +561,31 @@ class Supervisor:
         assert self.book is not None
         seq, devices = self.book.snapshot(resource)
         return HealthSnapshot(seq=seq, resource=resource, devices=tuple(devices), epoch=self.epoch)
+
+    # ------------------------------------------------------------------ worker events (hooks)
+    def _on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
+        """Every worker lifecycle transition (already logged by change_state)."""
+        if new is WState.STARTING:
+            # A new process: its route is unknown until it says hello, and it reads the plan
+            # file as it is now.
+            self.routes.pop(handle.resource, None)
+            self.worker_plan[handle.resource] = self.plan_json.get(handle.resource, "")
+        elif new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
+            self.routes.pop(handle.resource, None)  # nobody is there to talk to
+            self.remove_dead_sockets(handle.resource)
+
+    def _on_registered(self, handle: WorkerHandle, detail: str) -> None:
+        """A worker reported a (re-)registration with the kubelet."""
+
+    def _on_ready_changed(self, ready: bool) -> None:
+        """The node became ready (every worker registered) or stopped being ready."""
+        log.info("ready" if ready else "not ready", extra={"state": "ready" if ready else "not-ready"})
+
+    def _check_ready(self) -> None:
+        ready = self.ready()
+        if ready != self._was_ready:
+            self._was_ready = ready
+            self._on_ready_changed(ready)
 
     # ------------------------------------------------------------------ health
     def _on_health_event(self, apply: Apply) -> None:
@@ -441,46 +652,133 @@ class Supervisor:
         for resource in self.workers.workers:
             self._tell(resource, Reregister(reason=reason))
 
-    def _tell(self, resource: str, message: Any) -> None:
+    def _tell(self, resource: str, message: Any) -> bool:
         route = self.routes.get(resource)
-        if route is not None:
-            self._send([route], message)
+        if route is None:
+            return False
+        self._send([route], message)
+        return True
 
-    # ------------------------------------------------------------------ reload
-    def reload(self, trigger: str) -> None:
-        """Rebuild plans from a fresh config and device set; touch only what changed."""
+    # ------------------------------------------------------------------ reload and rediscovery
+    def _config_event(self) -> None:
+        """From the watchdog thread: something changed beside the config file. Debounced."""
+
+        def arm() -> None:
+            self._config_check_at = time.monotonic() + CONFIG_DEBOUNCE_S
+
+        self.post(arm)
+
+    def _check_config_file(self) -> None:
+        fingerprint = file_fingerprint(self.config.config_file)
+        if fingerprint == self._config_fp:
+            return  # an event that changed nothing we read (or a burst that ended where it began)
+        self._config_fp = fingerprint
+        self.reload("config file changed")
+
+    def _refuse(self, trigger: str, what: str, exc: BaseException) -> None:
+        """One clear line per refusal; the same refusal repeated (a periodic trigger) logs once."""
+        text = f"{what} ({trigger}) refused, keeping the running config: {exc}"
+        key = f"{what}: {exc}"
+        if trigger == "periodic rediscovery" and key == self._last_refusal:
+            return
+        self._last_refusal = key
+        log.error("%s", text, extra={"trigger": trigger})
+
+    def reload(self, trigger: str) -> bool:
+        """Re-read the config and the device set; apply what changed. False if refused."""
+        self.reloads += 1
+        if self.config.config_file:
+            # What is read now has been seen, taken or refused: the file watch need not repeat it.
+            self._config_fp = file_fingerprint(self.config.config_file)
         try:
-            config = load_config(self.argv_flags, os.environ)
-            node = self.discover()
-            plans = plan_resources(node, config)
-        except (ConfigError, PlanningError) as exc:
-            log.error("reload (%s) refused, keeping the running config: %s", trigger, exc)
-            return
+            config = load_config(self.argv_flags, self.environ)
+        except ConfigError as exc:
+            self._refuse(trigger, "reload", exc)
+            return False
+        if not self.nvml_up:
+            self._adopt_config(self._live_part(config))
+            log.info("reload (%s): config taken; it applies once NVML is up", trigger)
+            return True
+        return self._replan(config, trigger, "reload")
+
+    def rediscover(self, trigger: str) -> bool:
+        """Re-read the device set with the running config; cheap and silent when nothing changed."""
+        if not self.nvml_up:
+            return False
+        return self._replan(self.config, trigger, "rediscovery")
+
+    def _replan(self, config: Config, trigger: str, what: str) -> bool:
+        self.rediscoveries += 1
+        self._schedule_rediscovery(time.monotonic())
+        config = self._live_part(config)
+        try:
+            node, kept = keep_vanished_gpus(self.node, self.discover())
         except Exception as exc:  # NVML trouble during rediscovery: keep what runs
-            log.error("reload (%s) refused: discovery failed: %s", trigger, exc)
-            return
-        self.config = config
-        self.node = node
+            self._refuse(trigger, what, RuntimeError(f"discovery failed: {exc}"))
+            return False
+        if node == self.node and config == self.config:
+            return True  # the common case of a periodic rediscovery: nothing to do
+        try:
+            plans = plan_resources(node, config)
+        except PlanningError as exc:
+            self._refuse(trigger, what, ConfigError("planning", "", str(exc)))
+            return False
+        self._last_refusal = ""
+        if kept != self.kept_gpus:
+            if kept:
+                log.warning("rediscovery did not see GPU(s) %s; they stay advertised (health decides)", ", ".join(kept))
+            self.kept_gpus = kept
+        self._adopt_config(config)
+        if node != self.node:
+            self.node = node
+            if self.monitor is not None:
+                self.monitor.set_node(node)
         self.apply_plans(plans, trigger)
+        return True
+
+    def _live_part(self, config: Config) -> Config:
+        """`config` with the settings a running supervisor cannot change held at their values."""
+        held = {name: getattr(self.config, name) for name in RESTART_ONLY if getattr(config, name) != getattr(self.config, name)}
+        for name in held:
+            log.warning("setting %s changed; it takes effect at the next restart", name)
+        return dataclasses.replace(config, **held) if held else config
+
+    def _adopt_config(self, config: Config) -> None:
+        self.config = config
+        self.spawner.config = config
+        self.workers.policy.heartbeat_timeout = config.heartbeat_timeout
+        self.workers.policy.start_retries = config.start_retries
+        self._schedule_rediscovery(time.monotonic())
+
+    def _schedule_rediscovery(self, now: float) -> None:
+        interval = self.config.rediscovery_interval
+        self._next_rediscovery = now + interval if interval > 0 and self.nvml_up else 0.0
 
     def apply_plans(self, plans: dict[str, ResourcePlan], trigger: str) -> None:
+        """The diff: unchanged plans untouched, changed ones updated in place, others start/stop."""
         old = self.plans
         self.plans = plans
         if self.book is not None:
             self._publish(self.book.set_plans(plans, time.time()))
         now = time.monotonic()
         for resource in sorted(set(old) - set(plans)):
-            log.info("reload (%s): resource %s removed", trigger, resource)
+            log.info("%s: resource %s removed", trigger, resource)
             self.workers.unwant(resource, now)
         for resource, plan in plans.items():
             text = plan.to_json()
             if resource not in old:
-                log.info("reload (%s): resource %s added", trigger, resource)
-                self.workers.want(resource, self.write_plan(plan))
+                log.info("%s: resource %s added (%d devices)", trigger, resource, len(plan.devices))
+                self.workers.want(resource, self.write_plan(plan), plan_changed=True)
             elif text != self.plan_json.get(resource):
-                log.info("reload (%s): resource %s updated in place", trigger, resource)
-                self.write_plan(plan)
-                self._tell(resource, PlanUpdate(plan_json=text))
+                log.info("%s: resource %s updated in place (%d devices)", trigger, resource, len(plan.devices))
+                self.workers.want(resource, self.write_plan(plan), plan_changed=True)
+                self._catch_up_plan(resource)
+
+    def _catch_up_plan(self, resource: str) -> None:
+        """Send the current plan to the resource's worker if it has an older one."""
+        text = self.plan_json.get(resource, "")
+        if text and self.worker_plan.get(resource) != text and self._tell(resource, PlanUpdate(plan_json=text)):
+            self.worker_plan[resource] = text
 
     # ------------------------------------------------------------------ commands
     def command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -496,6 +794,7 @@ class Supervisor:
                     "pid": h.pid if h.proc is not None else None,
                     "restarts": h.restarts,
                     "restart_causes": dict(h.restart_causes),
+                    "last_exit": h.last_exit,
                     "socket": h.socket_path,
                     "registered": h.registered,
                     "registered_since": h.registered_since or None,
@@ -512,36 +811,50 @@ class Supervisor:
             "pid": os.getpid(),
             "simulated": self.simulator is not None,
             "started_at": self.started_at,
+            "ready": self.ready(),
+            "nvml": {"up": self.nvml_up, "error": self.nvml_error, "attempts": self.nvml_attempts},
+            "rediscoveries": self.rediscoveries,
+            "reloads": self.reloads,
             "workers": workers,
             "resources": resources,
         }
 
     def ready(self) -> bool:
-        return bool(self.plans) and all(
-            h.state is WState.RUNNING for r, h in self.workers.workers.items() if r in self.plans
+        """NVML is up, there is something to advertise, and every resource's worker registered."""
+        return (
+            self.nvml_up
+            and bool(self.plans)
+            and all(
+                (h := self.workers.workers.get(r)) is not None and h.state is WState.RUNNING and h.registered
+                for r in self.plans
+            )
         )
 
     # ------------------------------------------------------------------ stop
     def _shutdown(self) -> None:
-        log.info("stopping: %d workers", len(self.workers.workers))
+        log.info("stopping: %d workers", sum(1 for h in self.workers.workers.values() if h.proc is not None))
         now = time.monotonic()
         self.workers.stop_all(now, "supervisor stopping")
-        deadline = now + 4.0
+        deadline = now + SHUTDOWN_GRACE_S
         while not self.workers.all_stopped() and time.monotonic() < deadline:
             self.workers.tick(time.monotonic())
             time.sleep(0.02)
-        for handle in self.workers.workers.values():
-            if handle.proc is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    handle.proc.send_signal(signal.SIGKILL)
+        if not self.workers.all_stopped():
+            self.workers.kill_all()
+            kill_deadline = time.monotonic() + 0.5
+            while not self.workers.all_stopped() and time.monotonic() < kill_deadline:
                 self.workers.tick(time.monotonic())
+                time.sleep(0.01)
         if self.monitor is not None:
             self.monitor.stop()
-        with contextlib.suppress(Exception):
-            self.watch.stop()
-        with contextlib.suppress(Exception):
-            self.router.close(0)
-            self.pub.close(0)
+        for watch in (self.watch, self.config_watch):
+            if watch is not None:
+                with contextlib.suppress(Exception):
+                    watch.stop()
+        for name in ("router", "pub"):
+            sock = getattr(self, name, None)
+            if sock is not None:
+                sock.close(0)
         for name in ("control.sock", "health.sock"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.run_dir, name))
@@ -555,4 +868,3 @@ def nvml_init_help(exc: BaseException) -> str:
         "(LD_LIBRARY_PATH, --driver-root), and, in a container, that the NVIDIA container runtime "
         "is the runtime of this pod (runtimeClassName: nvidia) so the driver is mounted in"
     )
-

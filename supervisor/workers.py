@@ -3,12 +3,23 @@
 States (DESIGN.md): STARTING -> RUNNING (the worker reported its registration) -> BACKOFF ->
 STARTING ..., STOPPING -> STOPPED, and FATAL after too many quick failures in a row or the
 agreed config-error exit code. Every transition goes through `WorkerHandle.change_state()`,
-which checks it against the table, logs it once and tells the listeners (metrics, status).
+which checks it against `ALLOWED`, logs it once and tells the listeners (metrics, status).
 
-`WorkerSet.tick(now)` is the reconcile step: it starts what should run, restarts what died once
-its backoff ran out, and kills a worker whose heartbeat went silent (a hang: SIGSTOP in the
-tests). The clock is a parameter, so tests can drive it by hand. How a process is made is the
-`Spawner`'s business (a plain exec of `python -m worker`, or a pre-imported zygote).
+`WorkerSet.tick(now)` is the reconcile step: it reaps what died, starts what should run,
+restarts what died once its backoff ran out, and kills a worker whose heartbeat went silent (a
+hang: SIGSTOP in the tests). The clock is a parameter, so tests drive it by hand. How a
+process is made is the `Spawner`'s business.
+
+Restart rules with memory (supervisord's startsecs/startretries, gunicorn's boot error):
+- a death within `start_seconds` of the start is a *quick* failure; quick failures in a row
+  grow the delay (0 for the first, so a crash costs well under a second, then base * 2^(n-2));
+  a death after a longer life restarts at once and clears the count. RUNNING (registered) is
+  not what clears it: a worker that registers and crashes a second later is still crash-looping;
+- more than `start_retries` quick failures in a row, or exit status 78 (the worker could not
+  use its plan: a config error), leave the worker FATAL, with no further retries;
+- a FATAL worker is tried again only when a reload gives its resource a different plan (the
+  same plan would fail the same way; a new one is the operator's way of saying "try again"),
+  or when the resource is removed and added back.
 """
 
 from __future__ import annotations
@@ -36,22 +47,24 @@ class WState(Enum):
     FATAL = "FATAL"
 
 
-_ALLOWED: dict[WState, frozenset[WState]] = {
+ALLOWED: dict[WState, frozenset[WState]] = {
     WState.STOPPED: frozenset({WState.STARTING}),
     WState.STARTING: frozenset({WState.RUNNING, WState.BACKOFF, WState.STOPPING, WState.FATAL}),
-    WState.RUNNING: frozenset({WState.BACKOFF, WState.STOPPING, WState.STARTING}),
-    WState.BACKOFF: frozenset({WState.STARTING, WState.STOPPING, WState.FATAL, WState.STOPPED}),
+    WState.RUNNING: frozenset({WState.BACKOFF, WState.STOPPING, WState.FATAL}),
+    WState.BACKOFF: frozenset({WState.STARTING, WState.STOPPED, WState.FATAL}),
     WState.STOPPING: frozenset({WState.STOPPED}),
     WState.FATAL: frozenset({WState.STARTING, WState.STOPPED}),
 }
 
+StateListener = Callable[["WorkerHandle", WState, WState, str], None]
+
 
 class InvalidTransition(RuntimeError):
-    pass
+    """A state change the lifecycle does not allow: a bug in the supervisor, never user input."""
 
 
 class Proc(Protocol):
-    """What the supervisor needs of a worker process."""
+    """What the supervisor needs of a worker process (subprocess.Popen has it)."""
 
     @property
     def pid(self) -> int: ...
@@ -67,13 +80,19 @@ class Spawner(Protocol):
 
 @dataclass
 class Policy:
-    start_seconds: float = 10.0  # a worker that dies sooner than this after start failed quickly
-    start_retries: int = 5  # quick failures in a row before FATAL
+    start_seconds: float = 10.0  # a worker that dies sooner than this after its start failed quickly
+    start_retries: int = 5  # quick failures in a row tolerated; one more is FATAL
     backoff_base: float = 0.25
     backoff_max: float = 30.0
     heartbeat_timeout: float = 5.0
-    register_timeout: float = 60.0  # STARTING longer than this without a heartbeat: a hang
+    register_timeout: float = 60.0  # STARTING this long without a first heartbeat: a hang
     stop_timeout: float = 3.0  # SIGTERM, then SIGKILL after this long
+
+    def backoff(self, quick_failures: int) -> float:
+        """The delay before restart number `quick_failures` of a quick-failure streak."""
+        if quick_failures <= 1:
+            return 0.0
+        return float(min(self.backoff_base * 2 ** (quick_failures - 2), self.backoff_max))
 
 
 @dataclass
@@ -85,29 +104,35 @@ class WorkerHandle:
     pid: int = 0
     started_at: float = 0.0
     last_heartbeat: float = 0.0
+    heartbeats: int = 0  # since this process started
     registered: bool = False
-    registered_since: float = 0.0
+    registered_since: float = 0.0  # wall clock, for status
     socket_path: str = ""
     restarts: int = 0
     restart_causes: dict[str, int] = field(default_factory=dict)
     quick_failures: int = 0
     backoff_until: float = 0.0
     stop_deadline: float = 0.0
+    kill_cause: str = ""  # set when the supervisor killed it (a hang): the cause, not "SIGKILL"
     last_exit: str = ""
     wanted: bool = True
+    retry_fatal: bool = False
     stats: dict[str, float] = field(default_factory=dict)  # the worker's figures, from heartbeats
-    listeners: list[Callable[[WorkerHandle, WState, WState, str], None]] = field(default_factory=list)
+    listeners: list[StateListener] = field(default_factory=list)
 
     def change_state(self, new: WState, reason: str) -> None:
         """Check and make one transition, log it once and tell the listeners."""
         old = self.state
         if new is old:
             return
-        if new not in _ALLOWED[old]:
+        if new not in ALLOWED[old]:
             raise InvalidTransition(f"{self.resource}: {old.value} -> {new.value} ({reason})")
         self.state = new
-        level = logging.WARNING if new in (WState.BACKOFF, WState.FATAL) else logging.INFO
-        if new is WState.FATAL:
+        # The level follows the cause: a death is a warning, giving up is an error.
+        level = logging.INFO
+        if new is WState.BACKOFF:
+            level = logging.WARNING
+        elif new is WState.FATAL:
             level = logging.ERROR
         log.log(
             level,
@@ -132,30 +157,43 @@ def describe_exit(status: int) -> str:
 
 
 class WorkerSet:
-    """All workers of the node, reconciled against the wanted set on every tick."""
+    """All workers of the node, reconciled against the wanted set on every tick.
+
+    Call it from one thread only (the supervisor's main loop). The spawner must run on that
+    same thread for the whole life of the process: Linux sends a child's parent-death signal
+    when the *thread* that forked it exits, not only the process.
+    """
 
     def __init__(self, spawner: Spawner, policy: Policy | None = None) -> None:
         self.spawner = spawner
         self.policy = policy or Policy()
         self.workers: dict[str, WorkerHandle] = {}
-        self.listeners: list[Callable[[WorkerHandle, WState, WState, str], None]] = []
+        self.listeners: list[StateListener] = []
 
     # ------------------------------------------------------------------ desired state
-    def want(self, resource: str, plan_path: str) -> WorkerHandle:
+    def want(self, resource: str, plan_path: str, *, plan_changed: bool = False) -> WorkerHandle:
+        """This resource should have a running worker (started at the next tick).
+
+        `plan_changed` says its plan differs from the one the current or last process got:
+        only that brings a FATAL worker back (see the module docstring).
+        """
         handle = self.workers.get(resource)
         if handle is None:
             handle = WorkerHandle(resource, plan_path)
             handle.listeners = self.listeners
             self.workers[resource] = handle
         handle.plan_path = plan_path
+        if handle.state is WState.FATAL and plan_changed:
+            handle.retry_fatal = True
+            handle.quick_failures = 0
         handle.wanted = True
         return handle
 
-    def unwant(self, resource: str, now: float) -> None:
+    def unwant(self, resource: str, now: float, reason: str = "resource removed") -> None:
         handle = self.workers.get(resource)
         if handle is not None:
             handle.wanted = False
-            self._stop(handle, now, "resource removed")
+            self._stop(handle, now, reason)
 
     def stop_all(self, now: float, reason: str) -> None:
         for handle in self.workers.values():
@@ -163,21 +201,30 @@ class WorkerSet:
             self._stop(handle, now, reason)
 
     def all_stopped(self) -> bool:
-        return all(h.state in (WState.STOPPED, WState.FATAL) and h.proc is None for h in self.workers.values())
+        return all(h.proc is None for h in self.workers.values())
+
+    def kill_all(self) -> None:
+        """Last resort at exit: SIGKILL whatever still runs."""
+        for handle in self.workers.values():
+            if handle.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    handle.proc.send_signal(signal.SIGKILL)
 
     # ------------------------------------------------------------------ events from workers
-    def heartbeat(self, resource: str, pid: int, registered: bool, socket_path: str, now: float) -> None:
+    def heartbeat(self, resource: str, pid: int, registered: bool, socket_path: str, now: float) -> WorkerHandle | None:
+        """Record a worker's heartbeat; returns its handle, or None for a stranger or a dead one."""
         handle = self.workers.get(resource)
-        if handle is None or handle.pid != pid:
-            return  # a stranger, or a dying predecessor's last word
+        if handle is None or handle.proc is None or handle.pid != pid:
+            return None  # a stranger, or a dying predecessor's last word
         handle.last_heartbeat = now
+        handle.heartbeats += 1
         handle.socket_path = socket_path
         if registered and not handle.registered:
             handle.registered_since = time.time()
         handle.registered = registered
         if registered and handle.state is WState.STARTING:
-            handle.quick_failures = 0
             handle.change_state(WState.RUNNING, "registered with the kubelet")
+        return handle
 
     # ------------------------------------------------------------------ reconcile
     def tick(self, now: float) -> None:
@@ -195,86 +242,107 @@ class WorkerSet:
         handle.proc = None
         handle.registered = False
         handle.last_exit = describe_exit(status)
+        cause = handle.kill_cause or handle.last_exit
+        handle.kill_cause = ""
         if handle.state is WState.STOPPING:
             handle.change_state(WState.STOPPED, handle.last_exit)
             return
+        self._count(handle, cause)
         if status == EXIT_CONFIG_ERROR:
-            handle.change_state(WState.FATAL, f"{handle.last_exit}: configuration error, not retried")
+            handle.change_state(WState.FATAL, f"{cause}: it could not use its plan (config error), not retried")
             return
-        quick = handle.state is WState.STARTING or now - handle.started_at < self.policy.start_seconds
-        self._count(handle, handle.last_exit)
-        if quick:
+        if now - handle.started_at < self.policy.start_seconds:
             handle.quick_failures += 1
+        else:
+            handle.quick_failures = 0  # it lived long enough: this death starts no streak
         if handle.quick_failures > self.policy.start_retries:
-            handle.change_state(
-                WState.FATAL, f"{handle.last_exit}; {handle.quick_failures} quick failures in a row"
-            )
+            handle.change_state(WState.FATAL, f"{cause}; {handle.quick_failures} quick failures in a row, giving up")
             return
-        # The first failure restarts at once (a crash should cost a resource well under a
-        # second); quick failures in a row back off exponentially.
-        delay = 0.0
-        if handle.quick_failures > 1:
-            delay = min(self.policy.backoff_base * 2 ** (handle.quick_failures - 2), self.policy.backoff_max)
+        delay = self.policy.backoff(handle.quick_failures)
         handle.backoff_until = now + delay
-        handle.change_state(WState.BACKOFF, f"{handle.last_exit}; restart in {delay:.2f}s")
+        handle.change_state(WState.BACKOFF, f"{cause}; restart in {delay:.2f}s")
 
     @staticmethod
     def _count(handle: WorkerHandle, cause: str) -> None:
-        key = cause.split(";")[0]
-        handle.restart_causes[key] = handle.restart_causes.get(key, 0) + 1
+        handle.restart_causes[cause] = handle.restart_causes.get(cause, 0) + 1
 
     def _reconcile(self, handle: WorkerHandle, now: float) -> None:
         state = handle.state
-        if not handle.wanted:
-            if state is WState.STOPPING and handle.proc is not None and now >= handle.stop_deadline:
-                handle.proc.send_signal(signal.SIGKILL)
+        if state is WState.STOPPING:
+            if handle.proc is not None and now >= handle.stop_deadline:
+                with contextlib.suppress(ProcessLookupError):
+                    handle.proc.send_signal(signal.SIGKILL)
             return
-        if state is WState.STOPPED or (state is WState.BACKOFF and now >= handle.backoff_until):
+        if not handle.wanted:
+            return
+        if (
+            state is WState.STOPPED
+            or (state is WState.BACKOFF and now >= handle.backoff_until)
+            or (state is WState.FATAL and handle.retry_fatal)
+        ):
             self._spawn(handle, now)
-        elif state in (WState.STARTING, WState.RUNNING) and handle.proc is not None:
-            silent = now - max(handle.last_heartbeat, handle.started_at)
-            limit = self.policy.heartbeat_timeout
-            if state is WState.STARTING and handle.last_heartbeat == 0.0:
-                limit = max(limit, self.policy.register_timeout)
-            if silent > limit:
-                log.error(
-                    "worker %s (pid %d): no heartbeat for %.1fs, killing it",
-                    handle.resource,
-                    handle.pid,
-                    silent,
-                    extra={"resource": handle.resource, "worker": handle.pid},
-                )
-                self._count(handle, "heartbeat timeout")
-                handle.proc.send_signal(signal.SIGKILL)
-                handle.last_heartbeat = now  # one kill per silence; the reaper takes it from here
-                handle.started_at = now
+        elif state in (WState.STARTING, WState.RUNNING) and handle.proc is not None and not handle.kill_cause:
+            self._check_heartbeat(handle, now)
+
+    def _check_heartbeat(self, handle: WorkerHandle, now: float) -> None:
+        assert handle.proc is not None
+        silent = now - (handle.last_heartbeat if handle.heartbeats else handle.started_at)
+        limit = self.policy.heartbeat_timeout
+        if not handle.heartbeats:
+            limit = max(limit, self.policy.register_timeout)  # imports and first connect take a while
+        if silent <= limit:
+            return
+        # One kill per silence (kill_cause is set until the reaper sees the death); the reaper
+        # records the hang, not the SIGKILL, as the cause of the restart.
+        handle.kill_cause = "heartbeat timeout"
+        log.error(
+            "worker %s (pid %d): no heartbeat for %.1fs, killing it",
+            handle.resource,
+            handle.pid,
+            silent,
+            extra={"resource": handle.resource, "worker": handle.pid},
+        )
+        with contextlib.suppress(ProcessLookupError):
+            handle.proc.send_signal(signal.SIGKILL)
 
     def _spawn(self, handle: WorkerHandle, now: float) -> None:
         was = handle.state
-        handle.change_state(WState.STARTING, "spawning" if was is WState.STOPPED else "restarting")
+        handle.retry_fatal = False
+        reason = {WState.STOPPED: "spawning", WState.FATAL: "plan changed: trying again"}.get(was, "restarting")
+        handle.started_at = now
+        handle.last_heartbeat = 0.0
+        handle.heartbeats = 0
+        handle.registered = False
+        handle.socket_path = ""
+        handle.kill_cause = ""
         try:
             proc = self.spawner(handle)
         except OSError as exc:
+            handle.pid = 0
+            handle.change_state(WState.STARTING, reason)
+            self._count(handle, "spawn failed")
             handle.quick_failures += 1
-            handle.backoff_until = now + self.policy.backoff_base * 2 ** handle.quick_failures
+            if handle.quick_failures > self.policy.start_retries:
+                handle.change_state(WState.FATAL, f"spawn failed: {exc}; giving up")
+                return
+            handle.backoff_until = now + max(self.policy.backoff(handle.quick_failures), self.policy.backoff_base)
             handle.change_state(WState.BACKOFF, f"spawn failed: {exc}")
             return
         if was is not WState.STOPPED:
             handle.restarts += 1
         handle.proc = proc
         handle.pid = proc.pid
-        handle.started_at = now
-        handle.last_heartbeat = 0.0
-        handle.registered = False
+        # Logged once the process exists, so the line carries its pid.
+        handle.change_state(WState.STARTING, f"{reason} (pid {proc.pid})")
 
     def _stop(self, handle: WorkerHandle, now: float, reason: str) -> None:
         if handle.state in (WState.STOPPING, WState.STOPPED):
             return
         if handle.proc is None:  # BACKOFF or FATAL: nothing runs, nothing to wait for
+            handle.retry_fatal = False
             handle.change_state(WState.STOPPED, reason)
             return
         handle.change_state(WState.STOPPING, reason)
         handle.stop_deadline = now + self.policy.stop_timeout
         with contextlib.suppress(ProcessLookupError):
             handle.proc.send_signal(signal.SIGTERM)
-
