@@ -51,7 +51,7 @@ from common.messages import (
 )
 from common.model import ResourcePlan
 from common.procutil import set_parent_death_signal
-from worker.registration import Registrar, RegState
+from worker.registration import SOCKET_CHECK_S, Registrar, RegState
 from worker.server import DeviceBook, Health, PluginService
 from worker.stats import Stats
 
@@ -60,6 +60,10 @@ log = logging.getLogger("gpuvisor.worker")
 EXIT_CONFIG_ERROR = 78
 HEARTBEAT_S = 1.0
 SNAPSHOT_RETRY_S = 1.0
+# Alone, no supervisor tells the worker that kubelet.sock was re-created or that its socket went:
+# it looks for itself this often (two stat calls), so it recovers within a fraction of a second.
+STANDALONE_CHECK_S = 0.25
+EXIT_BUG = 1
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -83,7 +87,13 @@ class Worker:
         self.book = DeviceBook(plan)
         self.service = PluginService(self.book, observe=self.stats.observe)
         plugin_dir = os.path.dirname(os.path.abspath(args.kubelet_socket))
-        self.registrar = Registrar(self.service, plugin_dir, args.kubelet_socket, on_state=self._on_reg_state)
+        self.registrar = Registrar(
+            self.service,
+            plugin_dir,
+            args.kubelet_socket,
+            on_state=self._on_reg_state,
+            check_interval=SOCKET_CHECK_S if args.control else STANDALONE_CHECK_S,
+        )
         self.pid = os.getpid()
         self.stopping = False
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -106,7 +116,11 @@ class Worker:
 
         def tell() -> None:
             self._report(state.value, detail)
-            self._next_heartbeat = 0.0  # the supervisor learns of a registration at once
+            if state in (RegState.REGISTERED, RegState.STOPPED):
+                # The supervisor learns of a registration (and our new socket) at once; the
+                # passing states wait for the next beat, which keeps a node-wide re-registration
+                # (a kubelet restart: every worker at once) light on the supervisor.
+                self._next_heartbeat = 0.0
 
         self.post(tell)
 
@@ -143,7 +157,7 @@ class Worker:
         poller.register(self._wake_r, zmq.POLLIN)
         started = False
         try:
-            while not self.stopping:
+            while not self.stopping and self.registrar.failed is None:
                 now = time.monotonic()
                 if self.args.supervisor_pid and os.getppid() != self.args.supervisor_pid:
                     log.warning("supervisor (pid %d) is gone: exiting", self.args.supervisor_pid)
@@ -168,20 +182,20 @@ class Worker:
             self.registrar.stop()
             self.sub.close(0)
             self.dealer.close(0)
-        return 0
+        return EXIT_BUG if self.registrar.failed is not None else 0
 
     def _loop_standalone(self) -> int:
         import select
 
         try:
-            while not self.stopping:
+            while not self.stopping and self.registrar.failed is None:
                 if self.args.supervisor_pid and os.getppid() != self.args.supervisor_pid:
                     break
                 select.select([self._wake_r], [], [], HEARTBEAT_S)
                 self._drain_wake()
         finally:
             self.registrar.stop()
-        return 0
+        return EXIT_BUG if self.registrar.failed is not None else 0
 
     def _drain_wake(self) -> None:
         try:

@@ -2,14 +2,25 @@
 
 One `Registrar` thread owns the resource's `PluginServer`. It starts a server on a fresh socket,
 then calls Register on kubelet.sock (the kubelet dials back and calls GetDevicePluginOptions
-inside that call, which our server answers from its own thread pool). A failure backs off
-exponentially with jitter, forever, and is logged once per change of state, not once per try.
+inside that call, which our server answers from its own thread pool). A failed Register backs off
+exponentially with jitter, up to a bound, forever; a missing kubelet.sock is waited for by
+polling its path (a few milliseconds at first, then up to the check period). The state is an enum
+and is logged once per change of state, never once per try.
 
-Anything that means "the kubelet lost us" calls `trigger(reason)`: the supervisor saw a new
-kubelet.sock, our socket file vanished, or the kubelet cancelled our ListAndWatch stream. The
-registrar then stops the old server (its streams end first: kubernetes#121994), starts a new one
-on a new socket name and registers again, with no process restart. Triggers that arrive
-together coalesce into one re-registration.
+Re-registration is decided from what the registrar can see, not from who asked: it registers
+again when the kubelet ended a stream of the live server, when our socket file is gone, or when
+kubelet.sock is a different file than the one we registered with (a kubelet restart: compared by
+device, inode and ctime, since a re-created file often gets the same inode back). `trigger(reason)`
+(the supervisor saw kubelet.sock created or our socket deleted; the kubelet ended our stream)
+only makes the registrar look *now* instead of at its next periodic check. So several triggers
+for one kubelet restart coalesce into one re-registration, and a late trigger for an event that
+was already handled costs nothing.
+
+A re-registration stops the old server first (its streams end before the new Register:
+kubernetes#121994), then starts a new server on a new socket name, in-process. While a Register
+is in flight the registrar keeps checking that our socket is still there and that kubelet.sock
+did not change: if either fails, the Register is cancelled at once instead of waiting out the
+kubelet's 10 s dial of a socket that no longer exists.
 """
 
 from __future__ import annotations
@@ -20,28 +31,69 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent import futures
 from enum import Enum
 
 import grpc
 
 from common.kubeletapi import VERSION, pb
 from common.kubeletapi.rpc import RegistrationClient, unix_target
-from worker.server import OPTIONS, PluginServer, PluginService
+from worker.server import OPTIONS, RPC_THREADS, PluginServer, PluginService
 
 log = logging.getLogger("gpuvisor.worker")
 
-REGISTER_TIMEOUT_S = 15.0
+REGISTER_TIMEOUT_S = 15.0  # the kubelet's dial-back alone may take 10 s
 BACKOFF_START_S = 0.05
 BACKOFF_MAX_S = 5.0
-SOCKET_CHECK_S = 2.0  # fallback check of our own socket file, in case no watcher told us
+SOCKET_CHECK_S = 2.0  # default period of the self-check (our socket, kubelet.sock's identity)
+INFLIGHT_CHECK_S = 0.02  # how often an in-flight Register re-checks our socket and kubelet.sock
+KUBELET_POLL_START_S = 0.005  # first poll for a missing kubelet.sock; doubles up to the check period
+
+KubeletId = tuple[int, int, int]
+
+
+def kubelet_identity(path: str) -> KubeletId | None:
+    """Which file `path` is right now (device, inode, ctime), or None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class RegState(Enum):
     STARTING = "starting"
+    WAITING = "waiting"  # for kubelet.sock (or the plugin dir) to exist
     REGISTERING = "registering"
     REGISTERED = "registered"
     RETRYING = "retrying"
     STOPPED = "stopped"
+
+
+class Backoff:
+    """Bounded exponential backoff with jitter: each delay is 50-100% of a doubling step."""
+
+    def __init__(
+        self, start: float = BACKOFF_START_S, cap: float = BACKOFF_MAX_S, rng: random.Random | None = None
+    ) -> None:
+        self.start = start
+        self.cap = cap
+        self._step = start
+        self._random = rng or random.Random()
+
+    def next(self) -> float:
+        delay = self._step * (0.5 + 0.5 * self._random.random())
+        self._step = min(self._step * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self._step = self.start
+
+
+class _Outcome(Enum):
+    OK = "ok"
+    FAILED = "failed"  # the kubelet said no, or could not be reached: back off
+    ABANDONED = "abandoned"  # we cancelled it (our socket went, kubelet.sock changed, stopping)
 
 
 class Registrar:
@@ -53,125 +105,240 @@ class Registrar:
         plugin_dir: str,
         kubelet_socket: str,
         on_state: Callable[[RegState, str], None] | None = None,
+        check_interval: float = SOCKET_CHECK_S,
     ) -> None:
         self.service = service
         self.plugin_dir = plugin_dir
         self.kubelet_socket = kubelet_socket
+        self.check_interval = check_interval
         self.server: PluginServer | None = None
         self.state = RegState.STARTING
         self.registered_at = 0.0
         self.registrations = 0
+        self.failed: BaseException | None = None  # set if the thread died of a bug
         self._on_state = on_state or (lambda state, detail: None)
         self._cond = threading.Condition()
-        self._pending: str | None = "start"
+        self._hint: str | None = None
         self._stop = False
+        self._inflight: grpc.Future[pb.Empty] | None = None
+        self._registered_with: KubeletId | None = None
+        self._used = False  # the current server was offered to a kubelet: the next Register needs a fresh one
         self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
-        self._random = random.Random()
+        self._backoff = Backoff()
+        self._executor = futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
+        service.on_stream_cancelled = self._stream_cancelled
 
     @property
     def resource(self) -> str:
         return self.service.book.plan.resource
 
+    # ------------------------------------------------------------------ API (any thread)
     def start(self) -> None:
-        self.service_on_cancel()
         self._thread.start()
 
-    def service_on_cancel(self) -> None:
-        # A stream the kubelet cancels (not one we end ourselves) means: register again.
-        def cancelled(server: PluginServer) -> None:
-            if server is self.server:
-                self.trigger("ListAndWatch stream cancelled by the kubelet")
-
-        self.service._on_stream_cancelled = cancelled
-
     def trigger(self, reason: str) -> None:
-        """Ask for a re-registration on a fresh server; coalesces with one already pending."""
+        """Look again now: re-register if the kubelet lost us; triggers coalesce."""
         with self._cond:
             if self._stop:
                 return
-            if self._pending is None:
-                self._pending = reason
+            self._hint = reason
             self._cond.notify_all()
 
     def stop(self) -> None:
+        """Stop registering, end our streams and remove our socket."""
         with self._cond:
             self._stop = True
+            inflight = self._inflight
             self._cond.notify_all()
+        if inflight is not None:
+            inflight.cancel()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         if self.server is not None:
             self.server.stop()
             self.server = None
+        self._executor.shutdown(wait=False)
         self._set(RegState.STOPPED, "worker stopping")
 
+    def _stream_cancelled(self, server: PluginServer) -> None:
+        if server is self.server:
+            self.trigger("the kubelet ended our ListAndWatch stream")
+
+    # ------------------------------------------------------------------ the thread
     def _set(self, state: RegState, detail: str) -> None:
-        if state is not self.state:
-            self.state = state
-            if state is RegState.RETRYING:
-                log.warning("%s: registration failing, retrying with backoff: %s", self.resource, detail)
-            else:
-                log.info("%s: %s (%s)", self.resource, state.value, detail)
-            self._on_state(state, detail)
+        if state is self.state:
+            log.debug("%s (%s)", state.value, detail)
+            return
+        self.state = state
+        if state is RegState.RETRYING:
+            log.warning("registration failing, retrying with backoff: %s", detail, extra={"state": state.value})
+        else:
+            log.info("%s (%s)", state.value, detail, extra={"state": state.value})
+        self._on_state(state, detail)
 
     def _run(self) -> None:
-        backoff = BACKOFF_START_S
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug: make it visible and let the worker exit for a restart
+            log.exception("registration thread failed")
+            self.failed = exc
+            self._on_state(RegState.STOPPED, f"registration thread failed: {exc}")
+
+    def _take_hint(self) -> tuple[bool, str]:
+        with self._cond:
+            hint, self._hint = self._hint, None
+            return self._stop, hint or ""
+
+    def _wait(self, timeout: float) -> None:
+        """Sleep up to `timeout`, cut short by a trigger or stop."""
+        with self._cond:
+            if self._hint is None and not self._stop:
+                self._cond.wait(timeout)
+
+    def _loop(self) -> None:
+        poll = KUBELET_POLL_START_S
         while True:
-            with self._cond:
-                while self._pending is None and not self._stop:
-                    self._cond.wait(SOCKET_CHECK_S)
-                    if self._pending is None and self.server is not None and not self.server.socket_present():
-                        self._pending = "our socket file was deleted"
-                if self._stop:
-                    return
-                reason = self._pending
-                self._pending = None
-            if reason != "retry":
-                self._restart_server(reason)
-            self._set(RegState.REGISTERING, reason or "")
-            error = self._register()
-            if not error:
-                backoff = BACKOFF_START_S
+            stopping, hint = self._take_hint()
+            if stopping:
+                return
+            if self.state is RegState.REGISTERED:
+                problem = self._problem()
+                if not problem:
+                    if hint:
+                        log.debug("still registered, nothing to do (%s)", hint)
+                    self._wait(self.check_interval)
+                    continue
+                self._registered_with = None
+                self._set(RegState.REGISTERING, problem)
+            if not self._ensure_server():
+                continue
+            kid = kubelet_identity(self.kubelet_socket)
+            if kid is None:
+                self._set(RegState.WAITING, f"{self.kubelet_socket} does not exist yet")
+                self._wait(poll)
+                poll = min(poll * 2, self.check_interval)
+                continue
+            poll = KUBELET_POLL_START_S
+            if self.state in (RegState.STARTING, RegState.WAITING):
+                self._set(RegState.REGISTERING, f"kubelet.sock is there; endpoint {self._server_name()}")
+            outcome, detail = self._register(kid)
+            if outcome is _Outcome.OK:
+                self._registered_with = kid
                 self.registered_at = time.time()
                 self.registrations += 1
-                self._set(RegState.REGISTERED, f"endpoint {self.server.name if self.server else '?'}")
-                continue
-            self._set(RegState.RETRYING, error)
-            delay = backoff * (0.5 + self._random.random())  # jitter: 0.5x to 1.5x
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
-            with self._cond:
-                if self._pending is None and not self._stop:
-                    self._cond.wait(delay)
-                if self._pending is None:
-                    self._pending = "retry"
-                elif self._pending != "retry":
-                    backoff = BACKOFF_START_S  # a new trigger (e.g. new kubelet.sock): try now
+                self._backoff.reset()
+                self._set(RegState.REGISTERED, f"endpoint {self._server_name()}")
+            elif outcome is _Outcome.FAILED:
+                self._set(RegState.RETRYING, detail)
+                if self._wait_backoff(self._backoff.next(), kid):
+                    self._backoff.reset()
+            else:
+                log.debug("Register abandoned: %s", detail)
 
-    def _restart_server(self, reason: str | None) -> None:
-        old = self.server
-        if old is not None:
-            old.stop()
-        server = PluginServer(self.service, self.plugin_dir)
-        server.start()
-        self.server = server
-        if old is not None:
-            log.info("%s: new server on %s (%s)", self.resource, server.name, reason)
+    def _server_name(self) -> str:
+        return self.server.name if self.server is not None else "?"
 
-    def _register(self) -> str:
-        """One Register call; returns "" on success or the error text."""
+    def _problem(self) -> str:
+        """Why the live registration is no longer good, or "" when it is."""
         server = self.server
         if server is None:
             return "no server"
-        if not os.path.exists(self.kubelet_socket):
-            return f"{self.kubelet_socket} does not exist"
+        if server.cancelled:
+            return "the kubelet ended our ListAndWatch stream"
+        if not server.socket_present():
+            return f"our socket {server.name} was deleted"
+        kid = kubelet_identity(self.kubelet_socket)
+        # kubelet.sock merely missing is no reason: a kubelet that dies ends our stream, and one
+        # that comes back makes a new kubelet.sock, which is.
+        if kid is not None and kid != self._registered_with:
+            return "kubelet.sock was re-created (kubelet restart)"
+        return ""
+
+    def _ensure_server(self) -> bool:
+        """A fresh, serving server whose socket is in place; False (after a wait) if none can start."""
+        server = self.server
+        if server is not None and not (self._used or server.cancelled or not server.socket_present()):
+            return True
+        if server is not None:
+            server.stop()  # its streams end before any successor registers (kubernetes#121994)
+            self.server = None
+        fresh = PluginServer(self.service, self.plugin_dir, self._executor)
+        try:
+            fresh.start()
+        except (OSError, RuntimeError) as exc:
+            fresh.stop()
+            if not os.path.isdir(self.plugin_dir):
+                self._set(RegState.WAITING, f"plugin dir {self.plugin_dir} does not exist yet")
+            else:
+                self._set(RegState.RETRYING, f"cannot serve on {fresh.path}: {exc}")
+            self._wait_backoff(self._backoff.next(), None)
+            return False
+        self.server = fresh
+        self._used = False
+        log.debug("serving on %s", fresh.path)
+        return True
+
+    def _wait_backoff(self, delay: float, kid: KubeletId | None) -> bool:
+        """Back off for `delay`; cut short by a trigger, stop, or a new kubelet.sock (returns True)."""
+        deadline = time.monotonic() + delay
+        while True:
+            with self._cond:
+                if self._hint is not None or self._stop:
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, self.check_interval))
+            if kid is not None and kubelet_identity(self.kubelet_socket) not in (kid, None):
+                return True
+
+    def _register(self, kid: KubeletId) -> tuple[_Outcome, str]:
+        """One Register call, abandoned early if it can no longer succeed."""
+        server = self.server
+        assert server is not None
+        request = pb.RegisterRequest(version=VERSION, endpoint=server.name, resource_name=self.resource, options=OPTIONS)
         channel = grpc.insecure_channel(unix_target(self.kubelet_socket))
         try:
-            request = pb.RegisterRequest(
-                version=VERSION, endpoint=server.name, resource_name=self.resource, options=OPTIONS
+            future: grpc.Future[pb.Empty] = RegistrationClient(channel).Register.future(
+                request, timeout=REGISTER_TIMEOUT_S
             )
-            RegistrationClient(channel).Register(request, timeout=REGISTER_TIMEOUT_S, wait_for_ready=False)
-            return ""
-        except grpc.RpcError as exc:
-            details = exc.details() if hasattr(exc, "details") else str(exc)
-            return f"Register: {details}"
+            with self._cond:
+                self._inflight = future
+                stopping = self._stop
+            future.add_done_callback(self._wake)
+            why = "stopping" if stopping else ""
+            while not why and not future.done():
+                with self._cond:
+                    if not future.done() and not self._stop:
+                        self._cond.wait(INFLIGHT_CHECK_S)
+                    if self._stop:
+                        why = "stopping"
+                if why or future.done():
+                    break
+                if not server.socket_present():
+                    why = f"our socket {server.name} vanished"
+                elif kubelet_identity(self.kubelet_socket) != kid:
+                    why = "kubelet.sock changed"
+            if why:
+                future.cancel()
+                self._used = True  # the kubelet may still act on it: never offer this server again
+                return _Outcome.ABANDONED, why
+            try:
+                future.result()
+            except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                    self._used = True  # the kubelet may have got it: a fresh server next time
+                return _Outcome.FAILED, f"Register: {exc.details() or exc.code().name}"
+            except grpc.FutureCancelledError:
+                self._used = True
+                return _Outcome.ABANDONED, "cancelled"
+            self._used = True
+            return _Outcome.OK, ""
         finally:
+            with self._cond:
+                self._inflight = None
             channel.close()
+
+    def _wake(self, _future: object) -> None:
+        with self._cond:
+            self._cond.notify_all()

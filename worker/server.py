@@ -7,6 +7,13 @@ modules (`worker.allocate`, `worker.preferred`). `PluginServer` is one start of 
 fresh socket name: a restart for re-registration makes a new `PluginServer`, and stopping one
 ends its streams first, so the kubelet never sees an old stream outlive its successor's
 registration (kubernetes#121994).
+
+Each server serves the shared service through its own small adapter, so a stream knows which
+server it belongs to: a stream the kubelet cancels marks *that* server as cancelled (the
+registrar then registers again on a fresh server), while streams we end ourselves on stop do not.
+A stream waits on the book's condition with its "done" test evaluated under the book's lock, and
+both the end of the RPC (gRPC's `add_callback`) and `stop()` notify that condition, so a cancel
+or a stop ends a stream at once instead of at its next poll.
 """
 
 from __future__ import annotations
@@ -32,6 +39,16 @@ from worker.preferred import PreferredPolicy
 log = logging.getLogger("gpuvisor.worker")
 
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+# A stream re-checks its end conditions this often even if no one wakes it: a safety net only,
+# since every event that ends a stream also notifies it.
+STREAM_RECHECK_S = 5.0
+# Upper bound for in-flight unary RPCs (an Allocate) to finish when a server stops. Streams are
+# ended by our own flag before gRPC's stop, so a stop normally returns in about a millisecond.
+STOP_GRACE_S = 0.5
+SOCKET_PREFIX = "gpuvisor-"
+RPC_THREADS = 8  # a kubelet holds one stream and makes a few unary calls at a time
+ERROR_DETAIL_BUDGET = 4000  # characters of a gRPC error message on the wire (clients cap trailers at 8 KiB)
 
 
 @dataclass(frozen=True)
@@ -111,22 +128,37 @@ class DeviceBook:
         with self._cond:
             return self._version, self._message
 
-    def wait_change(self, seen: int, timeout: float) -> tuple[int, pb.ListAndWatchResponse] | None:
-        """Wait for a version newer than `seen`; None on timeout or when closed."""
+    def wait_change(
+        self, seen: int, timeout: float, done: Callable[[], bool] = lambda: False
+    ) -> tuple[int, pb.ListAndWatchResponse] | None:
+        """Wait for a version newer than `seen`; None on timeout, when closed or once `done()`.
+
+        `done` is evaluated under the book's lock, so a `wake()` that follows setting whatever
+        `done` reads is never lost between the test and the wait.
+        """
         with self._cond:
-            if self._version == seen and not self._closed:
+            if self._version == seen and not self._closed and not done():
                 self._cond.wait(timeout)
-            if self._closed or self._version == seen:
+            if self._closed or self._version == seen or done():
                 return None
             return self._version, self._message
 
-    def wake(self) -> None:
+    def wake(self, before: Callable[[], None] | None = None) -> None:
+        """Wake every stream; `before` runs under the book's lock first (see `wait_change`)."""
         with self._cond:
+            if before is not None:
+                before()
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """End every stream's wait for good (the worker is going away)."""
+        with self._cond:
+            self._closed = True
             self._cond.notify_all()
 
 
 class PluginService:
-    """The `v1beta1.DevicePlugin` servicer for one resource."""
+    """The `v1beta1.DevicePlugin` servicer for one resource, shared by its successive servers."""
 
     def __init__(
         self,
@@ -138,10 +170,18 @@ class PluginService:
         self._allocator = Allocator(book.plan)
         self._preferred = PreferredPolicy(book.plan)
         self._plan_seen = book.plan
-        self.server: PluginServer | None = None
-        self._on_stream_cancelled = on_stream_cancelled
+        self.server: PluginServer | None = None  # the newest server started
+        # Called (from a gRPC thread) when the kubelet ends one of a server's streams.
+        self.on_stream_cancelled = on_stream_cancelled
         self._observe = observe or (lambda method, seconds: None)
-        self.streams = 0
+        self._lock = threading.Lock()
+        self._streams = 0
+
+    @property
+    def streams(self) -> int:
+        """ListAndWatch streams open right now, over every server."""
+        with self._lock:
+            return self._streams
 
     def _policies(self) -> tuple[Allocator, PreferredPolicy]:
         plan = self.book.plan
@@ -155,28 +195,60 @@ class PluginService:
         return OPTIONS
 
     def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
-        server = self.server
-        version, message = self.book.current()
-        self.streams += 1
-        log.info("%s: ListAndWatch stream opened", self.book.plan.resource)
+        """A stream not tied to a server (direct use); servers go through `stream()`."""
+        return self.stream(self.server, context)
+
+    def stream(
+        self, server: PluginServer | None, context: grpc.ServicerContext
+    ) -> Iterator[pb.ListAndWatchResponse]:
+        """ListAndWatch on `server`: the full list at once, then again on every change."""
+        ended = threading.Event()  # the RPC is over (the client cancelled, or the call finished)
+
+        def on_end() -> None:
+            ended.set()
+            self.book.wake()
+
+        def done() -> bool:
+            return ended.is_set() or (server is not None and server.stopping)
+
+        if not context.add_callback(on_end):
+            ended.set()  # the RPC is already over
+        with self._lock:
+            self._streams += 1
+        if server is not None:
+            server.note_stream(+1)
+        log.debug("ListAndWatch stream opened")
+        by_us = False
         try:
+            version, message = self.book.current()
             start = time.perf_counter()
             yield message
             self._observe("ListAndWatch", time.perf_counter() - start)
-            while context.is_active() and server is not None and not server.stopping:
-                changed = self.book.wait_change(version, 1.0)
+            while True:
+                changed = self.book.wait_change(version, STREAM_RECHECK_S, done)
+                if done() or not context.is_active():
+                    break
                 if changed is None:
                     continue
                 version, message = changed
-                if server.stopping:
-                    break
                 start = time.perf_counter()
                 yield message
                 self._observe("ListAndWatch", time.perf_counter() - start)
         finally:
-            self.streams -= 1
-            if server is not None and not server.stopping and self._on_stream_cancelled is not None:
-                self._on_stream_cancelled(server)
+            by_us = server is not None and server.stopping
+            with self._lock:
+                self._streams -= 1
+            if server is not None:
+                server.note_stream(-1)
+            if by_us or server is None:
+                log.debug("ListAndWatch stream closed by us")
+            else:
+                # The kubelet never reopens a stream: only a new Register brings us back. (The
+                # registrar logs the re-registration this leads to: one line, not two.)
+                log.debug("ListAndWatch stream ended by the kubelet")
+                server.cancelled = True
+                if self.on_stream_cancelled is not None:
+                    self.on_stream_cancelled(server)
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
@@ -201,8 +273,9 @@ class PluginService:
             try:
                 result = allocator.allocate(list(creq.devices_ids))
             except AllocationError as exc:
-                log.warning("%s: Allocate refused: %s", self.book.plan.resource, exc)
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                detail = error_detail(str(exc))
+                log.warning("Allocate refused: %s", detail)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
             responses.append(to_pb(result))
         self._observe("Allocate", time.perf_counter() - start)
         return pb.AllocateResponse(container_responses=responses)
@@ -211,6 +284,36 @@ class PluginService:
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
+
+
+class _ServerView:
+    """The service as one server serves it: streams are tied to that server."""
+
+    def __init__(self, service: PluginService, server: PluginServer) -> None:
+        self._service = service
+        self._server = server
+        self.GetDevicePluginOptions = service.GetDevicePluginOptions
+        self.GetPreferredAllocation = service.GetPreferredAllocation
+        self.Allocate = service.Allocate
+        self.PreStartContainer = service.PreStartContainer
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+        return self._service.stream(self._server, context)
+
+
+def error_detail(text: str, budget: int = ERROR_DETAIL_BUDGET) -> str:
+    """`text` cut to fit gRPC's status-message trailer, which is percent-encoded.
+
+    Clients refuse trailers over 8 KiB (RESOURCE_EXHAUSTED instead of our INVALID_ARGUMENT), and a
+    request full of long unknown IDs makes a long error; each byte outside printable ASCII costs
+    three characters on the wire.
+    """
+    used = 0
+    for i, ch in enumerate(text):
+        used += 1 if " " <= ch <= "~" and ch != "%" else 3 * len(ch.encode("utf-8"))
+        if used > budget:
+            return text[:i] + f"... ({len(text) - i} more characters)"
+    return text
 
 
 def to_pb(result: ContainerResponse) -> pb.ContainerAllocateResponse:
@@ -232,35 +335,52 @@ def to_pb(result: ContainerResponse) -> pb.ContainerAllocateResponse:
 def socket_name(resource: str) -> str:
     """A fresh socket file name for one server start: `gpuvisor-<name>-<nonce>.sock`."""
     name = resource.split("/", 1)[-1]
-    return f"gpuvisor-{name}-{secrets.token_hex(4)}.sock"
-
-
-SOCKET_PREFIX = "gpuvisor-"
+    return f"{SOCKET_PREFIX}{name}-{secrets.token_hex(4)}.sock"
 
 
 class PluginServer:
     """One start of the gRPC server for a resource, on its own fresh socket name."""
 
-    def __init__(self, service: PluginService, plugin_dir: str) -> None:
+    def __init__(
+        self, service: PluginService, plugin_dir: str, executor: futures.ThreadPoolExecutor | None = None
+    ) -> None:
         self.service = service
         self.plugin_dir = plugin_dir
+        # gRPC never shuts a server's pool down, so successive servers can share one: a
+        # re-registration then creates no threads for its RPCs (about a third of its CPU).
+        self._executor = executor
         self.name = socket_name(service.book.plan.resource)
         self.path = os.path.join(plugin_dir, self.name)
         self.stopping = False
+        self.cancelled = False  # the kubelet ended one of our streams: this server is done for
         self._server: grpc.Server | None = None
         self._inode: tuple[int, int] | None = None
+        self._lock = threading.Lock()
+        self._streams = 0
+
+    @property
+    def streams(self) -> int:
+        with self._lock:
+            return self._streams
+
+    def note_stream(self, delta: int) -> None:
+        with self._lock:
+            self._streams += delta
 
     def start(self) -> None:
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="rpc"),
-            options=[("grpc.so_reuseport", 0)],
-        )
-        server.add_generic_rpc_handlers((device_plugin_handler(self.service),))
+        executor = self._executor or futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
+        server = grpc.server(executor, options=[("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers((device_plugin_handler(_ServerView(self.service, self)),))
         server.add_insecure_port(unix_target(self.path))
         self.service.server = self
         server.start()
         self._server = server
-        st = os.stat(self.path)
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            # Deleted as soon as made (a starting kubelet cleans the dir): socket_present() now
+            # says False, and the registrar moves on to a fresh server.
+            return
         self._inode = (st.st_dev, st.st_ino)
 
     def socket_present(self) -> bool:
@@ -271,10 +391,18 @@ class PluginServer:
             return False
         return (st.st_dev, st.st_ino) == self._inode
 
-    def stop(self, grace: float = 0.5) -> None:
-        """End the streams, stop serving and remove our socket (only ours, only if it is ours)."""
-        self.stopping = True
-        self.service.book.wake()
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """End the streams, stop serving and remove our socket (only ours, only if it is ours).
+
+        Returns once every RPC of this server is over (streams end at once; `grace` bounds a
+        unary call still running), so the kubelet has seen our streams end before we register
+        a successor.
+        """
+        def mark() -> None:
+            self.stopping = True
+
+        # Set under the book's lock, so a stream between its `done()` test and its wait sees it.
+        self.service.book.wake(mark)
         if self._server is not None:
             self._server.stop(grace).wait(grace + 1.0)
             self._server = None

@@ -1,0 +1,115 @@
+"""The benchmark runner: `python -m tests.benchmarks [--quick] [--json PATH] [--only NAME,...]`.
+
+Runs every module in `BENCHES` (in order), prints one aligned table and then a JSON document
+(rows plus machine info) to stdout, and writes the JSON to `--json PATH` too. A module that does
+not exist yet is listed as "not available". The runner reports and does not judge: it exits 0
+even when targets are missed, and non-zero only when a benchmark crashed (named on stderr and
+in the JSON under "crashed").
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from tests.benchmarks.common import Row, format_table, machine_info, row_dict
+
+BENCHES = [
+    "bench_allocate",
+    "bench_preferred",
+    "bench_kubelet_restart",
+    "bench_worker_kill",
+    "bench_health",
+    "bench_startup",
+    "bench_memory",
+    "bench_idle_cpu",
+]
+PACKAGE = "tests.benchmarks"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.benchmarks", description="Run gpuvisor's benchmarks.")
+    p.add_argument("--quick", action="store_true", help="smaller runs: a smoke test of every benchmark")
+    p.add_argument("--json", metavar="PATH", default="", help="also write the JSON document to PATH")
+    p.add_argument("--only", metavar="NAME,...", default="", help=f"run only these (of: {', '.join(BENCHES)})")
+    args = p.parse_args(argv)
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in BENCHES]
+        if unknown:
+            p.error(f"--only: unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHES)}")
+        args.names = wanted
+    else:
+        args.names = list(BENCHES)
+    return args
+
+
+def load(name: str) -> Callable[[bool], list[Row]] | None:
+    """The module's `run`, or None when the module does not exist (yet)."""
+    qualified = f"{PACKAGE}.{name}"
+    try:
+        module = importlib.import_module(qualified)
+    except ModuleNotFoundError as exc:
+        if exc.name == qualified:
+            return None
+        raise
+    run: Callable[[bool], list[Row]] = module.run
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rows: list[tuple[str, Row]] = []
+    statuses: list[tuple[str, str]] = []
+    not_available: list[str] = []
+    crashed: dict[str, str] = {}
+    durations: dict[str, float] = {}
+    for name in args.names:
+        print(f"running {name}{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
+        start = time.monotonic()
+        try:
+            run = load(name)
+            if run is None:
+                not_available.append(name)
+                statuses.append((name, "not available"))
+                continue
+            result = run(args.quick)
+            if not isinstance(result, list) or not all(isinstance(r, Row) for r in result):
+                raise TypeError(f"run() returned {type(result).__name__}, not a list of Row")
+            rows.extend((name, row) for row in result)
+        except Exception as exc:
+            crashed[name] = f"{type(exc).__name__}: {exc}"
+            statuses.append((name, f"CRASHED: {type(exc).__name__}: {exc}"))
+            print(f"benchmark {name} crashed:", file=sys.stderr)
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            durations[name] = round(time.monotonic() - start, 2)
+    document: dict[str, Any] = {
+        "quick": args.quick,
+        "machine": machine_info(),
+        "rows": [row_dict(bench, row) for bench, row in rows],
+        "not_available": not_available,
+        "crashed": crashed,
+        "seconds": durations,
+    }
+    text = json.dumps(document, indent=2, allow_nan=False)
+    print(format_table(rows, statuses))
+    print()
+    print(text)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    if crashed:
+        print(f"crashed: {', '.join(sorted(crashed))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

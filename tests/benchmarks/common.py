@@ -1,0 +1,142 @@
+"""What every benchmark module shares: the result row, percentiles, a timer, the report.
+
+The contract (the runner, `python -m tests.benchmarks`, relies on nothing else):
+
+- A benchmark is a module `tests/benchmarks/<name>.py` listed in `BENCHES` in `__main__.py`.
+- It defines `run(quick: bool) -> list[Row]`. `quick` asks for a smaller run (a smoke run of a
+  few seconds); the figures must still be meaningful, only noisier.
+- Each `Row` is one figure: `name` (unique within the module, e.g. "allocate p50"), `value` (a
+  float; NaN when it could not be measured, with the reason in `note`), `unit` ("ms", "x",
+  "MiB", ...), `target` (the goal as text, e.g. "<= 30 ms", or ""), `note` (anything a reader
+  needs: sample count, what was compared).
+- A module reports and does not judge: it never fails because a target was missed. An
+  exception out of `run` means the benchmark itself is broken; the runner reports it and exits
+  non-zero, after running the others.
+- It starts only its own processes (by PID), cleans up everything it made (temp dirs, sockets,
+  processes) even when it fails, and keeps its default run under about a minute.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class Row:
+    name: str
+    value: float
+    unit: str
+    target: str = ""
+    note: str = ""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation between ranks; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return float(ordered[0])
+    rank = (len(ordered) - 1) * min(max(q, 0.0), 100.0) / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return float(ordered[low] + (ordered[high] - ordered[low]) * (rank - low))
+
+
+def p50(values: Sequence[float]) -> float:
+    return percentile(values, 50)
+
+
+def p99(values: Sequence[float]) -> float:
+    return percentile(values, 99)
+
+
+def ms(seconds: Iterable[float]) -> list[float]:
+    return [s * 1000.0 for s in seconds]
+
+
+class Timer:
+    """Collects durations: `with timer: ...` adds one sample (seconds, perf_counter)."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._start = 0.0
+
+    def __enter__(self) -> Timer:
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.samples.append(time.perf_counter() - self._start)
+
+    def ms(self) -> list[float]:
+        return ms(self.samples)
+
+
+@contextmanager
+def timed(samples: list[float]) -> Iterator[None]:
+    """Append the duration (seconds) of the block to `samples`."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        samples.append(time.perf_counter() - start)
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def row_dict(bench: str, row: Row) -> dict[str, Any]:
+    data = asdict(row)
+    data["bench"] = bench
+    if not math.isfinite(row.value):
+        data["value"] = None  # JSON has no NaN/inf
+    return data
+
+
+def format_value(value: float) -> str:
+    if not math.isfinite(value):
+        return "n/a"
+    if value == 0 or abs(value) >= 100:
+        return f"{value:.1f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def format_table(rows: Sequence[tuple[str, Row]], extra: Sequence[tuple[str, str]] = ()) -> str:
+    """One aligned table: benchmark, figure, value, unit, target, note; `extra` adds status lines."""
+    header = ("benchmark", "figure", "value", "unit", "target", "note")
+    lines: list[tuple[str, ...]] = [header]
+    for bench, row in rows:
+        lines.append((bench, row.name, format_value(row.value), row.unit, row.target, row.note))
+    for bench, status in extra:
+        lines.append((bench, status, "", "", "", ""))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
+    out = []
+    for n, line in enumerate(lines):
+        cells = [
+            cell.rjust(widths[i]) if i == 2 and n else cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])
+        ]
+        out.append("  ".join([*cells, line[-1]]).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths) + "  ----")
+    return "\n".join(out)

@@ -1,0 +1,71 @@
+"""The benchmark runner works end to end: a table, then a JSON document, exit 0 (smoke test)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.__main__ import load
+from tests.benchmarks.common import Row, format_table, percentile
+from tests.helpers import REPO
+
+
+def test_quick_preferred_run_prints_table_and_json(tmp_path: Path) -> None:
+    """`python -m tests.benchmarks --quick --only bench_preferred` prints the table and the JSON and writes --json."""
+    out_path = str(tmp_path / "bench.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks", "--quick", "--only", "bench_preferred",
+         "--json", out_path],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    table, _, doc_text = proc.stdout.partition("\n{")
+    assert table.splitlines()[0].split()[:3] == ["benchmark", "figure", "value"]
+    assert "policy 8 GPUs p50" in table and "policy 16x64 p50" in table
+    doc = json.loads("{" + doc_text)
+    names = {row["name"] for row in doc["rows"] if row["bench"] == "bench_preferred"}
+    assert {"policy 8 GPUs p50", "policy 16x64 max", "gRPC 8 GPUs p50"} <= names
+    assert all(row["value"] is None or row["value"] >= 0 for row in doc["rows"])
+    assert doc["machine"]["cpu_count"] >= 1 and doc["crashed"] == {}
+    with open(out_path, encoding="utf-8") as fh:
+        assert json.load(fh)["rows"] == doc["rows"]
+
+
+def test_unknown_benchmark_name_is_a_usage_error() -> None:
+    """--only with a name not in the registry exits 2 naming it, without running anything."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks", "--only", "bench_nope"],
+        capture_output=True, text=True, timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "bench_nope" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "want"),
+    [([], 50, math.nan), ([3.0], 99, 3.0), ([1.0, 2.0, 3.0, 4.0], 50, 2.5), ([1.0, 2.0, 3.0], 100, 3.0), ([5.0, 1.0], 0, 1.0)],
+)
+def test_percentile_interpolates_between_ranks(values: list[float], q: float, want: float) -> None:
+    """percentile() interpolates linearly, handles one value and gives NaN for none."""
+    got = percentile(values, q)
+    assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want)
+
+
+def test_table_shows_missing_values_as_na() -> None:
+    """A NaN figure prints as n/a and status lines (not available) follow the rows."""
+    text = format_table([("b", Row("x p50", math.nan, "ms", "< 5 ms", "why"))], [("bench_later", "not available")])
+    lines = text.splitlines()
+    assert "n/a" in lines[2] and lines[2].endswith("why")
+    assert lines[3].split() == ["bench_later", "not", "available"]
+
+
+def test_missing_module_is_not_available() -> None:
+    """A benchmark module that does not exist loads as None ("not available"); an existing one gives its run()."""
+    assert load("bench_that_does_not_exist") is None
+    assert callable(load("bench_preferred"))
