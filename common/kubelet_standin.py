@@ -125,6 +125,7 @@ class KubeletStandin:
         self._generation = 0
         self._random = random.Random(seed)
         self.registrations: list[Registration] = []
+        self._epoch = 0  # bumped by restart(): a Register begun before it must not install after it
         self.listeners: list[Callable[[str, list[DeviceState]], None]] = []
 
     # ----------------------------------------------------------------------------- lifecycle
@@ -153,6 +154,8 @@ class KubeletStandin:
 
     def restart(self) -> None:
         """Simulate a kubelet restart: close streams, delete every socket, fresh kubelet.sock."""
+        with self._cond:
+            self._epoch += 1
         self.stop()
         with self._cond:
             for res in self._resources.values():
@@ -175,6 +178,8 @@ class KubeletStandin:
 
     # ----------------------------------------------------------------------------- Registration
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        with self._cond:
+            epoch = self._epoch
         error = self._validate(request)
         endpoint: Endpoint | None = None
         if not error:
@@ -188,7 +193,9 @@ class KubeletStandin:
         if error or endpoint is None:
             log.info("registration of %r refused: %s", request.resource_name, error)
             context.abort(grpc.StatusCode.UNKNOWN, error)
-        self._install(endpoint)
+        if not self._install(endpoint, epoch):
+            # A real kubelet that restarts mid-Register takes the call down with it.
+            context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet restarted during Register")
         return pb.Empty()
 
     def _validate(self, request: pb.RegisterRequest) -> str:
@@ -227,8 +234,11 @@ class KubeletStandin:
             generation=generation,
         )
 
-    def _install(self, endpoint: Endpoint) -> None:
+    def _install(self, endpoint: Endpoint, epoch: int) -> bool:
         with self._cond:
+            if epoch != self._epoch:
+                endpoint.channel.close()
+                return False
             res = self._resources.setdefault(endpoint.resource, Resource(endpoint.resource))
             old = res.endpoint
             res.endpoint = endpoint
@@ -239,6 +249,7 @@ class KubeletStandin:
             target=self._watch, args=(endpoint,), name=f"law-{endpoint.resource}", daemon=True
         )
         thread.start()
+        return True
 
     def _watch(self, endpoint: Endpoint) -> None:
         stream = endpoint.client.ListAndWatch(pb.Empty())
