@@ -40,3 +40,29 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def set_cmdline(args: list[str]) -> bool:
+    """Rewrite this process's command line as `ps` and /proc/<pid>/cmdline show it.
+
+    A worker forked from the zygote would otherwise show the zygote's command line; with this it
+    shows its own (`... -m worker --resource nvidia.com/gpu ...`). The kernel serves cmdline
+    from the memory between arg_start and arg_end (fields 48 and 49 of /proc/self/stat), which
+    lies in our own address space: the new arguments are written there, NUL-separated, and the
+    rest is filled with NULs. It cannot grow the area, so the zygote is started with padding;
+    what does not fit is cut. Returns False when the area cannot be found.
+    """
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])
+    except (OSError, IndexError, ValueError):
+        return False
+    size = end - start
+    if size <= 1:
+        return False
+    data = "\0".join(args).encode("utf-8", "replace")[: size - 1]
+    ctypes.memmove(start, data + b"\0" * (size - len(data)), size)
+    return True

@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--control", default="", help="the supervisor's control socket (ZeroMQ endpoint)")
     p.add_argument("--health", default="", help="the supervisor's health publisher (ZeroMQ endpoint)")
     p.add_argument("--supervisor-pid", type=int, default=0)
+    p.add_argument(
+        "--zygote-pid", type=int, default=0, help="set by the zygote that forked this worker: a parent too"
+    )
     p.add_argument("--log-format", default="text", choices=("text", "json"))
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
@@ -159,7 +162,7 @@ class Worker:
         try:
             while not self.stopping and self.registrar.failed is None:
                 now = time.monotonic()
-                if self.args.supervisor_pid and os.getppid() != self.args.supervisor_pid:
+                if not parent_ok(self.args):
                     log.warning("supervisor (pid %d) is gone: exiting", self.args.supervisor_pid)
                     break
                 if now >= self._next_heartbeat:
@@ -189,7 +192,7 @@ class Worker:
 
         try:
             while not self.stopping and self.registrar.failed is None:
-                if self.args.supervisor_pid and os.getppid() != self.args.supervisor_pid:
+                if not parent_ok(self.args):
                     break
                 select.select([self._wake_r], [], [], HEARTBEAT_S)
                 self._drain_wake()
@@ -300,13 +303,27 @@ class Worker:
         )
 
 
+def parent_ok(args: argparse.Namespace) -> bool:
+    """Is our parent still the supervisor (or the zygote that forked us)?
+
+    A worker forked by the zygote is the zygote's child; if the zygote dies, the supervisor (a
+    child subreaper) adopts it and it keeps serving. If the supervisor dies, the zygote dies with
+    it (its parent-death signal) and we are adopted by someone else: time to go.
+    """
+    if not args.supervisor_pid:
+        return True
+    return os.getppid() in (args.supervisor_pid, args.zygote_pid or args.supervisor_pid)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logs.setup(args.log_format, args.log_level, role="worker", resource=args.resource)
-    if args.supervisor_pid:
+    if args.supervisor_pid and not args.zygote_pid:
+        # Exec'd by the supervisor: die with it. (A zygote's child relies on parent_ok() instead,
+        # so that a zygote crash does not take the workers down with it.)
         set_parent_death_signal(signal.SIGTERM)
-        if os.getppid() != args.supervisor_pid:  # the parent died before the prctl took effect
-            return 0
+    if not parent_ok(args):  # the parent died before we got here
+        return 0
     try:
         with open(args.plan, encoding="utf-8") as fh:
             plan = ResourcePlan.from_json(fh.read())

@@ -1,0 +1,154 @@
+"""The worker zygote: a process with the worker's modules imported, that forks new workers.
+
+Starting a worker by exec costs a fresh interpreter plus ~100 ms of imports (grpc, protobuf,
+zmq) on this class of machine; a worker restart is on the critical path of "a resource is back".
+The zygote pays that once: it imports everything a worker needs, creates **no** gRPC or ZeroMQ
+object (gRPC's core does not survive a fork once it has threads; here there are none yet), calls
+`gc.freeze()` so the imported objects stay in pages shared copy-on-write with every child, and
+then only forks on request. A forked child runs `worker.main.main(argv)` exactly as an exec'd
+worker would, and rewrites its command line in place (`common.procutil.set_cmdline`, into room
+the zygote was started with) so `ps` shows `python -m worker --resource ...` as for any worker.
+
+Protocol, over a socketpair inherited as fd `--fd` (one JSON object per line):
+  supervisor -> zygote: {"op": "spawn", "id": N, "argv": [...]}
+  zygote -> supervisor: {"op": "spawned", "id": N, "pid": P} | {"op": "error", "id": N, "error": "..."}
+                        {"op": "exit", "pid": P, "status": S}   (S as subprocess returncode)
+The zygote dies with the supervisor (parent-death signal, and EOF on the socket).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+# The imports a worker needs, done once here (not used directly by the zygote itself).
+import grpc  # noqa: F401
+import zmq  # noqa: F401
+
+import worker.main
+import worker.registration
+import worker.server
+from common.procutil import set_cmdline, set_parent_death_signal
+
+# Room for a forked worker's own command line (`--pad` is that many spaces on the zygote's).
+TITLE_ROOM = 1024
+
+
+def _send(sock: socket.socket, message: dict[str, object]) -> None:
+    sock.sendall((json.dumps(message) + "\n").encode())
+
+
+def _returncode(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _child(sock: socket.socket, wake_r: int, wake_w: int, argv: list[str], zygote_pid: int) -> None:
+    """In the forked child: drop the zygote's plumbing and become a worker."""
+    code = 1
+    try:
+        sock.close()
+        os.close(wake_r)
+        os.close(wake_w)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        gc.unfreeze()
+        set_cmdline([sys.executable, "-m", "worker", *argv])  # so `ps` names the resource
+        code = worker.main.main([*argv, "--zygote-pid", str(zygote_pid)])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # a worker bug must end this child, never return into the zygote loop
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(fd: int, supervisor_pid: int) -> int:
+    sock = socket.socket(fileno=fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal: the supervisor decides
+    stop = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    gc.collect()
+    gc.freeze()
+    zygote_pid = os.getpid()
+    buffer = b""
+    while not stop:
+        if os.getppid() != supervisor_pid:
+            break
+        try:
+            ready, _, _ = select.select([sock.fileno(), wake_r], [], [], 1.0)
+        except InterruptedError:
+            continue
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        while True:  # reap and report every child that ended
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            _send(sock, {"op": "exit", "pid": pid, "status": _returncode(status)})
+        if sock.fileno() not in ready:
+            continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            break  # the supervisor closed its end
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                request = json.loads(line)
+                argv = [str(a) for a in request["argv"]]
+                rid = request["id"]
+            except (ValueError, KeyError, TypeError) as exc:
+                _send(sock, {"op": "error", "id": None, "error": f"bad request: {exc}"})
+                continue
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                _send(sock, {"op": "error", "id": rid, "error": str(exc)})
+                continue
+            if pid == 0:
+                _child(sock, wake_r, wake_w, argv, zygote_pid)
+            _send(sock, {"op": "spawned", "id": rid, "pid": pid})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuvisor-zygote")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--supervisor-pid", type=int, required=True)
+    parser.add_argument("--pad", default="", help="blank room for the workers' command lines")
+    args = parser.parse_args(argv)
+    set_cmdline([sys.executable, "-m", "worker.zygote", "--fd", str(args.fd), "--supervisor-pid", str(args.supervisor_pid)])
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != args.supervisor_pid:
+        return 0
+    return serve(args.fd, args.supervisor_pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
