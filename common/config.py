@@ -393,6 +393,19 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _s("mig_minors_path", ("--mig-minors-path",), ("GPUVISOR_MIG_MINORS_PATH",), "gpuvisor.migMinorsPath",
        "/proc/driver/nvidia-caps/mig-minors", _nonempty_string,
        "Where the MIG capability device minors are read from.", gpuvisor=True),
+    _s("cdi_spec_format", ("--cdi-spec-format",), ("GPUVISOR_CDI_SPEC_FORMAT",), "gpuvisor.cdiSpecFormat", "json",
+       _string, "File format of the CDI spec gpuvisor writes (cdi-annotations / cdi-cri strategies).",
+       choices=("json", "yaml"), gpuvisor=True),
+    _s("cdi_nvidia_ctk", ("--cdi-nvidia-ctk",), ("GPUVISOR_CDI_NVIDIA_CTK",), "gpuvisor.cdiNvidiaCtk", False,
+       parse_go_bool, "Let nvidia-ctk cdi generate write the full CDI spec; falls back to gpuvisor's own.",
+       kind="bool", gpuvisor=True),
+    _s("mps_control_binary", ("--mps-control-binary",), ("GPUVISOR_MPS_CONTROL",), "gpuvisor.mpsControlBinary",
+       "nvidia-cuda-mps-control", _nonempty_string,
+       "CUDA MPS control binary: a path, or a name looked up on PATH, then under the driver root.", gpuvisor=True),
+    _s("mps_exclusive_process", ("--mps-exclusive-process",), ("GPUVISOR_MPS_EXCLUSIVE_PROCESS",),
+       "gpuvisor.mpsExclusiveProcess", False, parse_go_bool,
+       "Put MPS-shared GPUs in EXCLUSIVE_PROCESS compute mode while their daemon runs.", kind="bool",
+       gpuvisor=True),
     _s("rediscovery_interval", ("--rediscovery-interval",), ("GPUVISOR_REDISCOVERY_INTERVAL",),
        "gpuvisor.rediscoveryInterval", 60.0, _seconds(positive=False),
        "Seconds between device rediscoveries (MIG changes, lost GPUs); 0 disables.", gpuvisor=True),
@@ -401,6 +414,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        gpuvisor=True),
     _s("start_retries", ("--start-retries",), ("GPUVISOR_START_RETRIES",), "gpuvisor.startRetries", 5,
        _int_at_least(0), "Quick worker failures in a row before the worker is left FATAL.", gpuvisor=True),
+    _s("probe_interval", ("--probe-interval",), ("GPUVISOR_PROBE_INTERVAL",), "gpuvisor.probeInterval", 10.0,
+       _seconds(positive=True),
+       "Seconds between NVML health probes of every GPU (they catch what sends no event, and transient "
+       "faults recover only after a passing probe).", gpuvisor=True),
     _s("disable_healthchecks", (), ("DP_DISABLE_HEALTHCHECKS",), None, (), _token_list,
        "NVIDIA's health-check switch: all, xids, or a comma list of XIDs to ignore.", gpuvisor=True),
     _s("enable_healthchecks", (), ("DP_ENABLE_HEALTHCHECKS",), None, (), _token_list,
@@ -506,9 +523,14 @@ class Config:
     log_level: str
     cdi_spec_dir: str
     mig_minors_path: str
+    cdi_spec_format: str
+    cdi_nvidia_ctk: bool
+    mps_control_binary: str
+    mps_exclusive_process: bool
     rediscovery_interval: float
     heartbeat_timeout: float
     start_retries: int
+    probe_interval: float
     disable_healthchecks: tuple[str, ...]
     enable_healthchecks: tuple[str, ...]
     resources: ResourcesConfig = ResourcesConfig()

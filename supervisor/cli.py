@@ -47,7 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show workers, device health and allocations")
     status.add_argument("--run-dir", default=os.environ.get("GPUVISOR_RUN_DIR", DEFAULT_RUN_DIR))
     status.add_argument("--json", action="store_true", help="stable JSON instead of a table")
-    status.add_argument("--kubelet-dir", default="", help="where to find the kubelet's checkpoint file")
+    status.add_argument(
+        "--kubelet-dir", default="", help="where to find the kubelet's checkpoint file (default: the supervisor's plugin dir)"
+    )
+    status.add_argument(
+        "--pod-resources-socket",
+        default=os.environ.get("GPUVISOR_POD_RESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock"),
+        help="the kubelet's pod-resources API socket, asked first for allocations; empty skips it "
+        "(env GPUVISOR_POD_RESOURCES_SOCKET)",
+    )
 
     sim = sub.add_parser("sim", help="inject faults into a simulated node (simulated supervisors only)")
     sim_sub = sim.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -137,6 +145,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from supervisor.allocations import current_allocations
     from supervisor.commands import CommandError, send_command
 
     try:
@@ -144,9 +153,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     except CommandError as exc:
         print(f"gpuvisor status: {exc}", file=sys.stderr)
         return 1
+    # Read here, not in the supervisor: the pod-resources call can block for seconds, and the
+    # supervisor's loop must not.
+    view = current_allocations(
+        args.kubelet_dir or str(data.get("plugin_dir") or ""),
+        set(data.get("resources", {})),
+        pod_resources_socket=args.pod_resources_socket,
+    )
+    data["allocations"] = view.to_status()
+    data["allocations_source"] = view.source
     if args.json:
+        data["allocations_warnings"] = list(view.warnings)
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
+        for warning in view.warnings:
+            print(f"gpuvisor status: {warning}", file=sys.stderr)
         print(format_status(data))
     return 0
 
@@ -154,7 +175,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 def format_status(data: dict[str, Any]) -> str:
     import time
 
-    lines = [f"supervisor pid {data.get('pid')}{'  (simulated node)' if data.get('simulated') else ''}", ""]
+    lines = [f"supervisor pid {data.get('pid')}{'  (simulated node)' if data.get('simulated') else ''}"]
+    detail = str(data.get("ready_detail") or "")
+    lines.append(f"ready: {'yes' if data.get('ready') else 'no'}{f'  ({detail})' if detail else ''}")
+    nvml = data.get("nvml") or {}
+    if nvml and not nvml.get("up"):
+        lines.append(f"NVML: down after {nvml.get('attempts', 0)} attempt(s): {nvml.get('error') or 'not started'}")
+    if data.get("metrics_url"):
+        lines.append(f"metrics: {data['metrics_url']}/metrics")
+    cdi = data.get("cdi") or {}
+    if cdi.get("source") or cdi.get("error"):
+        lines.append(f"CDI spec in {cdi.get('spec_dir')}: " + (f"ERROR {cdi['error']}" if cdi.get("error") else f"written by {cdi['source']}"))
+    lines.append("")
     rows: list[tuple[str, ...]] = [("RESOURCE", "STATE", "PID", "RESTARTS", "REGISTERED SINCE", "SOCKET")]
     for w in data.get("workers", []):
         since = w.get("registered_since")
@@ -175,9 +207,23 @@ def format_status(data: dict[str, Any]) -> str:
         bad = [d for d in devices if d["health"] != "Healthy"]
         for d in bad:
             lines.append(f"  {d['id']}  Unhealthy  {d.get('reason', '')}")
+    conditions = data.get("conditions") or []
+    if conditions:
+        lines += ["", "health conditions:"]
+        for c in conditions:
+            where = c["gpu"] + (f" GI {c['gpu_instance']}" if c.get("gpu_instance") is not None else "")
+            where += f" CI {c['compute_instance']}" if c.get("compute_instance") is not None else ""
+            lines.append(f"  {where}  {c['name']}  {c['recovery']}  {c.get('reason', '')}")
+    mps = data.get("mps") or {}
+    if mps:
+        lines += ["", "MPS control daemons:"]
+        for resource, d in sorted(mps.items()):
+            pid = f" pid {d['pid']}" if d.get("pid") else ""
+            lines.append(f"  {resource}  {d['state']}{pid}  restarts {d.get('restarts', 0)}  {d.get('reason', '')}")
     allocations = data.get("allocations")
     if allocations:
-        lines += ["", "allocations:"]
+        source = data.get("allocations_source")
+        lines += ["", f"allocations{f' (from {source})' if source else ''}:"]
         rows = [("POD", "CONTAINER", "RESOURCE", "DEVICES")]  # a new table
         for a in allocations:
             rows.append((str(a["pod"]), str(a["container"]), str(a["resource"]), ",".join(a["devices"])))

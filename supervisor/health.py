@@ -18,8 +18,12 @@ changed). So the book has one writer and needs no lock.
   give the passing probe that transient recovery needs, and notice a lost GPU that is back
   (then the event set is rebuilt, so the GPU's events are registered again).
 
-`GPUVISOR_PROBE_INTERVAL` (seconds, default 10) overrides the probe period when the caller does
-not pass one: a tuning knob for tests and for nodes that want faster recovery.
+The probe period is the `--probe-interval` setting (GPUVISOR_PROBE_INTERVAL, seconds, default
+10), passed in by the supervisor as `probe_interval` and changeable live (the thread reads the
+attribute each round); a caller that passes none gets the env var's value.
+
+`on_error(function, code)` is told of every failed NVML call of the thread (for the
+`gpuvisor_nvml_errors_total` counter); it is called from this thread, so it must be thread-safe.
 """
 
 from __future__ import annotations
@@ -81,12 +85,14 @@ class HealthMonitor:
         post: Callable[[Callable[[], None]], None],
         apply: Callable[[Apply], None],
         probe_interval: float | None = None,
+        on_error: Callable[[str, int], None] | None = None,
     ) -> None:
         self.nvml = Nvml(module)
         self.node = node
         self.policy = policy
         self._post = post  # kept for callers that want to run plain callables on the main loop
         self._apply = apply
+        self._on_error = on_error
         self.probe_interval = probe_interval_from_env(os.environ) if probe_interval is None else probe_interval
         if not math.isfinite(self.probe_interval) or self.probe_interval <= 0:
             raise ValueError(f"probe_interval must be a positive number of seconds, got {self.probe_interval!r}")
@@ -112,6 +118,11 @@ class HealthMonitor:
     @property
     def lost(self) -> frozenset[str]:
         return frozenset(self._lost)
+
+    @property
+    def running(self) -> bool:
+        """Is the health thread running (it is not while health checks are disabled)?"""
+        return self._thread.is_alive()
 
     @property
     def thread_id(self) -> int | None:
@@ -164,6 +175,7 @@ class HealthMonitor:
                 event = self._watch.wait(timeout)
             except NvmlCallError as exc:
                 failure = exc
+                self._report_error(exc)
             except Exception as exc:  # a bug or an unexpected binding error must not end health
                 log.exception("health loop error")
                 failure = NvmlCallError("health loop", NVML_ERROR_UNKNOWN, exc)
@@ -190,6 +202,13 @@ class HealthMonitor:
             retry_at = time.monotonic() + backoff
             backoff = min(backoff * 2, self.backoff_max_s)
         self._close_watch()
+
+    def _report_error(self, exc: NvmlCallError) -> None:
+        if self._on_error is not None:
+            try:
+                self._on_error(exc.function, exc.code)
+            except Exception:  # a metrics hiccup must not end health watching
+                log.exception("reporting an NVML error failed")
 
     def _open_watch(self) -> EventWatch:
         watch = self.nvml.watch_events()

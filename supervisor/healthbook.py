@@ -26,6 +26,9 @@ Recovery (the point of the exercise: NVIDIA never recovers a device):
 - UNTIL_PROBE_PASSES (a failed probe): the next passing probe.
 - The event-wait failure of `mark_all_unhealthy` is TRANSIENT: while waits keep failing the
   supervisor keeps calling it and the quiet period never starts.
+- EXTERNAL: a condition some other part of the supervisor owns (e.g. `mps:<resource>` while that
+  resource's MPS control daemon is down). Only `clear_external(name)` ends it: resets, probes,
+  found GPUs and ticks know nothing of why it was raised, so they never touch it.
 """
 
 from __future__ import annotations
@@ -48,14 +51,16 @@ class Recovery(StrEnum):
     UNTIL_RESET = "until-reset"
     UNTIL_FOUND = "until-found"
     UNTIL_PROBE_PASSES = "until-probe-passes"
+    EXTERNAL = "external"  # set and cleared by its owner (an MPS daemon's supervision), by name
 
 
 # Which condition explains a device best when several hold: the hardest to get rid of first.
 _SEVERITY = {
     Recovery.UNTIL_FOUND: 0,
     Recovery.UNTIL_RESET: 1,
-    Recovery.UNTIL_PROBE_PASSES: 2,
-    Recovery.TRANSIENT: 3,
+    Recovery.EXTERNAL: 2,
+    Recovery.UNTIL_PROBE_PASSES: 3,
+    Recovery.TRANSIENT: 4,
 }
 
 _LOST = "lost"
@@ -329,6 +334,27 @@ class HealthBook:
         for gpu in self._by_gpu:
             self._raise(gpu, None, None, _EVENT_WAIT, Recovery.TRANSIENT, text, now)
         return self._finish(self._recompute(set(self._by_gpu), now), now, text)
+
+    def mark_external(self, gpu_uuids: Iterable[str], name: str, reason: str, now: float) -> ChangeBatch:
+        """Raise (or refresh) the external condition `name` on these GPUs; GPUs that back no
+        device are skipped. Ends only with `clear_external(name)`."""
+        self._begin(now)
+        gpus = {g for g in gpu_uuids if g in self._by_gpu}
+        for gpu in sorted(gpus):
+            self._raise(gpu, None, None, name, Recovery.EXTERNAL, reason, now)
+        return self._finish(self._recompute(gpus, now), now, f"{name}: {reason}")
+
+    def clear_external(self, name: str, now: float, gpu_uuids: Iterable[str] | None = None) -> ChangeBatch:
+        """End the external condition `name` wherever it holds (or only on `gpu_uuids`)."""
+        self._begin(now)
+        only = None if gpu_uuids is None else set(gpu_uuids)
+        touched = {
+            gpu
+            for gpu in list(self._conditions)
+            if (only is None or gpu in only)
+            and self._clear(gpu, lambda c: c.name == name and c.recovery is Recovery.EXTERNAL)
+        }
+        return self._finish(self._recompute(touched, now), now, f"{name} cleared")
 
     # -- configuration -------------------------------------------------------------------------
 

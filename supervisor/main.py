@@ -18,9 +18,20 @@ re-reads the device set only. Both end in `apply_plans`, a diff per resource: un
 are not touched, changed ones go to the running worker as a PlanUpdate (same process, same
 gRPC stream: allocatable never drops), added and removed resources start and stop workers.
 
-Hooks for the node's observability (metrics, systemd notify) belong in the `_on_*` methods:
-`_on_worker_state` (every lifecycle transition), `_on_registered` (every registration a worker
-reports), `_publish` (every health change batch) and `_on_ready_changed`.
+Observability: one `Metrics` registry fed from the loop (worker transitions through a
+`WorkerSet` listener, heartbeat figures, registration reports, every health batch, device
+gauges), served with /healthz and /readyz by a `ProbeServer` thread (--metrics-address; port 0
+picks a free port, shown in the log and in `status` as `metrics_url`). Readiness has one
+definition, `_readiness()`: NVML up, every resource's worker registered and streaming, every MPS
+control daemon up and the CDI spec written. Each tick hands it to the HTTP thread (a
+`ReadinessCell`), the `gpuvisor_ready` gauge and systemd (`Notifier`: READY=1 once, STATUS= on
+change, WATCHDOG=1 from this loop so a wedged loop stops the pings, STOPPING=1 at shutdown).
+
+MPS and CDI: an MPS-shared resource's GPUs carry the external health condition `mps:<resource>`
+(Unhealthy) from before its worker starts until its control daemon is up (`MpsDaemons`, on a
+thread of its own; its up/down reports come back through `post`). With a CDI list strategy the
+spec file is written before any worker can hand out a name, rewritten on every plan change
+before the workers hear of it, retried while it fails (not ready meanwhile) and never removed.
 
 Sockets in the run dir (mode 0700, the sockets 0600): `control.sock` (ROUTER: workers' hello,
 heartbeat and snapshot requests; `gpuvisor status` and `gpuvisor sim`) and `health.sock` (PUB:
@@ -50,6 +61,7 @@ from typing import Any
 import zmq
 
 from common.config import Config, ConfigError, load_config
+from common.kubeletapi import KUBELET_SOCKET_NAME
 from common.messages import (
     Command,
     HealthBeacon,
@@ -69,13 +81,19 @@ from common.messages import (
     split_routed,
 )
 from common.model import Node, ResourcePlan
+from common.nvml import NvmlCallError
 from common.planning import PlanningError, plan_resources
 from common.procutil import unix_socket_listening
+from supervisor.cdi import CdiError, CdiSpecWriter
 from supervisor.commands import CommandError, run_command
 from supervisor.health import Apply, HealthMonitor
-from supervisor.health_policy import HealthPolicy
+from supervisor.health_policy import HealthPolicy, PolicyError
 from supervisor.healthbook import ChangeBatch, HealthBook
+from supervisor.httpserver import AddressError, ProbeServer, ReadinessCell, loop_liveness, worker_readiness
 from supervisor.kubeletwatch import ConfigWatch, KubeletWatch
+from supervisor.metrics import Metrics
+from supervisor.mps import MpsDaemons, MpsError
+from supervisor.sdnotify import Notifier
 from supervisor.workers import EXIT_CONFIG_ERROR, Policy, WorkerHandle, WorkerSet, WState
 
 log = logging.getLogger("gpuvisor.supervisor")
@@ -88,6 +106,7 @@ CONFIG_DEBOUNCE_S = 0.3  # a ConfigMap update is a burst of create/rename/delete
 NVML_RETRY_START_S = 1.0
 NVML_RETRY_MAX_S = 60.0
 SHUTDOWN_GRACE_S = 4.0  # SIGTERM to workers, then SIGKILL: the whole stop stays under 5 s
+CDI_RETRY_S = 30.0  # a CDI spec that could not be written is tried again this often
 SOCKET_PREFIX = "gpuvisor-"
 
 # Test-only hook: with a simulated node, fail the first N nvmlInit calls with
@@ -103,10 +122,13 @@ RESTART_ONLY = (
     "log_format",
     "log_level",
     "fail_on_init_error",
-    "disable_healthchecks",
-    "enable_healthchecks",
-    "health",
 )
+
+# Settings that make up the health policy (applied live at a reload) and the MPS daemons'
+# supervision (a change restarts the daemons).
+HEALTH_SETTINGS = ("disable_healthchecks", "enable_healthchecks", "health")
+MPS_SETTINGS = ("mps_control_binary", "mps_exclusive_process", "driver_root")
+CDI_SETTINGS = ("cdi_spec_dir", "cdi_spec_format", "cdi_nvidia_ctk")
 
 
 class StartupError(Exception):
@@ -203,6 +225,20 @@ def keep_vanished_gpus(old: Node | None, new: Node) -> tuple[Node, tuple[str, ..
     return merged, tuple(g.uuid for g in kept)
 
 
+def health_policy_for(config: Config) -> HealthPolicy:
+    """The health policy a config asks for; raises PolicyError for what the policy refuses."""
+    return HealthPolicy.from_settings(
+        disable_env=",".join(config.disable_healthchecks) or None,
+        enable_env=",".join(config.enable_healthchecks) or None,
+        xid_actions=config.health.xid_actions(),
+        quiet_seconds=config.health.transient_quiet_seconds,
+    )
+
+
+def _settings_of(config: Config, names: tuple[str, ...]) -> tuple[Any, ...]:
+    return tuple(getattr(config, name) for name in names)
+
+
 def file_fingerprint(path: str) -> str:
     """What the config file holds now (through any symlinks), cheap to compare."""
     try:
@@ -240,12 +276,10 @@ class Supervisor:
         self.plans: dict[str, ResourcePlan] = {}
         self.plan_json: dict[str, str] = {}
         self.kept_gpus: tuple[str, ...] = ()
-        self.health_policy = HealthPolicy.from_settings(
-            disable_env=",".join(config.disable_healthchecks) or None,
-            enable_env=",".join(config.enable_healthchecks) or None,
-            xid_actions=config.health.xid_actions(),
-            quiet_seconds=config.health.transient_quiet_seconds,
-        )
+        try:
+            self.health_policy = health_policy_for(config)
+        except PolicyError as exc:
+            raise StartupError(f"config error: gpuvisor.health: {exc}", EXIT_CONFIG_ERROR) from None
         self.book: HealthBook | None = None
         self.monitor: HealthMonitor | None = None
         self.watch: KubeletWatch | None = None
@@ -254,7 +288,21 @@ class Supervisor:
         self.workers = WorkerSet(
             self.spawner, Policy(heartbeat_timeout=config.heartbeat_timeout, start_retries=config.start_retries)
         )
+        # Observability. The metrics listener goes first: it sees a transition before the
+        # supervisor's own hook forgets routes and sockets.
+        self.metrics = Metrics()
+        self.readiness = ReadinessCell()
+        self.notifier = Notifier(self.environ)
+        self.http: ProbeServer | None = None
+        self.workers.listeners.insert(0, self.metrics.worker_listener())
         self.workers.listeners.append(self._on_worker_state)
+        self._registered_life: dict[str, int] = {}  # resource -> pid of the worker life that registered
+        self._kubelet_restarted: set[str] = set()  # resources whose next registration follows a kubelet restart
+        # MPS control daemons and the CDI spec file.
+        self.mps = self._make_mps(config)
+        self.cdi = self._make_cdi(config)
+        self.cdi_error: str | None = None
+        self._next_cdi_retry = 0.0
         self.routes: dict[str, bytes] = {}  # resource -> ROUTER identity of its current worker
         self.worker_plan: dict[str, str] = {}  # resource -> plan JSON its current worker has
         self.out_seq = SequenceCounter()
@@ -282,7 +330,33 @@ class Supervisor:
         elif signum != signal.SIGCHLD:
             self.stopping = True
 
+    def _make_mps(self, config: Config) -> MpsDaemons:
+        return MpsDaemons(
+            self._on_mps_change,
+            binary=config.mps_control_binary,
+            driver_root=config.driver_root,
+            environ=self.environ,
+            nvml_module=self.nvml_module,
+            exclusive_process=config.mps_exclusive_process,
+        )
+
+    @staticmethod
+    def _make_cdi(config: Config) -> CdiSpecWriter:
+        return CdiSpecWriter(config.cdi_spec_dir, fmt=config.cdi_spec_format, use_nvidia_ctk=config.cdi_nvidia_ctk)
+
     # ------------------------------------------------------------------ start
+    def _start_http(self) -> None:
+        if not self.config.metrics_address:
+            return
+        server = ProbeServer(
+            self.config.metrics_address, self.metrics.render, loop_liveness(lambda: self.last_loop), self.readiness
+        )
+        try:
+            server.start()
+        except AddressError as exc:
+            raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
+        self.http = server
+
     def prepare_dirs(self) -> None:
         control = os.path.join(self.run_dir, "control.sock")
         if unix_socket_listening(control):
@@ -389,6 +463,8 @@ class Supervisor:
             Nvml(self.nvml_module).init()
             node = self.discover()
         except Exception as exc:  # any NVML failure at start: the message says what to check
+            if isinstance(exc, NvmlCallError):
+                self.metrics.nvml_error(exc.function, exc.code)
             text = nvml_init_help(exc)
             if self.config.fail_on_init_error:
                 raise StartupError(text, EXIT_NVML_ERROR) from None
@@ -421,13 +497,104 @@ class Supervisor:
             ", ".join(f"{r} ({len(p.devices)})" for r, p in plans.items()) or "none",
         )
         self.book = HealthBook(plans, self.health_policy, time.time())
-        self.monitor = HealthMonitor(self.nvml_module, node, self.health_policy, self.post, self._on_health_event)
+        self.monitor = HealthMonitor(
+            self.nvml_module,
+            node,
+            self.health_policy,
+            self.post,
+            self._on_health_event,
+            probe_interval=self.config.probe_interval,
+            on_error=self.metrics.nvml_error,
+        )
         for batch in self.monitor.initial_probe(self.book):
             self._publish(batch)
         self.monitor.start()
+        try:
+            self.mps.set_plans(plans)
+        except MpsError as exc:
+            raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
+        # Before any worker starts, so its first snapshot already has these devices Unhealthy.
+        for resource, plan in plans.items():
+            if plan.sharing == "mps":
+                self._mark_mps_down(resource, plan, "MPS control daemon not started yet")
+        self.mps.start_thread()
+        self._sync_cdi()  # before the workers: none may hand out a CDI name the spec lacks
+        self._update_device_gauges()
         for resource, plan in plans.items():
             self.workers.want(resource, self.write_plan(plan))
         self._schedule_rediscovery(time.monotonic())
+
+    # ------------------------------------------------------------------ MPS and CDI
+    def _mark_mps_down(self, resource: str, plan: ResourcePlan, reason: str) -> None:
+        assert self.book is not None
+        self._publish(self.book.mark_external({d.gpu_uuid for d in plan.devices}, f"mps:{resource}", reason, time.time()))
+
+    def _on_mps_change(self, resource: str, up: bool, reason: str) -> None:
+        """From the MPS thread: a daemon came up or went down; the book changes on the main loop."""
+
+        def apply() -> None:
+            if self.book is None:
+                return
+            if up:
+                self._publish(self.book.clear_external(f"mps:{resource}", time.time()))
+            else:
+                plan = self.plans.get(resource)
+                if plan is not None and plan.sharing == "mps":
+                    text = reason if "MPS control daemon" in reason else f"MPS control daemon down: {reason}"
+                    self._mark_mps_down(resource, plan, text)
+
+        self.post(apply)
+
+    def _apply_mps(self, old: dict[str, ResourcePlan], plans: dict[str, ResourcePlan]) -> None:
+        """New plans for the MPS daemons, and the `mps:<resource>` conditions to match them."""
+        assert self.book is not None
+        try:
+            self.mps.set_plans(plans)
+        except MpsError as exc:  # validated before the reload was taken: only a race gets here
+            log.error("MPS daemons keep their old plans: %s", exc)
+        now = time.time()
+        holding: dict[str, set[str]] = {}
+        for cond in self.book.conditions():
+            holding.setdefault(cond.name, set()).add(cond.gpu_uuid)
+        for resource in sorted({r for r, p in old.items() if p.sharing == "mps"} - set(plans)):
+            self._publish(self.book.clear_external(f"mps:{resource}", now))
+        for resource, plan in sorted(plans.items()):
+            name = f"mps:{resource}"
+            if plan.sharing != "mps":
+                self._publish(self.book.clear_external(name, now))
+                continue
+            gpus = {d.gpu_uuid for d in plan.devices}
+            if not self.mps.is_up(resource):
+                # Mark the new GPUs first, then let go of the ones that left: no device flaps.
+                self._publish(self.book.mark_external(gpus, name, "MPS control daemon not up yet", now))
+            left = holding.get(name, set()) - gpus
+            if left:
+                self._publish(self.book.clear_external(name, now, left))
+
+    def _sync_cdi(self) -> None:
+        """Write the CDI spec for the current plans; on failure not ready, retried every 30 s."""
+        try:
+            self.cdi.sync(self.plans)
+        except (CdiError, OSError) as exc:
+            text = str(exc)
+            if text != self.cdi_error:
+                log.error("the CDI spec could not be written (not ready; retrying every %gs): %s", CDI_RETRY_S, text)
+            self.cdi_error = text
+            self._next_cdi_retry = time.monotonic() + CDI_RETRY_S
+            return
+        if self.cdi_error is not None:
+            log.info("the CDI spec is written again")
+        self.cdi_error = None
+
+    def _update_device_gauges(self, resources: tuple[str, ...] | None = None) -> None:
+        if self.book is None:
+            return
+        for resource in self.plans if resources is None else resources:
+            if resource not in self.plans:
+                continue
+            _seq, devices = self.book.snapshot(resource)
+            healthy = sum(1 for d in devices if d.healthy)
+            self.metrics.set_devices(resource, healthy, len(devices) - healthy)
 
     def write_plan(self, plan: ResourcePlan) -> str:
         text = plan.to_json()
@@ -450,6 +617,7 @@ class Supervisor:
             log.warning("config file keys ignored (unknown): %s", ", ".join(self.config.unknown_keys))
         self.prepare_dirs()
         try:
+            self._start_http()
             self._open_sockets()
             self._start_watches()
             self._try_nvml()
@@ -465,6 +633,7 @@ class Supervisor:
         while not self.stopping:
             now = time.monotonic()
             self.last_loop = now
+            self.notifier.ping_if_due(now)
             self.workers.tick(now)
             self._run_due(now)
             self._check_ready()
@@ -491,6 +660,8 @@ class Supervisor:
             self._check_config_file()
         if self._next_rediscovery and now >= self._next_rediscovery:
             self.rediscover("periodic rediscovery")
+        if self.cdi_error is not None and now >= self._next_cdi_retry:
+            self._sync_cdi()
 
     def _poll_ms(self, now: float) -> int:
         deadlines = [now + TICK_S, self._next_beacon]
@@ -509,7 +680,10 @@ class Supervisor:
                 fn = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            fn()
+            try:
+                fn()
+            except Exception:  # one bad callback (a finding, a watch event) must not end the loop
+                log.exception("a queued main-loop call failed")
 
     # ------------------------------------------------------------------ control socket
     def _drain_router(self) -> None:
@@ -541,12 +715,15 @@ class Supervisor:
             if beat is not None:
                 self.routes[message.resource] = route[0]
                 beat.stats = dict(message.stats)
+                self.metrics.worker_stats(message.resource, message.stats, pid=message.pid)
         elif isinstance(message, SnapshotRequest):
             if self.book is not None:
                 self._send(route, SnapshotReply(self._snapshot(message.resource)))
         elif isinstance(message, StatusReport):
             log.debug("worker %s: %s (%s)", message.resource, message.event, message.detail)
             handle = self.workers.workers.get(message.resource)
+            if handle is not None and handle.proc is not None:
+                self._count_registration(handle, message.event, message.detail)
             if message.event == "registered" and handle is not None and handle.proc is not None:
                 self.workers.heartbeat(message.resource, handle.pid, True, handle.socket_path, now)
                 self._on_registered(handle, message.detail)
@@ -574,6 +751,28 @@ class Supervisor:
             self.routes.pop(handle.resource, None)  # nobody is there to talk to
             self.remove_dead_sockets(handle.resource)
 
+    def _count_registration(self, handle: WorkerHandle, event: str, detail: str) -> None:
+        """Feed a worker's registration report to the metrics with the trigger the supervisor knows.
+
+        The worker's own words do not say it all: its first registration ("kubelet.sock is
+        there") is a start, and after a kubelet restart it may first report its cancelled stream.
+        The supervisor saw the kubelet restart (kubelet.sock deleted / created) and knows which
+        worker life has registered before, so it names the trigger.
+        """
+        resource = handle.resource
+        first = self._registered_life.get(resource) != handle.pid
+        if event == "registering":
+            if first:
+                detail = "start"
+            elif resource in self._kubelet_restarted:
+                detail = "kubelet restart"
+        elif event == "registered":
+            if not first and resource in self._kubelet_restarted:
+                self.metrics.registration_report(resource, "registering", "kubelet restart")
+            self._kubelet_restarted.discard(resource)
+            self._registered_life[resource] = handle.pid
+        self.metrics.registration_report(resource, event, detail)
+
     def _on_registered(self, handle: WorkerHandle, detail: str) -> None:
         """A worker reported a (re-)registration with the kubelet."""
 
@@ -581,8 +780,26 @@ class Supervisor:
         """The node became ready (every worker registered) or stopped being ready."""
         log.info("ready" if ready else "not ready", extra={"state": "ready" if ready else "not-ready"})
 
+    def _readiness(self) -> tuple[bool, str]:
+        """Ready, and the one-line reason: the single definition behind /readyz, status and systemd."""
+        if not self.nvml_up:
+            return False, f"not ready: NVML is not up ({self.nvml_error or 'starting'})"
+        answer = worker_readiness(self.plans, self.workers.workers)
+        if not answer[0]:
+            return answer
+        if not self.mps.all_up():
+            down = [f"{r}: {s.reason}" for r, s in sorted(self.mps.status().items()) if not s.up]
+            return False, "not ready: MPS control daemon not up: " + ("; ".join(down) or "starting")
+        if self.cdi_error is not None:
+            return False, f"not ready: the CDI spec is not written: {self.cdi_error}"
+        return answer
+
     def _check_ready(self) -> None:
-        ready = self.ready()
+        answer = self._readiness()
+        self.readiness.set(answer)
+        self.metrics.set_ready(answer[0])
+        self.notifier.update(*answer)
+        ready = answer[0]
         if ready != self._was_ready:
             self._was_ready = ready
             self._on_ready_changed(ready)
@@ -592,14 +809,20 @@ class Supervisor:
         """From the health thread: apply one finding to the book on the main loop, publish."""
 
         def run() -> None:
-            if self.book is not None:
+            if self.book is None:
+                return
+            try:
                 for batch in apply(self.book, time.time()):
                     self._publish(batch)
+            except Exception:  # one bad finding must never end the main loop
+                log.exception("applying a health finding failed")
 
         self.post(run)
 
     def _publish(self, batch: ChangeBatch) -> None:
-        """Log one change batch as one line and publish it to the workers."""
+        """Log one change batch as one line, count it, and publish it to the workers."""
+        # Ignored XIDs count too (an empty batch that names its XID).
+        self.metrics.health_batch(((c.resource, c.device_id, c.healthy) for c in batch.changes), batch.xid)
         if not batch:
             return
         record = batch.log_record()
@@ -619,6 +842,7 @@ class Supervisor:
         self.health_changes += len(batch.changes)
         if hasattr(self, "pub"):
             self.pub.send_multipart(encode(batch.to_delta(self.epoch), seq=batch.seq))
+        self._update_device_gauges(batch.resources)
 
     def _beacon(self) -> None:
         if self.book is not None:
@@ -636,9 +860,18 @@ class Supervisor:
 
     # ------------------------------------------------------------------ kubelet
     def _kubelet_created(self) -> None:
-        self.post(lambda: self._reregister_all("kubelet.sock created"))
+        def run() -> None:
+            self._kubelet_restarted.update(self.workers.workers)
+            self._reregister_all("kubelet.sock created")
+
+        self.post(run)
 
     def _file_deleted(self, name: str) -> None:
+        if name == KUBELET_SOCKET_NAME:
+            # The kubelet is going (or restarting): the registrations that follow are its doing.
+            self.post(lambda: self._kubelet_restarted.update(self.workers.workers))
+            return
+
         def check() -> None:
             for resource, handle in self.workers.workers.items():
                 if handle.socket_path and os.path.basename(handle.socket_path) == name:
@@ -692,11 +925,15 @@ class Supervisor:
             self._config_fp = file_fingerprint(self.config.config_file)
         try:
             config = load_config(self.argv_flags, self.environ)
-        except ConfigError as exc:
+            health_policy_for(config)  # refused here, not half-applied later
+        except (ConfigError, PolicyError) as exc:
             self._refuse(trigger, "reload", exc)
             return False
         if not self.nvml_up:
-            self._adopt_config(self._live_part(config))
+            config = self._live_part(config)
+            if _settings_of(config, MPS_SETTINGS) != _settings_of(self.config, MPS_SETTINGS):
+                self.mps = self._make_mps(config)  # not started before NVML is up: just replace it
+            self._adopt_config(config)
             log.info("reload (%s): config taken; it applies once NVML is up", trigger)
             return True
         return self._replan(config, trigger, "reload")
@@ -723,12 +960,24 @@ class Supervisor:
         except PlanningError as exc:
             self._refuse(trigger, what, ConfigError("planning", "", str(exc)))
             return False
+        # MPS plans need a control binary and a root: check with the settings being loaded.
+        mps = self._make_mps(config) if _settings_of(config, MPS_SETTINGS) != _settings_of(self.config, MPS_SETTINGS) else self.mps
+        try:
+            mps.validate(plans)
+        except MpsError as exc:
+            self._refuse(trigger, what, exc)
+            return False
         self._last_refusal = ""
         if kept != self.kept_gpus:
             if kept:
                 log.warning("rediscovery did not see GPU(s) %s; they stay advertised (health decides)", ", ".join(kept))
             self.kept_gpus = kept
         self._adopt_config(config)
+        if mps is not self.mps:
+            log.info("MPS settings changed: restarting the MPS control daemons")
+            self.mps.shutdown()
+            self.mps = mps
+            self.mps.start_thread()
         if node != self.node:
             self.node = node
             if self.monitor is not None:
@@ -744,11 +993,35 @@ class Supervisor:
         return dataclasses.replace(config, **held) if held else config
 
     def _adopt_config(self, config: Config) -> None:
+        old = self.config
         self.config = config
+        if _settings_of(config, HEALTH_SETTINGS) != _settings_of(old, HEALTH_SETTINGS):
+            try:
+                self._set_health_policy(health_policy_for(config))
+            except PolicyError as exc:  # checked when the reload was read: only a bug gets here
+                log.error("health policy unchanged: %s", exc)
+        if self.monitor is not None:
+            self.monitor.probe_interval = config.probe_interval
+        if _settings_of(config, CDI_SETTINGS) != _settings_of(old, CDI_SETTINGS):
+            self.cdi = self._make_cdi(config)
+            if self.book is not None:
+                self._sync_cdi()
         self.spawner.config = config
         self.workers.policy.heartbeat_timeout = config.heartbeat_timeout
         self.workers.policy.start_retries = config.start_retries
         self._schedule_rediscovery(time.monotonic())
+
+    def _set_health_policy(self, policy: HealthPolicy) -> None:
+        """A reloaded `gpuvisor.health` (or DP_*_HEALTHCHECKS): new events and recoveries follow it."""
+        self.health_policy = policy
+        if self.book is not None:
+            self.book.set_policy(policy)
+        if self.monitor is not None:
+            self.monitor.policy = policy
+            if policy.checks_enabled and not self.monitor.running:
+                with contextlib.suppress(RuntimeError):  # a thread runs once; it was never started
+                    self.monitor.start()
+        log.info("health policy changed: %s", policy.describe())
 
     def _schedule_rediscovery(self, now: float) -> None:
         interval = self.config.rediscovery_interval
@@ -760,10 +1033,16 @@ class Supervisor:
         self.plans = plans
         if self.book is not None:
             self._publish(self.book.set_plans(plans, time.time()))
+            # The spec first, so that no worker hands out a CDI name the spec lacks.
+            self._sync_cdi()
+            self._apply_mps(old, plans)
+            self._update_device_gauges()
         now = time.monotonic()
         for resource in sorted(set(old) - set(plans)):
             log.info("%s: resource %s removed", trigger, resource)
             self.workers.unwant(resource, now)
+            self._registered_life.pop(resource, None)
+            self._kubelet_restarted.discard(resource)
         for resource, plan in plans.items():
             text = plan.to_json()
             if resource not in old:
@@ -807,31 +1086,46 @@ class Supervisor:
                 {"id": d.device_id, "health": "Healthy" if d.healthy else "Unhealthy", "reason": d.reason, "since": d.since}
                 for d in devices
             ]
+        conditions = [
+            {
+                "gpu": c.gpu_uuid,
+                "gpu_instance": c.gi,
+                "compute_instance": c.ci,
+                "name": c.name,
+                "recovery": c.recovery.value,
+                "reason": c.reason,
+                "since": c.since,
+                "last_event": c.last_event,
+            }
+            for c in (self.book.conditions() if self.book else [])
+        ]
+        ready, ready_detail = self._readiness()
         return {
             "pid": os.getpid(),
             "simulated": self.simulator is not None,
             "started_at": self.started_at,
-            "ready": self.ready(),
+            "ready": ready,
+            "ready_detail": ready_detail,
+            "plugin_dir": self.plugin_dir,
+            "metrics_url": self.http.url if self.http is not None else None,
             "nvml": {"up": self.nvml_up, "error": self.nvml_error, "attempts": self.nvml_attempts},
+            "health_policy": self.health_policy.describe(),
             "rediscoveries": self.rediscoveries,
             "reloads": self.reloads,
             "workers": workers,
             "resources": resources,
+            "conditions": conditions,
+            "mps": {r: dataclasses.asdict(st) for r, st in sorted(self.mps.status().items())},
+            "cdi": {"spec_dir": self.cdi.spec_dir, "source": self.cdi.source, "error": self.cdi_error},
         }
 
     def ready(self) -> bool:
-        """NVML is up, there is something to advertise, and every resource's worker registered."""
-        return (
-            self.nvml_up
-            and bool(self.plans)
-            and all(
-                (h := self.workers.workers.get(r)) is not None and h.state is WState.RUNNING and h.registered
-                for r in self.plans
-            )
-        )
+        """NVML up, every resource registered and streaming, MPS daemons up, CDI spec written."""
+        return self._readiness()[0]
 
     # ------------------------------------------------------------------ stop
     def _shutdown(self) -> None:
+        self.notifier.stopping()
         log.info("stopping: %d workers", sum(1 for h in self.workers.workers.values() if h.proc is not None))
         now = time.monotonic()
         self.workers.stop_all(now, "supervisor stopping")
@@ -845,6 +1139,9 @@ class Supervisor:
             while not self.workers.all_stopped() and time.monotonic() < kill_deadline:
                 self.workers.tick(time.monotonic())
                 time.sleep(0.01)
+        # After the workers: no container is handed an MPS pipe whose daemon is gone. The CDI spec
+        # stays (containers that restart while gpuvisor is down still resolve their devices).
+        self.mps.shutdown()
         if self.monitor is not None:
             self.monitor.stop()
         for watch in (self.watch, self.config_watch):
@@ -858,7 +1155,10 @@ class Supervisor:
         for name in ("control.sock", "health.sock"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.run_dir, name))
+        if self.http is not None:
+            self.http.stop()
         log.info("stopped")
+        self.notifier.close()
 
 
 def nvml_init_help(exc: BaseException) -> str:

@@ -40,6 +40,7 @@ CONFIG_MOUNT = "/etc/gpuvisor"
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 RUN_DIR = "/run/gpuvisor"
 MPS_ROOT = "/run/nvidia/mps"
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 # `systemd-analyze security` scores 0 (locked down) to 10 (exposed); the unit scores 2.4 today.
 # Above 3 means a hardening line was lost.
 MAX_EXPOSURE = 3.0
@@ -248,6 +249,10 @@ def test_volumes_reach_the_kubelet_and_the_config_directory(kustomization: str) 
     assert "emptyDir" in volumes[mounts[RUN_DIR]["name"]]
     assert _env(container)["GPUVISOR_RUN_DIR"] == RUN_DIR
 
+    pod_resources = mounts[POD_RESOURCES]
+    assert pod_resources["readOnly"] is True
+    assert volumes[pod_resources["name"]]["hostPath"]["path"] == POD_RESOURCES
+
     config = mounts[CONFIG_MOUNT]
     assert config["readOnly"] is True
     assert volumes[config["name"]]["configMap"]["name"] == "gpuvisor-config"
@@ -264,7 +269,8 @@ def test_image_env_and_resources(kustomization: str) -> None:
     env = _env(container)
     assert env["GPUVISOR_LOG_FORMAT"] == "json"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
-    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    # The MPS overlay runs MPS control daemons: their binaries come with the "compute" capability.
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == ("compute,utility" if kustomization == "overlays/mps" else "utility")
     resources = container["resources"]
     assert resources["requests"] == {"cpu": "50m", "memory": "128Mi"}
     assert resources["limits"] == {"memory": "384Mi"}
@@ -294,10 +300,13 @@ def test_overlay_sets_its_own_settings_only(
 
 
 def test_mps_overlay_mounts_the_mps_root_and_configures_sharing() -> None:
-    """mps: MPS_ROOT is a hostPath mounted at the same path, and the config holds sharing.mps."""
+    """mps: MPS_ROOT is a writable hostPath at the same path, /dev/shm is MPS_ROOT/shm, the config holds sharing.mps."""
     docs = _render("overlays/mps")
     mount = _mounts(_container(docs))[MPS_ROOT]
     assert _volume_sources(docs)[mount["name"]]["hostPath"]["path"] == MPS_ROOT
+    assert not mount.get("readOnly", False)  # gpuvisor's MPS daemons write their pipes there
+    shm = _mounts(_container(docs))["/dev/shm"]
+    assert _volume_sources(docs)[shm["name"]]["hostPath"]["path"] == f"{MPS_ROOT}/shm"
     config = yaml.safe_load(_one(docs, "ConfigMap")["data"]["config.yaml"])
     assert config["sharing"]["mps"]["resources"][0]["replicas"] >= 2
 

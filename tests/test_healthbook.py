@@ -3,6 +3,8 @@ sequence numbers and snapshots, and reload."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -272,6 +274,61 @@ def test_reload_keeps_state_of_surviving_devices() -> None:
         ("MIG-3::1", True),
     }
     assert b.seq == seq + 1
+
+
+def test_external_condition_marks_every_device_of_its_gpus() -> None:
+    """mark_external marks all devices of the named GPUs (skipping unknown ones) with its reason."""
+    b = book()
+    batch = b.mark_external(["GPU-A", "GPU-Z"], "mps:x", "daemon down", now=1.0)
+    assert {c.device_id for c in batch} == {"GPU-A::0", "GPU-A::1", "GPU-A::2"}
+    assert all(not c.healthy and c.reason == "daemon down" for c in batch)
+    assert [(c.gpu_uuid, c.name, c.recovery.value) for c in b.conditions()] == [("GPU-A", "mps:x", "external")]
+    assert not b.mark_external(["GPU-A"], "mps:x", "daemon down", now=2.0)  # again: no change
+
+
+EXTERNAL_SURVIVES = [
+    ("reset", lambda b: b.mark_reset("GPU-A", 10_000.0)),
+    ("found", lambda b: b.mark_found("GPU-A", 10_000.0)),
+    ("probe", lambda b: b.probe_result("GPU-A", True, "", 10_000.0)),
+    ("tick", lambda b: b.tick(10_000.0)),
+    ("other name", lambda b: b.clear_external("mps:y", 10_000.0)),
+    ("reload", lambda b: b.set_plans(plans(), 10_000.0)),
+]
+
+
+@pytest.mark.parametrize(("case", "op"), EXTERNAL_SURVIVES, ids=[c[0] for c in EXTERNAL_SURVIVES])
+def test_external_condition_ends_only_by_its_name(case: str, op: Callable[[HealthBook], ChangeBatch]) -> None:
+    """Resets, found GPUs, probes, ticks, reloads and other names leave an external condition alone."""
+    b = book()
+    b.mark_external(["GPU-A"], "mps:x", "daemon down", now=1.0)
+    op(b)
+    assert unhealthy(b) == {"GPU-A::0", "GPU-A::1", "GPU-A::2"}, case
+
+
+def test_clear_external_ends_it_and_keeps_other_conditions() -> None:
+    """clear_external(name) heals what only it held; a device with another condition stays unhealthy."""
+    b = book()
+    b.mark_external(["GPU-A", "GPU-B"], "mps:x", "daemon down", now=1.0)
+    b.apply_xid("GPU-B", 48, now=2.0)
+    assert b.health_for(GPU)["GPU-B"][1].endswith("[until-reset] (+1 more)")  # until-reset explains best
+    batch = b.clear_external("mps:x", now=3.0)
+    assert {(c.device_id, c.healthy) for c in batch} == {
+        ("GPU-A::0", True),
+        ("GPU-A::1", True),
+        ("GPU-A::2", True),
+        ("GPU-B", False),
+    }
+    assert unhealthy(b) == {"GPU-B"} and "XID 48" in b.health_for(GPU)["GPU-B"][1]
+    assert not b.clear_external("mps:x", now=4.0)
+
+
+def test_clear_external_on_some_gpus_only() -> None:
+    """clear_external with GPUs ends the condition there and leaves it on the others."""
+    b = book()
+    b.mark_external(["GPU-A", "GPU-B"], "mps:x", "daemon down", now=1.0)
+    batch = b.clear_external("mps:x", now=2.0, gpu_uuids=["GPU-B"])
+    assert [(c.device_id, c.healthy) for c in batch] == [("GPU-B", True)]
+    assert unhealthy(b) == {"GPU-A::0", "GPU-A::1", "GPU-A::2"}
 
 
 def test_bad_instance_id_is_an_error() -> None:
