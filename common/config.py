@@ -414,6 +414,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        gpuvisor=True),
     _s("start_retries", ("--start-retries",), ("GPUVISOR_START_RETRIES",), "gpuvisor.startRetries", 5,
        _int_at_least(0), "Quick worker failures in a row before the worker is left FATAL.", gpuvisor=True),
+    _s("start_seconds", ("--start-seconds",), ("GPUVISOR_START_SECONDS",), "gpuvisor.startSeconds", 10.0,
+       _seconds(positive=True),
+       "A worker that dies sooner than this after its start failed quickly (counts toward --start-retries).",
+       gpuvisor=True),
+    _s("zygote", ("--zygote",), ("GPUVISOR_ZYGOTE",), "gpuvisor.zygote", True, parse_go_bool,
+       "Fork workers from a pre-imported zygote process (fast restarts, shared memory pages); "
+       "false starts each worker by exec.", kind="bool", gpuvisor=True),
     _s("probe_interval", ("--probe-interval",), ("GPUVISOR_PROBE_INTERVAL",), "gpuvisor.probeInterval", 10.0,
        _seconds(positive=True),
        "Seconds between NVML health probes of every GPU (they catch what sends no event, and transient "
@@ -530,6 +537,8 @@ class Config:
     rediscovery_interval: float
     heartbeat_timeout: float
     start_retries: int
+    start_seconds: float
+    zygote: bool
     probe_interval: float
     disable_healthchecks: tuple[str, ...]
     enable_healthchecks: tuple[str, ...]

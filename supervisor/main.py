@@ -94,7 +94,8 @@ from supervisor.kubeletwatch import ConfigWatch, KubeletWatch
 from supervisor.metrics import Metrics
 from supervisor.mps import MpsDaemons, MpsError
 from supervisor.sdnotify import Notifier
-from supervisor.workers import EXIT_CONFIG_ERROR, Policy, WorkerHandle, WorkerSet, WState
+from supervisor.workers import EXIT_CONFIG_ERROR, Policy, Proc, WorkerHandle, WorkerSet, WState
+from supervisor.zygote import Zygote, ZygoteProc, become_subreaper
 
 log = logging.getLogger("gpuvisor.supervisor")
 
@@ -147,36 +148,57 @@ def health_endpoint(run_dir: str) -> str:
     return f"ipc://{os.path.join(run_dir, 'health.sock')}"
 
 
-class SubprocessSpawner:
-    """Starts a worker by exec of `python -m worker` (no fork of a process holding gRPC state)."""
+class WorkerSpawner:
+    """Starts a worker: forked from the zygote (supervisor/zygote.py) when enabled, else by exec
+    of `python -m worker` (never a bare fork of this process: it holds gRPC and ZeroMQ state)."""
 
     def __init__(self, config: Config, run_dir: str) -> None:
         self.config = config
         self.run_dir = run_dir
+        self.zygote: Zygote | None = Zygote() if config.zygote else None
 
-    def __call__(self, handle: WorkerHandle) -> subprocess.Popen[bytes]:
-        argv = [
-            sys.executable,
-            "-m",
-            "worker",
-            "--resource",
-            handle.resource,
-            "--plan",
-            handle.plan_path,
-            "--kubelet-socket",
-            self.config.kubelet_socket,
-            "--control",
-            control_endpoint(self.run_dir),
-            "--health",
-            health_endpoint(self.run_dir),
-            "--supervisor-pid",
-            str(os.getpid()),
-            "--log-format",
-            self.config.log_format,
-            "--log-level",
-            self.config.log_level,
-        ]
-        return subprocess.Popen(argv, close_fds=True, stdin=subprocess.DEVNULL)
+    def start(self) -> None:
+        """Start the zygote early: its imports overlap NVML start-up and discovery."""
+        if self.zygote is not None:
+            try:
+                self.zygote.start()
+            except OSError as exc:
+                log.warning("cannot start the worker zygote (%s): workers start by exec", exc)
+                self.zygote = None
+
+    def fileno(self) -> int:
+        """The zygote's socket (its exit reports wake the main loop), or -1."""
+        z = self.zygote
+        return z.sock.fileno() if z is not None and z.sock is not None else -1
+
+    def pump(self) -> None:
+        if self.zygote is not None:
+            self.zygote.pump()
+
+    def worker_args(self, handle: WorkerHandle) -> list[str]:
+        return [
+            "--resource", handle.resource,
+            "--plan", handle.plan_path,
+            "--kubelet-socket", self.config.kubelet_socket,
+            "--control", control_endpoint(self.run_dir),
+            "--health", health_endpoint(self.run_dir),
+            "--supervisor-pid", str(os.getpid()),
+            "--log-format", self.config.log_format,
+            "--log-level", self.config.log_level,
+        ]  # fmt: skip
+
+    def __call__(self, handle: WorkerHandle) -> Proc:
+        args = self.worker_args(handle)
+        if self.zygote is not None:
+            try:
+                return ZygoteProc(self.zygote.spawn(args), self.zygote)
+            except OSError as exc:
+                log.warning("zygote spawn of %s failed (%s): starting it by exec", handle.resource, exc)
+        return subprocess.Popen([sys.executable, "-m", "worker", *args], close_fds=True, stdin=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.zygote is not None:
+            self.zygote.stop()
 
 
 def open_nvml(config: Config, environ: dict[str, str] | None = None) -> tuple[Any, Any]:
@@ -284,9 +306,14 @@ class Supervisor:
         self.monitor: HealthMonitor | None = None
         self.watch: KubeletWatch | None = None
         self.config_watch: ConfigWatch | None = None
-        self.spawner = SubprocessSpawner(config, self.run_dir)
+        self.spawner = WorkerSpawner(config, self.run_dir)
         self.workers = WorkerSet(
-            self.spawner, Policy(heartbeat_timeout=config.heartbeat_timeout, start_retries=config.start_retries)
+            self.spawner,
+            Policy(
+                heartbeat_timeout=config.heartbeat_timeout,
+                start_retries=config.start_retries,
+                start_seconds=config.start_seconds,
+            ),
         )
         # Observability. The metrics listener goes first: it sees a transition before the
         # supervisor's own hook forgets routes and sockets.
@@ -616,10 +643,13 @@ class Supervisor:
         if self.config.unknown_keys:
             log.warning("config file keys ignored (unknown): %s", ", ".join(self.config.unknown_keys))
         self.prepare_dirs()
+        # Adopt the workers of a zygote that dies, so they keep serving and are reaped here.
+        become_subreaper()
         try:
             self._start_http()
             self._open_sockets()
             self._start_watches()
+            self.spawner.start()
             self._try_nvml()
             self._loop()
         finally:
@@ -630,7 +660,16 @@ class Supervisor:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        zygote_fd = -1
         while not self.stopping:
+            fd = self.spawner.fileno()
+            if fd != zygote_fd:  # a worker forked by the zygote ends: the zygote's report wakes us
+                if zygote_fd >= 0:
+                    with contextlib.suppress(KeyError):
+                        poller.unregister(zygote_fd)
+                if fd >= 0:
+                    poller.register(fd, zmq.POLLIN)
+                zygote_fd = fd
             now = time.monotonic()
             self.last_loop = now
             self.notifier.ping_if_due(now)
@@ -642,6 +681,8 @@ class Supervisor:
                 self._drain_wake()
             if self.router in events:
                 self._drain_router()
+            if zygote_fd >= 0 and zygote_fd in events:
+                self.spawner.pump()
 
     def _run_due(self, now: float) -> None:
         """Everything with a deadline or a flag; each is cheap when it has nothing to do."""
@@ -1009,6 +1050,7 @@ class Supervisor:
         self.spawner.config = config
         self.workers.policy.heartbeat_timeout = config.heartbeat_timeout
         self.workers.policy.start_retries = config.start_retries
+        self.workers.policy.start_seconds = config.start_seconds
         self._schedule_rediscovery(time.monotonic())
 
     def _set_health_policy(self, policy: HealthPolicy) -> None:
@@ -1139,6 +1181,7 @@ class Supervisor:
             while not self.workers.all_stopped() and time.monotonic() < kill_deadline:
                 self.workers.tick(time.monotonic())
                 time.sleep(0.01)
+        self.spawner.stop()
         # After the workers: no container is handed an MPS pipe whose daemon is gone. The CDI spec
         # stays (containers that restart while gpuvisor is down still resolve their devices).
         self.mps.shutdown()

@@ -84,12 +84,12 @@ def test_sigstopped_worker_is_killed_and_replaced() -> None:
 
 
 def test_sigkilled_supervisor_leaves_no_orphan() -> None:
-    """SIGKILL of the supervisor: every worker exits (parent-death signal) and removes its socket."""
+    """SIGKILL of the supervisor: every worker (and the zygote) exits within 2 s and removes its socket."""
     with SimNode("mig-a100", args=MIXED) as node:
         node.wait_listed(MIG_RESOURCES)
         assert wait_until(lambda: node.command("status")["ready"], 15)
-        pids = [p.pid for p in node.workers()]
-        assert len(pids) == len(MIG_RESOURCES)
+        pids = [p.pid for p in node.workers()]  # the workers, and the zygote when workers are forked
+        assert len([r for r in MIG_RESOURCES if node.worker_pid(r)]) == len(MIG_RESOURCES)
         assert node.proc is not None
         t0 = time.monotonic()
         node.proc.kill()
@@ -305,5 +305,5 @@ def test_second_supervisor_on_the_same_run_dir_is_refused() -> None:
         assert result.returncode == 1, result.stderr
         assert "Traceback" not in result.stderr
         assert "another gpuvisor is running with run dir" in result.stderr.strip().splitlines()[-1]
-        assert node.command("status")["ready"] is True
+        assert wait_until(lambda: node.command("status")["ready"] is True, 10), node.command("status")
         assert node.worker_pid(GPU) == pid and node.kubelet.allocatable(GPU) == 4
