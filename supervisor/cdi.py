@@ -27,7 +27,6 @@ import contextlib
 import json
 import logging
 import os
-import posixpath
 import re
 import shutil
 import subprocess
@@ -37,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
 from common.model import AllocatableDevice, ResourcePlan
 
 log = logging.getLogger("gpuvisor.cdi")
@@ -47,7 +47,6 @@ CDI_CLASS = "gpu"
 CDI_VERSION = "0.5.0"
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 FORMATS = ("json", "yaml")
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 MIG_CAPS_DIR = "/dev/nvidia-caps"
 DEVICE_PERMISSIONS = "rw"
 VOID_ENV = "NVIDIA_VISIBLE_DEVICES=void"
@@ -85,24 +84,6 @@ def cdi_device_id(device: AllocatableDevice, id_strategy: str) -> str:
     return device.index if id_strategy == "index" else device.uuid
 
 
-def host_path(root: str, container_path: str) -> str:
-    """Join a root onto an absolute container path the way Go's filepath.Join does ("/" adds nothing)."""
-    joined = posixpath.normpath(f"{root or '/'}/{container_path}")
-    return "/" + joined.lstrip("/") if joined.startswith("//") else joined
-
-
-def read_mig_minors(path: str) -> dict[str, int]:
-    """Parse the nvidia-caps minors file (`gpu0/gi1/access 12`, `gpu0/gi1/ci0/access 13`, ...).
-
-    Raises OSError when it cannot be read; lines that are not `<name> <int>` are skipped.
-    """
-    minors: dict[str, int] = {}
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit():
-                minors[parts[0]] = int(parts[1])
-    return minors
 
 
 def _node(container_path: str, dev_root: str) -> dict[str, str]:

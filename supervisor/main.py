@@ -46,7 +46,6 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import re
 import signal
 import stat
@@ -83,7 +82,7 @@ from common.messages import (
 from common.model import Node, ResourcePlan
 from common.nvml import NvmlCallError
 from common.planning import PlanningError, plan_resources
-from common.procutil import unix_socket_listening
+from common.procutil import Mailbox, unix_socket_listening
 from supervisor.cdi import CdiError, CdiSpecWriter
 from supervisor.commands import CommandError, run_command
 from supervisor.health import Apply, HealthMonitor
@@ -283,10 +282,7 @@ class Supervisor:
         self.reload_requested = False
         self.started_at = time.time()
         self.last_loop = time.monotonic()
-        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
-            os.set_blocking(fd, False)
+        self.mailbox = Mailbox(log)
         self.nvml_module, self.simulator = open_nvml(config, self.environ)
         # NVML state: not up until init and the first discovery worked.
         self.nvml_up = False
@@ -346,9 +342,7 @@ class Supervisor:
     # ------------------------------------------------------------------ plumbing
     def post(self, fn: Callable[[], None]) -> None:
         """Run `fn` on the main loop (callable from any thread)."""
-        self._inbox.put(fn)
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"x")
+        self.mailbox.post(fn)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only flags: the loop (woken by the wakeup fd) does the work.
@@ -638,7 +632,7 @@ class Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        signal.set_wakeup_fd(self.mailbox.wakeup_fd, warn_on_full_buffer=False)
         log.info("gpuvisor starting (pid %d): %s", os.getpid(), json.dumps(self.config.describe(), sort_keys=True))
         if self.config.unknown_keys:
             log.warning("config file keys ignored (unknown): %s", ", ".join(self.config.unknown_keys))
@@ -659,7 +653,7 @@ class Supervisor:
     def _loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self.mailbox.fileno(), zmq.POLLIN)
         zygote_fd = -1
         while not self.stopping:
             fd = self.spawner.fileno()
@@ -677,8 +671,8 @@ class Supervisor:
             self._run_due(now)
             self._check_ready()
             events = dict(poller.poll(self._poll_ms(now)))
-            if self._wake_r in events:
-                self._drain_wake()
+            if self.mailbox.fileno() in events:
+                self.mailbox.drain()
             if self.router in events:
                 self._drain_router()
             if zygote_fd >= 0 and zygote_fd in events:
@@ -711,20 +705,6 @@ class Supervisor:
         if self._next_rediscovery:
             deadlines.append(self._next_rediscovery)
         return max(1, int((min(deadlines) - now) * 1000) + 1)
-
-    def _drain_wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_r, 4096):
-                pass
-        while True:
-            try:
-                fn = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                fn()
-            except Exception:  # one bad callback (a finding, a watch event) must not end the loop
-                log.exception("a queued main-loop call failed")
 
     # ------------------------------------------------------------------ control socket
     def _drain_router(self) -> None:

@@ -23,6 +23,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from common.procutil import pid_alive
+
 log = logging.getLogger("gpuvisor.zygote")
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -55,7 +57,7 @@ class ZygoteProc:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
-                self.returncode = -signal.SIGKILL if not _exists(self.pid) else None
+                self.returncode = -signal.SIGKILL if not pid_alive(self.pid) else None
             else:
                 if pid == self.pid:
                     self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -65,16 +67,6 @@ class ZygoteProc:
         if self.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Zygote:

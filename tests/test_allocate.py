@@ -9,16 +9,9 @@ from typing import Any
 
 import pytest
 
+from common.devnodes import host_path, read_mig_minors
 from common.model import AllocatableDevice, AllocateSettings, ResourcePlan
-from worker.allocate import (
-    AllocationError,
-    Allocator,
-    ContainerResponse,
-    DeviceSpec,
-    Mount,
-    host_path,
-    read_mig_minors,
-)
+from worker.allocate import AllocationError, Allocator, ContainerResponse, DeviceSpec, Mount
 
 FIXED_UUID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 ANNOTATION = f"cdi.k8s.io/nvidia-device-plugin_{FIXED_UUID}"

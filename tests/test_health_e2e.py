@@ -235,8 +235,7 @@ def test_worker_drops_a_malformed_message_and_keeps_applying(tmp_path: Path) -> 
     finally:
         tx.close(0)
         rx.close(0)
-        os.close(worker._wake_r)
-        os.close(worker._wake_w)
+        worker.mailbox.close()
 
 
 def test_sim_cli_refuses_when_no_supervisor_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

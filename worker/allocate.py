@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
 from common.model import AllocatableDevice, ResourcePlan
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -52,7 +53,6 @@ IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 MIG_CAPS_DIR = "/dev/nvidia-caps"
 CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
 # Control nodes NVIDIA passes only when they exist, in this order, before the GPU nodes.
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 
 
@@ -85,26 +85,6 @@ class ContainerResponse:
     cdi_devices: tuple[str, ...] = ()
 
 
-def host_path(root: str, container_path: str) -> str:
-    """Join a root onto an absolute container path the way Go's filepath.Join does ("/" adds nothing)."""
-    joined = posixpath.normpath(f"{root or '/'}/{container_path}")
-    # normpath keeps a leading "//" (POSIX allows it to mean something else); Go's Clean does not.
-    return "/" + joined.lstrip("/") if joined.startswith("//") else joined
-
-
-def read_mig_minors(path: str) -> dict[str, int]:
-    """Parse the nvidia-caps minors file: lines like `gpu0/gi1/access 12`, `gpu0/gi1/ci0/access 13`.
-
-    Raises OSError when the file cannot be read; lines that are not `<name> <int>` are skipped
-    (the file also holds `config` and `monitor` lines, and a later driver may add more kinds).
-    """
-    minors: dict[str, int] = {}
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            parts = line.split()
-            if len(parts) == 2 and parts[1].isdigit():
-                minors[parts[0]] = int(parts[1])
-    return minors
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,8 @@ poller; the registrar thread and gRPC's pool talk to it only through a queue plu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
-import queue
 import signal
 import sys
 import time
@@ -50,7 +48,7 @@ from common.messages import (
     encode,
 )
 from common.model import ResourcePlan
-from common.procutil import set_parent_death_signal
+from common.procutil import Mailbox, set_parent_death_signal
 from worker.registration import SOCKET_CHECK_S, Registrar, RegState
 from worker.server import DeviceBook, Health, PluginService
 from worker.stats import Stats
@@ -99,10 +97,7 @@ class Worker:
         )
         self.pid = os.getpid()
         self.stopping = False
-        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self.mailbox = Mailbox(log)
         self.applier = HealthApplier(d.id for d in plan.devices)
         self._seq = SequenceCounter()
         self._snapshot_asked = 0.0
@@ -110,9 +105,7 @@ class Worker:
 
     # -------------------------------------------------------------- cross-thread plumbing
     def post(self, fn: Callable[[], None]) -> None:
-        self._inbox.put(fn)
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"x")
+        self.mailbox.post(fn)
 
     def _on_reg_state(self, state: RegState, detail: str) -> None:
         self.stats.count(f"registrations_{state.value}")
@@ -137,7 +130,7 @@ class Worker:
         # Under a supervisor, Ctrl-C in a terminal reaches the whole process group: the
         # supervisor decides when its workers stop.
         signal.signal(signal.SIGINT, signal.SIG_IGN if self.args.supervisor_pid else self._on_signal)
-        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        signal.set_wakeup_fd(self.mailbox.wakeup_fd, warn_on_full_buffer=False)
         if not self.args.control:
             self.registrar.start()
             return self._loop_standalone()
@@ -157,7 +150,7 @@ class Worker:
         poller = zmq.Poller()
         poller.register(self.sub, zmq.POLLIN)
         poller.register(self.dealer, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(self.mailbox.fileno(), zmq.POLLIN)
         started = False
         try:
             while not self.stopping and self.registrar.failed is None:
@@ -172,8 +165,8 @@ class Worker:
                     self._ask_snapshot()
                 timeout_ms = max(0, int((self._next_heartbeat - time.monotonic()) * 1000)) + 1
                 events = dict(poller.poll(timeout_ms))
-                if self._wake_r in events:
-                    self._drain_wake()
+                if self.mailbox.fileno() in events:
+                    self.mailbox.drain()
                 if self.sub in events:
                     self._drain(self.sub)
                 if self.dealer in events:
@@ -194,24 +187,11 @@ class Worker:
             while not self.stopping and self.registrar.failed is None:
                 if not parent_ok(self.args):
                     break
-                select.select([self._wake_r], [], [], HEARTBEAT_S)
-                self._drain_wake()
+                select.select([self.mailbox.fileno()], [], [], HEARTBEAT_S)
+                self.mailbox.drain()
         finally:
             self.registrar.stop()
         return EXIT_BUG if self.registrar.failed is not None else 0
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-        while True:
-            try:
-                fn = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            fn()
 
     def _drain(self, sock: object) -> None:
         import zmq
