@@ -100,7 +100,7 @@ log = logging.getLogger("gpuvisor.supervisor")
 
 EXIT_NVML_ERROR = 3
 EXIT_IN_USE = 1  # the run dir belongs to a running supervisor, or cannot be made
-TICK_S = 0.5
+TICK_S = 1.0  # the idle loop's period; deadlines (backoff, beacons, rediscovery) wake it sooner
 BEACON_S = 2.0
 CONFIG_DEBOUNCE_S = 0.3  # a ConfigMap update is a burst of create/rename/delete events
 NVML_RETRY_START_S = 1.0
@@ -184,6 +184,7 @@ class WorkerSpawner:
             "--supervisor-pid", str(os.getpid()),
             "--log-format", self.config.log_format,
             "--log-level", self.config.log_level,
+            "--heartbeat-interval", f"{heartbeat_interval(self.config.heartbeat_timeout):g}",
         ]  # fmt: skip
 
     def __call__(self, handle: WorkerHandle) -> Proc:
@@ -198,6 +199,11 @@ class WorkerSpawner:
     def stop(self) -> None:
         if self.zygote is not None:
             self.zygote.stop()
+
+
+def heartbeat_interval(timeout: float) -> float:
+    """How often a worker beats: 4 beats per heartbeat timeout, at most every 2.5 s (idle CPU)."""
+    return max(0.05, min(2.5, timeout / 4))
 
 
 def open_nvml(config: Config, environ: dict[str, str] | None = None) -> tuple[Any, Any]:
@@ -699,7 +705,7 @@ class Supervisor:
             self._sync_cdi()
 
     def _poll_ms(self, now: float) -> int:
-        deadlines = [now + TICK_S, self._next_beacon]
+        deadlines = [now + TICK_S, self._next_beacon, *self.workers.deadlines()]
         if self._config_check_at:
             deadlines.append(self._config_check_at)
         if self._next_rediscovery:
@@ -735,8 +741,9 @@ class Supervisor:
             beat = self.workers.heartbeat(message.resource, message.pid, message.registered, message.socket_path, now)
             if beat is not None:
                 self.routes[message.resource] = route[0]
-                beat.stats = dict(message.stats)
-                self.metrics.worker_stats(message.resource, message.stats, pid=message.pid)
+                if message.stats:  # empty: unchanged since the worker's last report
+                    beat.stats = dict(message.stats)
+                    self.metrics.worker_stats(message.resource, message.stats, pid=message.pid)
         elif isinstance(message, SnapshotRequest):
             if self.book is not None:
                 self._send(route, SnapshotReply(self._snapshot(message.resource)))

@@ -226,6 +226,12 @@ class WorkerSet:
             handle.change_state(WState.RUNNING, "registered with the kubelet")
         return handle
 
+    def deadlines(self) -> list[float]:
+        """When a tick has something to do without any event: a backoff ends, a worker is killed."""
+        out = [h.backoff_until for h in self.workers.values() if h.state is WState.BACKOFF and h.wanted]
+        out += [h.stop_deadline for h in self.workers.values() if h.state is WState.STOPPING and h.proc is not None]
+        return out
+
     # ------------------------------------------------------------------ reconcile
     def tick(self, now: float) -> None:
         for handle in list(self.workers.values()):

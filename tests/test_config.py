@@ -82,7 +82,8 @@ def test_defaults() -> None:
     assert (config.log_format, config.log_level) == ("text", "info")
     assert config.cdi_spec_dir == "/var/run/cdi"
     assert config.mig_minors_path == "/proc/driver/nvidia-caps/mig-minors"
-    assert (config.rediscovery_interval, config.heartbeat_timeout, config.start_retries) == (60.0, 5.0, 5)
+    assert (config.rediscovery_interval, config.heartbeat_timeout, config.start_retries) == (60.0, 10.0, 5)
+    assert (config.start_seconds, config.zygote) == (10.0, True)
     assert config.sharing.strategy == "none" and config.sharing.resources == ()
     assert config.unknown_keys == ()
     assert dict(config.sources)["mig_strategy"] == "default"

@@ -57,6 +57,7 @@ log = logging.getLogger("gpuvisor.worker")
 
 EXIT_CONFIG_ERROR = 78
 HEARTBEAT_S = 1.0
+STATS_REFRESH_S = 60.0  # unchanged figures are still re-sent this often (a restarted supervisor)
 SNAPSHOT_RETRY_S = 1.0
 # Alone, no supervisor tells the worker that kubelet.sock was re-created or that its socket went:
 # it looks for itself this often (two stat calls), so it recovers within a fraction of a second.
@@ -77,6 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--log-format", default="text", choices=("text", "json"))
     p.add_argument("--log-level", default="info")
+    p.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_S, help="seconds between heartbeats")
     return p.parse_args(argv)
 
 
@@ -102,6 +104,8 @@ class Worker:
         self._seq = SequenceCounter()
         self._snapshot_asked = 0.0
         self._next_heartbeat = 0.0
+        self._last_stats: dict[str, float] = {}
+        self._stats_refresh_at = 0.0
 
     # -------------------------------------------------------------- cross-thread plumbing
     def post(self, fn: Callable[[], None]) -> None:
@@ -160,7 +164,7 @@ class Worker:
                     break
                 if now >= self._next_heartbeat:
                     self._heartbeat()
-                    self._next_heartbeat = now + HEARTBEAT_S
+                    self._next_heartbeat = now + self.args.heartbeat_interval
                 if self.applier.needs_snapshot and now - self._snapshot_asked >= SNAPSHOT_RETRY_S:
                     self._ask_snapshot()
                 timeout_ms = max(0, int((self._next_heartbeat - time.monotonic()) * 1000)) + 1
@@ -271,6 +275,14 @@ class Worker:
 
     def _heartbeat(self) -> None:
         server = self.registrar.server
+        # The figures travel only when they changed (they are cumulative: the supervisor keeps
+        # the last ones it got); an idle worker's heartbeat stays a few dozen bytes.
+        stats = self.stats.snapshot(streams=self.service.streams)
+        if stats == self._last_stats and time.monotonic() < self._stats_refresh_at:
+            stats = {}
+        else:
+            self._last_stats = stats
+            self._stats_refresh_at = time.monotonic() + STATS_REFRESH_S
         self._send(
             Heartbeat(
                 resource=self.plan.resource,
@@ -278,7 +290,7 @@ class Worker:
                 state=self.registrar.state.value,
                 registered=self.registrar.state is RegState.REGISTERED,
                 socket_path=server.path if server else "",
-                stats=self.stats.snapshot(streams=self.service.streams),
+                stats=stats,
             )
         )
 

@@ -98,7 +98,9 @@ def serve(fd: int, supervisor_pid: int) -> int:
         if os.getppid() != supervisor_pid:
             break
         try:
-            ready, _, _ = select.select([sock.fileno(), wake_r], [], [], 1.0)
+            # The parent check is a backstop (the parent-death signal comes first): no need to
+            # wake often for it.
+            ready, _, _ = select.select([sock.fileno(), wake_r], [], [], 5.0)
         except InterruptedError:
             continue
         if wake_r in ready:
