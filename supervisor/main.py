@@ -72,6 +72,7 @@ from common.messages import (
     Reply,
     Reregister,
     SequenceCounter,
+    Shutdown,
     SnapshotReply,
     SnapshotRequest,
     StatusReport,
@@ -358,8 +359,16 @@ class Supervisor:
             self.stopping = True
 
     def _make_mps(self, config: Config) -> MpsDaemons:
+        # Each MpsDaemons instance reports under its own generation: a report that a replaced
+        # instance posted before it stopped must not clear the condition its successor holds.
+        self._mps_generation = getattr(self, "_mps_generation", 0) + 1
+        generation = self._mps_generation
+
+        def report(resource: str, up: bool, reason: str) -> None:
+            self._on_mps_change(resource, up, reason, generation)
+
         return MpsDaemons(
-            self._on_mps_change,
+            report,
             binary=config.mps_control_binary,
             driver_root=config.driver_root,
             environ=self.environ,
@@ -453,6 +462,13 @@ class Supervisor:
         return removed
 
     def _open_sockets(self) -> None:
+        longest = os.path.join(self.run_dir, "control.sock")
+        if len(longest.encode()) > 107:
+            raise StartupError(
+                f"config error: --run-dir {self.run_dir} is too long: {longest} must fit a unix socket path "
+                f"(at most 107 bytes, it has {len(longest.encode())})",
+                EXIT_CONFIG_ERROR,
+            )
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
@@ -466,8 +482,17 @@ class Supervisor:
             os.chmod(os.path.join(self.run_dir, name), 0o600)
 
     def _start_watches(self) -> None:
-        self.watch = KubeletWatch(self.plugin_dir, self._kubelet_created, self._file_deleted)
-        self.watch.start()
+        try:
+            self.watch = KubeletWatch(self.plugin_dir, self._kubelet_created, self._file_deleted)
+            self.watch.start()
+        except OSError as exc:  # e.g. the node's inotify instance limit (fs.inotify.max_user_instances)
+            self.watch = None
+            log.warning(
+                "cannot watch %s (%s): workers still notice a kubelet restart themselves, within their "
+                "2 s socket check instead of at once",
+                self.plugin_dir,
+                exc,
+            )
         if self.config.config_file:
             try:
                 self.config_watch = ConfigWatch(self.config.config_file, self._config_event)
@@ -556,12 +581,16 @@ class Supervisor:
         assert self.book is not None
         self._publish(self.book.mark_external({d.gpu_uuid for d in plan.devices}, f"mps:{resource}", reason, time.time()))
 
-    def _on_mps_change(self, resource: str, up: bool, reason: str) -> None:
+    def _on_mps_change(self, resource: str, up: bool, reason: str, generation: int = 0) -> None:
         """From the MPS thread: a daemon came up or went down; the book changes on the main loop."""
 
         def apply() -> None:
             if self.book is None:
                 return
+            if generation and generation != self._mps_generation:
+                return  # from an MpsDaemons that a reload replaced
+            if up and not self.mps.is_up(resource):
+                return  # stale: the daemon went down again since
             if up:
                 self._publish(self.book.clear_external(f"mps:{resource}", time.time()))
             else:
@@ -725,7 +754,10 @@ class Supervisor:
             except MessageError as exc:
                 log.warning("dropped a malformed control message: %s", exc)
                 continue
-            self._handle(route, envelope.message)
+            try:
+                self._handle(route, envelope.message)
+            except Exception:  # one message must never end the loop (and with it every resource)
+                log.exception("handling a %s control message failed; dropped", envelope.kind)
 
     def _send(self, route: list[bytes], message: Any) -> None:
         self.router.send_multipart([*route, *encode(message, seq=self.out_seq.next())])
@@ -739,13 +771,19 @@ class Supervisor:
                 self._catch_up_plan(message.resource)
         elif isinstance(message, Heartbeat):
             beat = self.workers.heartbeat(message.resource, message.pid, message.registered, message.socket_path, now)
+            if beat is None and not any(h.pid == message.pid for h in self.workers.workers.values()):
+                # A worker nobody here started (a late duplicate, or one of an earlier supervisor
+                # life that reconnected to this socket): it must not serve beside ours.
+                log.warning("heartbeat from an unknown worker (pid %d, %s): telling it to stop", message.pid, message.resource)
+                self._send(route, Shutdown())
             if beat is not None:
                 self.routes[message.resource] = route[0]
                 if message.stats:  # empty: unchanged since the worker's last report
                     beat.stats = dict(message.stats)
                     self.metrics.worker_stats(message.resource, message.stats, pid=message.pid)
         elif isinstance(message, SnapshotRequest):
-            if self.book is not None:
+            # A resource a reload just removed has no snapshot: its worker is being stopped.
+            if self.book is not None and message.resource in self.plans:
                 self._send(route, SnapshotReply(self._snapshot(message.resource)))
         elif isinstance(message, StatusReport):
             log.debug("worker %s: %s (%s)", message.resource, message.event, message.detail)
@@ -1056,9 +1094,25 @@ class Supervisor:
         interval = self.config.rediscovery_interval
         self._next_rediscovery = now + interval if interval > 0 and self.nvml_up else 0.0
 
-    def apply_plans(self, plans: dict[str, ResourcePlan], trigger: str) -> None:
-        """The diff: unchanged plans untouched, changed ones updated in place, others start/stop."""
+    def apply_plans(self, plans: dict[str, ResourcePlan], trigger: str) -> bool:
+        """The diff: unchanged plans untouched, changed ones updated in place, others start/stop.
+
+        The plan files are written first: if that fails (a full disk, a run dir gone), nothing
+        changes and the running plans stay.
+        """
         old = self.plans
+        changed = [r for r, p in plans.items() if r not in old or p.to_json() != self.plan_json.get(r)]
+        before = dict(self.plan_json)
+        try:
+            paths = {r: self.write_plan(plans[r]) for r in changed}
+        except OSError as exc:
+            log.error("%s refused, keeping the running plans: cannot write %s: %s", trigger, self.plans_dir, exc)
+            for resource in changed:  # put back what was written, best effort
+                if resource in old and before.get(resource) != self.plan_json.get(resource):
+                    with contextlib.suppress(OSError):
+                        self.write_plan(old[resource])
+            self.plan_json = before
+            return False
         self.plans = plans
         if self.book is not None:
             self._publish(self.book.set_plans(plans, time.time()))
@@ -1072,15 +1126,16 @@ class Supervisor:
             self.workers.unwant(resource, now)
             self._registered_life.pop(resource, None)
             self._kubelet_restarted.discard(resource)
-        for resource, plan in plans.items():
-            text = plan.to_json()
+        for resource in changed:
+            plan = plans[resource]
             if resource not in old:
                 log.info("%s: resource %s added (%d devices)", trigger, resource, len(plan.devices))
-                self.workers.want(resource, self.write_plan(plan), plan_changed=True)
-            elif text != self.plan_json.get(resource):
+                self.workers.want(resource, paths[resource], plan_changed=True)
+            else:
                 log.info("%s: resource %s updated in place (%d devices)", trigger, resource, len(plan.devices))
-                self.workers.want(resource, self.write_plan(plan), plan_changed=True)
+                self.workers.want(resource, paths[resource], plan_changed=True)
                 self._catch_up_plan(resource)
+        return True
 
     def _catch_up_plan(self, resource: str) -> None:
         """Send the current plan to the resource's worker if it has an older one."""

@@ -319,6 +319,7 @@ class WorkerSet:
         handle.last_heartbeat = 0.0
         handle.heartbeats = 0
         handle.registered = False
+        handle.stats = {}  # the figures of the previous process are not this one's
         handle.socket_path = ""
         handle.kill_cause = ""
         try:

@@ -81,6 +81,7 @@ class Zygote:
         self._buffer = b""
         self._next_id = 0
         self._replies: dict[int, dict[str, object]] = {}
+        self._abandoned: set[int] = set()  # spawn requests we gave up on (fell back to exec)
 
     def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -132,7 +133,17 @@ class Zygote:
                 self.exits[pid] = int(message["status"])
                 self._children.discard(pid)
             elif isinstance(message.get("id"), int):
-                self._replies[int(message["id"])] = message
+                rid = int(message["id"])
+                if rid in self._abandoned:
+                    # Too late: the worker was started by exec meanwhile. A second worker for the
+                    # same resource must not serve beside it.
+                    self._abandoned.discard(rid)
+                    if message.get("op") == "spawned":
+                        with contextlib.suppress(ProcessLookupError, ValueError, TypeError):
+                            os.kill(int(message["pid"]), signal.SIGKILL)
+                        log.warning("killed a worker the zygote forked too late (pid %s)", message.get("pid"))
+                else:
+                    self._replies[rid] = message
 
     def _lost(self) -> None:
         if self.sock is not None:
@@ -149,6 +160,7 @@ class Zygote:
     def spawn(self, argv: list[str]) -> int:
         """Fork a worker running `python -m worker <argv>`; returns its PID. Raises OSError."""
         if not self.alive() or self.sock is None:
+            self.pump()  # read the exit reports it sent before it died
             self._lost()
             self.start()
         assert self.sock is not None
@@ -159,6 +171,7 @@ class Zygote:
         while rid not in self._replies:
             left = deadline - time.monotonic()
             if left <= 0 or self.sock is None:
+                self._abandoned.add(rid)
                 raise OSError("the worker zygote did not answer")
             select.select([self.sock], [], [], left)
             self.pump()

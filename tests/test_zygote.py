@@ -65,3 +65,32 @@ def test_killed_zygote_is_replaced_on_the_next_spawn() -> None:
             assert proc.returncode == -signal.SIGKILL
         finally:
             zygote.stop()
+
+
+def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
+    """A worker the zygote forks after the supervisor gave up on it (and started one by exec) is killed, never left serving."""
+    with short_tmpdir() as d, KubeletStandin(d) as kubelet:
+        zygote = Zygote()
+        zygote.start()
+        try:
+            assert zygote.proc is not None
+            # Let it finish its imports first, then freeze it so the request waits.
+            warm = zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+            ZygoteProc(warm, zygote).send_signal(signal.SIGKILL)
+            os.kill(zygote.proc.pid, signal.SIGSTOP)
+            try:
+                zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+                raise AssertionError("spawn should have timed out")
+            except OSError:
+                pass
+            os.kill(zygote.proc.pid, signal.SIGCONT)
+            import psutil
+
+            def late_child_gone() -> bool:
+                zygote.pump()
+                kids = [p for p in psutil.Process(zygote.proc.pid).children() if p.status() != psutil.STATUS_ZOMBIE]  # type: ignore[union-attr]
+                return not kids and not zygote._abandoned
+
+            assert wait_until(late_child_gone, 15)
+        finally:
+            zygote.stop()
