@@ -75,8 +75,9 @@ class Endpoint:
     client: DevicePluginClient
     registered_at: float
     generation: int
-    stream: Any = None  # the ListAndWatch call, cancellable
+    stream: Any = None  # the ListAndWatch call, cancellable; set under the stand-in's lock
     connected: bool = True
+    closed: bool = False  # _close_endpoint ran: no ListAndWatch may start on it any more
     updates: int = 0
 
 
@@ -252,15 +253,27 @@ class KubeletStandin:
         return True
 
     def _watch(self, endpoint: Endpoint) -> None:
-        stream = endpoint.client.ListAndWatch(pb.Empty())
-        endpoint.stream = stream
+        # Whatever happens, the endpoint ends in _disconnect: it marks the resource's devices
+        # and runs the legacy-keying check, which a thread dying on an exception would skip.
         reason = "stream ended"
         try:
+            with self._cond:
+                # Decided under the lock that _close_endpoint takes: either it sees our stream
+                # and cancels it, or we see `closed` and never call on its closed channel.
+                if endpoint.closed:
+                    reason = "endpoint closed before ListAndWatch started"
+                    return
+                stream = endpoint.client.ListAndWatch(pb.Empty())  # returns at once; the call runs later
+                endpoint.stream = stream
             for response in stream:
                 self._apply(endpoint, response)
         except grpc.RpcError as exc:
             reason = _rpc_text(exc)
-        self._disconnect(endpoint, reason)
+        except Exception as exc:  # a closed channel (ValueError), a listener's bug: still disconnect
+            reason = f"ListAndWatch failed: {exc!r}"
+            log.warning("%s: %s", endpoint.resource, reason)
+        finally:
+            self._disconnect(endpoint, reason)
 
     def _apply(self, endpoint: Endpoint, response: pb.ListAndWatchResponse) -> None:
         devices = [
@@ -292,11 +305,16 @@ class KubeletStandin:
         log.info("%s: ListAndWatch ended (%s)", endpoint.resource, reason)
 
     def _close_endpoint(self, endpoint: Endpoint) -> None:
-        stream = endpoint.stream
+        with self._cond:
+            endpoint.closed = True
+            stream = endpoint.stream
+            if stream is None:
+                endpoint.connected = False
         if stream is not None:
-            stream.cancel()
+            stream.cancel()  # its _watch sees the stream end and disconnects
         else:
-            endpoint.connected = False
+            # No stream yet, and none will start (`closed`): its _watch goes straight to
+            # _disconnect. Closing the channel here covers an endpoint whose _watch never runs.
             endpoint.channel.close()
 
     # ----------------------------------------------------------------------------- queries

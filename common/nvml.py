@@ -404,7 +404,11 @@ class Nvml:
         """An event set with XID and single/double-bit ECC events on every GPU that supports them.
 
         A GPU that supports none of them, or only some, is registered for what it supports; one
-        that is lost is skipped. Both are listed in `EventWatch.skipped` / `.registered`.
+        that is lost, or that fails any other per-GPU call, is skipped with the reason, so one bad
+        GPU never costs the others their events. Both are listed in `EventWatch.skipped` /
+        `.registered`. What fails the whole set raises NvmlCallError: the set itself or the device
+        count, or every GPU failing with an error other than "GPU lost" (then NVML is broken
+        rather than one GPU, and the caller's wait-failure handling applies).
         """
         m = self.module
         wanted = int(m.nvmlEventTypeXidCriticalError | m.nvmlEventTypeSingleBitEccError | m.nvmlEventTypeDoubleBitEccError)
@@ -412,23 +416,35 @@ class Nvml:
         uuids: dict[Any, str] = {}
         registered: dict[str, int] = {}
         skipped: dict[str, str] = {}
-        for i in range(int(self._call("nvmlDeviceGetCount"))):
-            try:
-                h = self._call("nvmlDeviceGetHandleByIndex", i)
-                uuid = _text(self._call("nvmlDeviceGetUUID", h))
-            except NvmlCallError as exc:
-                if not exc.gpu_lost:
-                    raise
-                skipped[f"index {i}"] = "GPU is lost"
-                continue
-            supported = self._try("nvmlDeviceGetSupportedEventTypes", h)
-            mask = wanted & (int(supported) if supported is not None else wanted)
-            done = self._register(h, uuid, mask, event_set)
-            if done:
-                registered[uuid] = done
-                uuids[_handle_key(h)] = uuid
-            else:
-                skipped[uuid] = "no XID/ECC event type supported"
+        errors: list[NvmlCallError] = []
+        try:
+            count = int(self._call("nvmlDeviceGetCount"))
+            for i in range(count):
+                uuid = ""
+                try:
+                    h = self._call("nvmlDeviceGetHandleByIndex", i)
+                    uuid = _text(self._call("nvmlDeviceGetUUID", h))
+                    supported = self._try("nvmlDeviceGetSupportedEventTypes", h)
+                    mask = wanted & (int(supported) if supported is not None else wanted)
+                    done = self._register(h, uuid, mask, event_set)
+                except NvmlCallError as exc:
+                    key = uuid or f"index {i}"
+                    if exc.gpu_lost:
+                        skipped[key] = "GPU is lost"
+                    else:
+                        skipped[key] = f"cannot register its events: {exc}"
+                        errors.append(exc)
+                    continue
+                if done:
+                    registered[uuid] = done
+                    uuids[_handle_key(h)] = uuid
+                else:
+                    skipped[uuid] = "no XID/ECC event type supported"
+            if errors and not registered:
+                raise errors[0]
+        except NvmlCallError:
+            EventWatch(self, event_set, {}, {}, {}).close()
+            raise
         return EventWatch(self, event_set, uuids, registered, skipped)
 
     def _register(self, h: Any, uuid: str, mask: int, event_set: Any) -> int:

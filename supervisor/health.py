@@ -16,7 +16,10 @@ changed). So the book has one writer and needs no lock.
 - Probes: every `probe_interval` a few cheap NVML queries per GPU catch what sends no event
   (a GPU that fell off the bus, retired pages or remapped rows pending a reset: NVIDIA #267),
   give the passing probe that transient recovery needs, and notice a lost GPU that is back
-  (then the event set is rebuilt, so the GPU's events are registered again).
+  (then the event set is rebuilt, so the GPU's events are registered again). A rediscovery that
+  changes the set of GPUs (`set_node`) rebuilds the event set too.
+- A GPU whose event registration fails is left out of the set (logged with the reason), not
+  the whole set: only when every GPU fails does it count as a failed wait.
 
 The probe period is the `--probe-interval` setting (GPUVISOR_PROBE_INTERVAL, seconds, default
 10), passed in by the supervisor as `probe_interval` and changeable live (the thread reads the
@@ -101,7 +104,10 @@ class HealthMonitor:
         self._watch: EventWatch | None = None
         self._lost: set[str] = set()
         self._failure: str | None = None  # the reason every device is unhealthy, while waits fail
-        self._rebuild = False  # a lost GPU is back: register its events again
+        self._rebuild = False  # a lost GPU is back: register its events again (set by the thread)
+        # set_node saw a different set of GPUs: the thread rebuilds the watch between two waits,
+        # so a GPU first seen at rediscovery gets its events. An Event: set from another thread.
+        self._node_changed = threading.Event()
         self.backoff_start_s = BACKOFF_START_S
         self.backoff_max_s = BACKOFF_MAX_S
         # Figures for metrics and tests.
@@ -129,7 +135,16 @@ class HealthMonitor:
         return self._thread.native_id
 
     def set_node(self, node: Node) -> None:
-        self.node = node  # read by the thread at the next probe: a plain reference swap
+        """The node as rediscovered (call from one thread, the supervisor's main loop).
+
+        The probes read it at their next round (a plain reference swap). The event set was built
+        from the GPUs NVML listed when it was opened, so a change in the set of GPU UUIDs asks
+        the thread to rebuild it; it does so after the wait in progress (at most 5 s).
+        """
+        changed = {g.uuid for g in node.gpus} != {g.uuid for g in self.node.gpus}
+        self.node = node
+        if changed:
+            self._node_changed.set()
 
     def initial_probe(self, book: HealthBook) -> list[ChangeBatch]:
         """Probe every GPU once, synchronously, before any worker starts (NVIDIA #111)."""
@@ -161,8 +176,10 @@ class HealthMonitor:
             if now >= next_probe:
                 self._probe_round()
                 next_probe = time.monotonic() + self.probe_interval
-            if self._rebuild:
+            if self._rebuild or self._node_changed.is_set():
+                # Cleared before the rebuild: a change that lands meanwhile asks for another one.
                 self._rebuild = False
+                self._node_changed.clear()
                 self._close_watch()
                 retry_at = 0.0
             try:

@@ -18,6 +18,9 @@ NVIDIA's plugin uses); two failed queries in a row count as a hung daemon, which
 or hung daemon is restarted with exponential backoff, and since `quit`/a crash loses the defaults
 (the MPS docs say so), every start sends them again. A daemon found alive at start (gpuvisor
 restarted, the daemon did not) is adopted, not restarted, so its running clients keep their server.
+A daemon that `-d` forked away is re-parented to the supervisor (a child subreaper, or PID 1 in a
+container), so its zombie is reaped here once /proc/<pid>/comm shows it is a control daemon: a
+stale pid file naming a worker's PID never takes that worker's exit status.
 
 Limits: `set_default_device_pinned_mem_limit <index> <MiB>M` per GPU from that GPU's own replica
 count (gpuvisor allows replica counts to differ per GPU), and one daemon-wide
@@ -64,6 +67,7 @@ LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 # Where a driver root (a driver container's /run/nvidia/driver) keeps its binaries.
 DRIVER_BIN_DIRS = ("usr/bin", "usr/local/bin", "bin", "usr/sbin")
 PROBE_FAILURES_TO_RESTART = 2
+COMM_LEN = 15  # TASK_COMM_LEN - 1: how much of an executable's name /proc/<pid>/comm keeps
 
 
 class MpsError(Exception):
@@ -181,8 +185,13 @@ def _read_pid(path: str) -> int | None:
     return int(text) if text.isdigit() and int(text) > 0 else None
 
 
-def _alive(pid: int) -> bool:
-    """Is `pid` a live process? A zombie counts as dead."""
+def daemon_comm(binary: str) -> str:
+    """The name the kernel gives a process run from `binary` (/proc/<pid>/comm): its first 15 bytes."""
+    return os.path.basename(binary)[:COMM_LEN]
+
+
+def _alive(pid: int, daemon_comms: frozenset[str] = frozenset({daemon_comm(MPS_CONTROL_BINARY)})) -> bool:
+    """Is `pid` a live process? A zombie counts as dead (and is reaped when it is our daemon)."""
     if not pid_alive(pid):
         return False
     try:
@@ -192,13 +201,30 @@ def _alive(pid: int) -> bool:
         return True  # no /proc (or a race): kill(0) said it exists
     if not fields or fields[0] not in ("Z", "X"):
         return True
-    # When gpuvisor is PID 1 of its container, a daemon that `-d` forked away is re-parented to
-    # us, and its zombie is ours to reap. Only then: reaping by PID anywhere else could take the
-    # exit status of a worker whose PID a stale pid file happened to name.
-    if os.getpid() == 1 and len(fields) > 1 and fields[1] == "1":
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
+    if len(fields) > 1 and fields[1] == str(os.getpid()):
+        _reap_daemon(pid, daemon_comms)
     return False
+
+
+def _reap_daemon(pid: int, daemon_comms: frozenset[str]) -> None:
+    """Reap our zombie child `pid` if it is an MPS control daemon.
+
+    A daemon that `-d` forked away is re-parented to the nearest child subreaper, which the
+    supervisor makes itself (or to PID 1, which gpuvisor may be in its container): either way its
+    zombie is ours to reap, and nobody else will. The name check comes first because the PID
+    comes from a pid file that may be stale: a worker (also our child) that reused the PID must
+    keep its exit status for the code that waits for it. A zombie cannot change identity before
+    it is reaped, and only we reap our children, so the check still holds at the waitpid.
+    """
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as handle:
+            comm = handle.read().rstrip("\n")
+    except OSError:
+        return
+    if comm not in daemon_comms:
+        return
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
 
 
 @dataclass
@@ -423,7 +449,7 @@ class MpsDaemons:
             return
         pid_path = os.path.join(s.pipe_dir, PID_FILE)
         existing = _read_pid(pid_path)
-        if existing is not None and _alive(existing):
+        if existing is not None and self._alive(existing):
             if existing == d.killed_pid:
                 # We killed it for not answering and it is still there: make sure it goes.
                 with contextlib.suppress(OSError):
@@ -481,7 +507,7 @@ class MpsDaemons:
     def _check_starting(self, d: _Daemon, now: float, pending: _Pending) -> None:
         s = d.settings
         pid = _read_pid(os.path.join(s.pipe_dir, PID_FILE))
-        if pid is None or not _alive(pid):
+        if pid is None or not self._alive(pid):
             if now >= d.deadline:
                 self._fail(
                     d, now,
@@ -509,7 +535,7 @@ class MpsDaemons:
     def _check_up(self, d: _Daemon, now: float, pending: _Pending) -> None:
         pid = d.pid
         assert pid is not None
-        if not _alive(pid):
+        if not self._alive(pid):
             self._fail(d, now, f"MPS control daemon (pid {pid}) exited", pending)
             return
         if d.applied != d.settings:
@@ -543,7 +569,7 @@ class MpsDaemons:
         self, d: _Daemon, now: float, reason: str, pending: _Pending, *, kill: bool = False, count: bool = True
     ) -> None:
         s = d.settings
-        if kill and d.pid is not None and _alive(d.pid):
+        if kill and d.pid is not None and self._alive(d.pid):
             with contextlib.suppress(OSError):
                 os.kill(d.pid, signal.SIGTERM)
             d.killed_pid = d.pid
@@ -639,16 +665,16 @@ class MpsDaemons:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(started_file(s.mps_root, s.resource))
         pid = _read_pid(os.path.join(s.pipe_dir, PID_FILE)) if d.pid is None else d.pid
-        if pid is not None and _alive(pid):
+        if pid is not None and self._alive(pid):
             ok, answer = self._control(s, "quit")
             if not ok:
                 log.warning("MPS daemon for %s did not take quit (%s): terminating pid %d", s.resource, answer, pid)
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + self._quit_timeout
-            while _alive(pid) and time.monotonic() < deadline:
+            while self._alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            if _alive(pid):
+            if self._alive(pid):
                 log.warning("MPS daemon for %s (pid %d) still running after quit: killing it", s.resource, pid)
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
@@ -661,6 +687,11 @@ class MpsDaemons:
         d.pid = None
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _alive(self, pid: int) -> bool:
+        """`_alive` knowing the names our daemons run under: the default, and the binary in use."""
+        names = {daemon_comm(MPS_CONTROL_BINARY), daemon_comm(self._binary or self._binary_name)}
+        return _alive(pid, frozenset(names))
 
     def _env(self, s: DaemonSettings) -> dict[str, str]:
         env = dict(self._environ)

@@ -8,6 +8,7 @@ Healthy again, so the order of the tests does not matter.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -235,6 +236,62 @@ def test_worker_drops_a_malformed_message_and_keeps_applying(tmp_path: Path) -> 
     finally:
         tx.close(0)
         rx.close(0)
+        worker.mailbox.close()
+
+
+def test_plan_update_lists_new_devices_only_with_their_snapshot_health(tmp_path: Path) -> None:
+    """An in-place PlanUpdate keeps the old list until the requested snapshot; the first list with
+    the new IDs already shows a new ID the snapshot marks unhealthy as Unhealthy."""
+    from common.messages import PlanUpdate, SnapshotRequest, decode
+    from worker.main import Worker, parse_args
+
+    full = plan_resources(_discover("pcie-l4"), load_config({}, {}))[GPU]
+    old = dataclasses.replace(full, devices=full.devices[:2])
+    old_ids = [d.id for d in old.devices]
+    bad = full.devices[3].id
+    args = parse_args(["--resource", GPU, "--plan", "unused", "--kubelet-socket", str(tmp_path / "kubelet.sock")])
+    worker = Worker(args, old)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    tx, rx = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    supervisor, dealer = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        tx.bind("inproc://health-e2e-plan-update")
+        rx.connect("inproc://health-e2e-plan-update")
+        supervisor.bind("inproc://health-e2e-plan-update-control")
+        dealer.connect("inproc://health-e2e-plan-update-control")
+        worker.dealer = dealer
+
+        def reply(seq: int, *devices: DeviceHealth) -> None:
+            tx.send_multipart(encode(SnapshotReply(HealthSnapshot(seq=seq, resource=GPU, devices=devices, epoch="e")), seq=seq))
+
+            def applied() -> bool:
+                worker._drain(rx)
+                return worker.applier.seq == seq
+
+            assert wait_until(applied, 10)
+
+        reply(1)
+        tx.send_multipart(encode(PlanUpdate(full.to_json()), seq=2))
+
+        def asked() -> bool:
+            worker._drain(rx)
+            return supervisor.poll(0) != 0
+
+        assert wait_until(asked, 10)
+        assert isinstance(decode(supervisor.recv_multipart()).message, SnapshotRequest)
+        version, listing = worker.book.current()
+        assert [d.ID for d in listing.devices] == old_ids  # not the new IDs as Healthy by default
+        assert worker.book.plan == old
+
+        reply(3, DeviceHealth(device_id=bad, healthy=False, reason="XID 48", since=1.0))
+        new_version, listing = worker.book.current()
+        assert new_version == version + 1  # one swap: no list in between
+        expected = {d.id: (UNHEALTHY if d.id == bad else HEALTHY) for d in full.devices}
+        assert {d.ID: d.health for d in listing.devices} == expected
+        assert worker.book.plan == full and worker.plan == full
+    finally:
+        for sock in (tx, rx, supervisor, dealer):
+            sock.close(0)
         worker.mailbox.close()
 
 

@@ -6,6 +6,7 @@ HealthBook under a lock and can tick the book, as the supervisor does every half
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from common.model import Node, ResourcePlan
 from common.nvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN, Nvml
 from common.planning import plan_resources
 from common.simulator import Simulator, load_simulator
+from supervisor import health
 from supervisor.health import (
     DEFAULT_PROBE_INTERVAL_S,
     PROBE_INTERVAL_ENV,
@@ -275,6 +277,46 @@ def test_transient_xid_recovers_after_quiet_period_and_a_passing_probe() -> None
             return not r.loop.unhealthy()
 
         assert wait_until(recovered, 10)
+
+
+def test_rediscovered_gpu_gets_events_once_set_node_changes_the_gpu_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """set_node with a new set of GPU UUIDs rebuilds the event set (a GPU first seen at rediscovery
+    gets its XIDs); the same set again does not rebuild it."""
+    monkeypatch.setattr(health, "WAIT_MS", 100)  # the rebuild happens between waits: keep them short
+    with rig("pcie-l4") as r:
+        late = r.node.gpus[3].uuid
+        r.sim.lose(late)  # not there when the event set is opened
+        r.monitor.set_node(dataclasses.replace(r.node, gpus=r.node.gpus[:3]))
+        r.monitor.start()
+        assert wait_until(lambda: r.sim.call_count("nvmlDeviceRegisterEvents") == 3, 10)
+        r.sim.restore(late)
+        r.monitor.set_node(r.node)  # rediscovery finds it
+        assert wait_until(lambda: r.sim.call_count("nvmlEventSetCreate") == 2, 10)
+        assert wait_until(lambda: r.sim.call_count("nvmlDeviceRegisterEvents") == 3 + 4, 10)
+        r.sim.inject_xid(late, 48)
+        assert wait_until(lambda: r.loop.unhealthy() == r.ids_on(late), 10)
+
+        r.monitor.set_node(dataclasses.replace(r.node))  # same GPUs: nothing to rebuild
+        # Each handled event proves the thread went round its loop (past the rebuild check).
+        r.sim.inject_xid(r.node.gpus[0].uuid, 48)
+        assert wait_until(lambda: r.monitor.events == 2, 10)
+        r.sim.inject_xid(r.node.gpus[1].uuid, 48)
+        assert wait_until(lambda: r.monitor.events == 3, 10)
+        assert r.sim.call_count("nvmlEventSetCreate") == 2
+
+
+def test_one_gpu_failing_event_registration_leaves_the_others_watched() -> None:
+    """A registration error on one GPU skips that GPU: no device is marked unhealthy for it and
+    the other GPUs' XIDs still arrive."""
+    with rig("pcie-l4") as r:
+        r.sim.fail("nvmlDeviceRegisterEvents", NVML_ERROR_UNKNOWN, count=1)
+        r.monitor.start()
+        assert wait_until(lambda: r.sim.call_count("nvmlDeviceRegisterEvents") >= 4, 10)
+        gpu = r.node.gpus[2].uuid
+        r.sim.inject_xid(gpu, 48)
+        assert wait_until(lambda: r.monitor.events == 1, 10)
+        assert r.loop.unhealthy() == r.ids_on(gpu)
+        assert not r.monitor.failing and r.monitor.errors == 0
 
 
 def test_disabled_health_checks_start_no_thread() -> None:

@@ -77,3 +77,41 @@ def test_restart_deletes_sockets_but_keeps_other_files() -> None:
         from common.procutil import unix_socket_listening
 
         assert unix_socket_listening(kubelet.socket_path)
+
+
+@pytest.mark.parametrize("legacy_keying", [True, False])
+def test_endpoint_closed_before_its_watch_starts_still_disconnects(legacy_keying: bool) -> None:
+    """An endpoint closed before its ListAndWatch thread ran ends in _disconnect without raising:
+    it is disconnected and, with legacy keying, the newer endpoint is disconnected too."""
+    import os
+    import time
+
+    from common.kubelet_standin import Endpoint, Resource
+    from common.kubeletapi.rpc import DevicePluginClient
+
+    resource = "nvidia.com/gpu"
+    with short_tmpdir() as d:
+        kubelet = KubeletStandin(d, legacy_keying=legacy_keying)
+
+        def endpoint(generation: int) -> Endpoint:
+            path = os.path.join(d, f"plugin-{generation}.sock")
+            channel = grpc.insecure_channel(unix_target(path))
+            return Endpoint(
+                resource=resource,
+                socket_path=path,
+                options=pb.DevicePluginOptions(),
+                channel=channel,
+                client=DevicePluginClient(channel),
+                registered_at=time.monotonic(),
+                generation=generation,
+            )
+
+        old, new = endpoint(1), endpoint(2)
+        kubelet._resources[resource] = Resource(resource, endpoint=new)
+        try:
+            kubelet._close_endpoint(old)  # replaced by `new` before its watch thread got to run
+            kubelet._watch(old)  # that thread's body, now
+            assert not old.connected and old.stream is None
+            assert new.connected is not legacy_keying
+        finally:
+            new.channel.close()

@@ -488,3 +488,85 @@ def test_mps_plan_without_root_is_refused(tmp_path: Path, fake: Path) -> None:
     broken = dataclasses.replace(plan, allocate=dataclasses.replace(plan.allocate, mps_root=""))
     with pytest.raises(mps.MpsError, match=r"^resource nvidia.com/gpu-mps is shared with MPS but has no MPS root"):
         manager(fake, Recorder()).set_plans({RESOURCE: broken})
+
+
+# --- reaping under a subreaper ------------------------------------------------------------------
+
+SUBREAPER_SCRIPT = r"""
+import json, os, signal, subprocess, sys, time
+
+from common.model import ResourcePlan
+from supervisor import mps
+from supervisor.zygote import become_subreaper
+
+fake, plan_path, resource = sys.argv[1:4]
+
+
+def stat_of(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def until(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+assert become_subreaper()
+with open(plan_path) as handle:
+    plan = ResourcePlan.from_json(handle.read())
+daemons = mps.MpsDaemons(lambda *args: None, binary=fake, backoff_initial=60.0, probe_interval=60.0)
+daemons.set_plans({resource: plan})
+out = {}
+try:
+    assert until(lambda: daemons.tick(time.monotonic()) or daemons.is_up(resource))
+    pid = daemons.status()[resource].pid
+    out["pid"] = pid
+    out["adopted"] = stat_of(pid)[1] == str(os.getpid())
+    os.kill(pid, signal.SIGKILL)
+    until(lambda: (stat_of(pid) or ["Z"])[0] == "Z")
+    until(lambda: daemons.tick(time.monotonic()) or not daemons.is_up(resource))
+    out["reaped"] = stat_of(pid) is None
+
+    # A zombie child that is not an MPS daemon (a worker), named by a stale pid file: its exit
+    # status stays with whoever waits for it.
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+    until(lambda: (stat_of(child.pid) or ["Z"])[0] == "Z")
+    out["stranger_alive"] = mps._alive(child.pid)
+    out["stranger_status"] = child.wait()
+finally:
+    daemons.shutdown()
+print(json.dumps(out))
+"""
+
+
+def test_daemon_zombie_is_reaped_by_a_subreaper_that_is_not_pid_1(tmp_path: Path, fake: Path) -> None:
+    """A daemon re-parented to a (non-PID-1) subreaper is reaped when it dies; a worker's zombie is left alone."""
+    import subprocess
+
+    from tests.helpers import REPO
+
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(mps_plans(tmp_path / "mps", EVEN)[RESOURCE].to_json())
+    done = subprocess.run(
+        [sys.executable, "-c", SUBREAPER_SCRIPT, str(fake), str(plan_path), RESOURCE],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["adopted"], "the daemon was not re-parented to the subreaper"
+    assert out["reaped"], f"MPS daemon {out['pid']} was left a zombie of the subreaper"
+    assert out["stranger_alive"] is False
+    assert out["stranger_status"] == 7

@@ -281,6 +281,39 @@ def test_watch_falls_back_to_per_type_registration() -> None:
 
 
 @pytest.mark.parametrize(
+    ("function", "key"),
+    [
+        ("nvmlDeviceRegisterEvents", "uuid"),
+        ("nvmlDeviceGetSupportedEventTypes", "uuid"),
+        ("nvmlDeviceGetUUID", "index"),
+    ],
+)
+def test_watch_skips_a_gpu_whose_calls_fail(function: str, key: str) -> None:
+    """A per-GPU error other than GPU lost skips that GPU with the reason; the others are watched."""
+    sim, nvml = adapter("pcie-l4")
+    gpus = sim.gpu_uuids()
+    sim.fail(function, NVML_ERROR_UNKNOWN, count=1)
+    with nvml.watch_events() as watch:
+        assert set(watch.registered) == set(gpus[1:])
+        name = gpus[0] if key == "uuid" else "index 0"
+        assert list(watch.skipped) == [name]
+        assert watch.skipped[name].startswith(f"cannot register its events: {function} failed: ")
+        sim.inject_xid(gpus[2], 48)
+        event = watch.wait(1000)
+        assert event is not None and event.gpu_uuid == gpus[2]
+
+
+def test_watch_fails_whole_when_every_gpu_fails() -> None:
+    """When every GPU fails registration (NVML broken, not one GPU) the watch raises and frees its set."""
+    sim, nvml = adapter("pcie-l4")
+    sim.fail("nvmlDeviceRegisterEvents", NVML_ERROR_UNKNOWN)
+    with pytest.raises(NvmlCallError) as info:
+        nvml.watch_events()
+    assert (info.value.function, info.value.code) == ("nvmlDeviceRegisterEvents", NVML_ERROR_UNKNOWN)
+    assert sim.call_count("nvmlEventSetFree") == 1
+
+
+@pytest.mark.parametrize(
     ("inject", "kind", "data"),
     [
         ("xid", "xid", 48),

@@ -7,8 +7,9 @@ Started by the supervisor (spawn/exec, never a bare fork), it sets itself up her
 signals, the parent-death signal, its ZeroMQ link to the supervisor. Before the first
 ListAndWatch can be answered it holds the current health snapshot of its resource (the clone
 pattern, see common.messages), then it serves and registers (worker.registration) and applies
-health deltas as they come. Without --control it runs alone (all devices healthy), which the
-tests of registration use.
+health deltas as they come. A plan update in place waits for the health snapshot of its devices,
+and both go into the book as one change, so no new device is listed before its health is known.
+Without --control it runs alone (all devices healthy), which the tests of registration use.
 
 Threads: the main thread owns every ZeroMQ socket (they are not thread-safe) and loops on a
 poller; the registrar thread and gRPC's pool talk to it only through a queue plus a wake pipe.
@@ -101,6 +102,8 @@ class Worker:
         self.stopping = False
         self.mailbox = Mailbox(log)
         self.applier = HealthApplier(d.id for d in plan.devices)
+        # A plan update waiting for the health snapshot of its devices (see _update_plan).
+        self._pending_plan: ResourcePlan | None = None
         self._seq = SequenceCounter()
         self._snapshot_asked = 0.0
         self._next_heartbeat = 0.0
@@ -222,8 +225,9 @@ class Worker:
             self._apply_result(self.applier.apply_beacon(message))
         elif isinstance(message, SnapshotReply):
             if message.snapshot.resource == self.plan.resource:
-                self.applier.apply_snapshot(message.snapshot)
-                self._sync_book(replace=True)
+                result = self.applier.apply_snapshot(message.snapshot)
+                if result.outcome is ApplyOutcome.APPLIED:
+                    self._sync_book(replace=True, plan=self._pending_plan)
         elif isinstance(message, Reregister):
             self.registrar.trigger(message.reason)
         elif isinstance(message, Shutdown):
@@ -240,10 +244,21 @@ class Worker:
             log.warning("health sequence gap: asking the supervisor for a fresh snapshot")
             self._ask_snapshot()
 
-    def _sync_book(self, replace: bool, changed: tuple[DeviceHealth, ...] = ()) -> None:
+    def _sync_book(
+        self, replace: bool, changed: tuple[DeviceHealth, ...] = (), plan: ResourcePlan | None = None
+    ) -> None:
         records = self.applier.state.values() if replace else changed
         items = [(r.device_id, Health(r.healthy, r.reason, r.since)) for r in records]
-        if self.book.set_health(items, replace=replace):
+        if plan is not None:
+            # The pending plan and the snapshot that covers its devices go in as one change.
+            self.book.set_plan(plan, health=items)
+            self.plan = plan
+            self._pending_plan = None
+            bad = sorted(d for d, h in items if not h.healthy)
+            log.info(
+                "plan updated in place: %d devices; unhealthy now: %s", len(plan.devices), ", ".join(bad) or "none"
+            )
+        elif self.book.set_health(items, replace=replace):
             bad = sorted(d for d, h in items if not h.healthy)
             log.info("device health changed; unhealthy now: %s", ", ".join(bad) or "none")
 
@@ -256,11 +271,13 @@ class Worker:
         if plan.resource != self.plan.resource:
             log.error("refused a plan update for another resource (%s)", plan.resource)
             return
-        self.plan = plan
-        self.book.set_plan(plan)
+        # The book keeps the old list until the snapshot of the new devices arrives: a new ID
+        # has no health yet and would be listed Healthy by default, possibly wrongly. The
+        # applier tracks the new IDs now, so it buffers deltas until that snapshot.
+        self._pending_plan = plan
         self.applier.set_device_ids(d.id for d in plan.devices)
         self._ask_snapshot()
-        log.info("plan updated in place: %d devices", len(plan.devices))
+        log.info("plan update received (%d devices): waiting for their health snapshot", len(plan.devices))
 
     def _send(self, message: Message) -> None:
         self.dealer.send_multipart(encode(message, seq=self._seq.next()))

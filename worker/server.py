@@ -88,10 +88,16 @@ class DeviceBook:
         self._version += 1
         self._cond.notify_all()
 
-    def set_plan(self, plan: ResourcePlan) -> None:
-        """Swap the device list in place (a reload that kept the resource name)."""
+    def set_plan(self, plan: ResourcePlan, health: Iterable[tuple[str, Health]] | None = None) -> None:
+        """Swap the device list in place (a reload that kept the resource name).
+
+        `health`, when given, replaces the whole health book in the same change (a snapshot that
+        covers the new devices), so no stream ever sees the new list without its health.
+        """
         with self._cond:
             self._plan = plan
+            if health is not None:
+                self._health = dict(health)
             self._rebuild()
 
     def set_health(self, changes: Iterable[tuple[str, Health]], replace: bool = False) -> bool:
