@@ -15,21 +15,22 @@ ROOT = HERE.parent.parent
 PROTO = "common/kubeletapi/api.proto"
 
 
-def generate(out_dir: Path) -> None:
-    """Write api_pb2.py, api_pb2.pyi and api_pb2_grpc.py for api.proto under out_dir."""
+def run_protoc(proto: str, out_dir: Path, *, grpc: bool) -> None:
+    """protoc for one proto (a path relative to the repo root) into out_dir: messages and type
+    stubs, plus the gRPC module when `grpc`."""
     from grpc_tools import protoc  # a test-only dependency: imported here, not at module load
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    args = [
-        "protoc",
-        f"-I{ROOT}",
-        f"--python_out={out_dir}",
-        f"--pyi_out={out_dir}",
-        f"--grpc_python_out={out_dir}",
-        str(ROOT / PROTO),
-    ]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed for {PROTO}")
+    args = ["protoc", f"-I{ROOT}", f"--python_out={out_dir}", f"--pyi_out={out_dir}"]
+    if grpc:
+        args.append(f"--grpc_python_out={out_dir}")
+    if protoc.main([*args, str(ROOT / proto)]) != 0:
+        raise RuntimeError(f"protoc failed for {proto}")
+
+
+def generate(out_dir: Path) -> None:
+    """Write api_pb2.py, api_pb2.pyi and api_pb2_grpc.py for api.proto under out_dir."""
+    run_protoc(PROTO, out_dir, grpc=True)
 
 
 def main() -> int:

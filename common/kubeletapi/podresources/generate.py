@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from common.kubeletapi.generate import run_protoc
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
 PROTO = "common/kubeletapi/podresources/api.proto"
@@ -21,12 +23,7 @@ MYPY_LINE = '# mypy: disable-error-code="type-arg"\n'
 
 def generate(out_dir: Path) -> None:
     """Write api_pb2.py and api_pb2.pyi for the pod-resources api.proto under out_dir."""
-    from grpc_tools import protoc  # a test-only dependency: imported here, not at module load
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    args = ["protoc", f"-I{ROOT}", f"--python_out={out_dir}", f"--pyi_out={out_dir}", str(ROOT / PROTO)]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed for {PROTO}")
+    run_protoc(PROTO, out_dir, grpc=False)
     # The generated type stub uses a bare `Mapping`, which `mypy --strict` rejects; the
     # pyproject override that silences this covers only the v1beta1 stubs, so the stub carries
     # its own inline setting.
