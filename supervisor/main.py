@@ -185,7 +185,7 @@ class WorkerSpawner:
             "--supervisor-pid", str(os.getpid()),
             "--log-format", self.config.log_format,
             "--log-level", self.config.log_level,
-            "--heartbeat-interval", f"{heartbeat_interval(self.config.heartbeat_timeout):g}",
+            "--heartbeat-interval", f"{handle.beat_interval or Policy(heartbeat_timeout=self.config.heartbeat_timeout).beat_interval():g}",
         ]  # fmt: skip
 
     def __call__(self, handle: WorkerHandle) -> Proc:
@@ -200,11 +200,6 @@ class WorkerSpawner:
     def stop(self) -> None:
         if self.zygote is not None:
             self.zygote.stop()
-
-
-def heartbeat_interval(timeout: float) -> float:
-    """How often a worker beats: 4 beats per heartbeat timeout, at most every 2.5 s (idle CPU)."""
-    return max(0.05, min(2.5, timeout / 4))
 
 
 def open_nvml(config: Config, environ: dict[str, str] | None = None) -> tuple[Any, Any]:

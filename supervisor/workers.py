@@ -85,6 +85,10 @@ class Policy:
     backoff_base: float = 0.25
     backoff_max: float = 30.0
     heartbeat_timeout: float = 5.0
+
+    def beat_interval(self) -> float:
+        """How often a worker started now beats: 4 beats per timeout, at most every 2.5 s."""
+        return max(0.05, min(2.5, self.heartbeat_timeout / 4))
     register_timeout: float = 60.0  # STARTING this long without a first heartbeat: a hang
     stop_timeout: float = 3.0  # SIGTERM, then SIGKILL after this long
 
@@ -118,6 +122,7 @@ class WorkerHandle:
     wanted: bool = True
     retry_fatal: bool = False
     stats: dict[str, float] = field(default_factory=dict)  # the worker's figures, from heartbeats
+    beat_interval: float = 0.0  # the heartbeat interval this worker process was started with
     listeners: list[StateListener] = field(default_factory=list)
 
     def change_state(self, new: WState, reason: str) -> None:
@@ -293,7 +298,9 @@ class WorkerSet:
     def _check_heartbeat(self, handle: WorkerHandle, now: float) -> None:
         assert handle.proc is not None
         silent = now - (handle.last_heartbeat if handle.heartbeats else handle.started_at)
-        limit = self.policy.heartbeat_timeout
+        # A worker beats at the interval it was started with: a timeout lowered by a reload must
+        # not declare an older worker hung for beating as it was told to.
+        limit = max(self.policy.heartbeat_timeout, 2.0 * handle.beat_interval)
         if not handle.heartbeats:
             limit = max(limit, self.policy.register_timeout)  # imports and first connect take a while
         if silent <= limit:
@@ -320,6 +327,7 @@ class WorkerSet:
         handle.heartbeats = 0
         handle.registered = False
         handle.stats = {}  # the figures of the previous process are not this one's
+        handle.beat_interval = self.policy.beat_interval()
         handle.socket_path = ""
         handle.kill_cause = ""
         try:

@@ -379,3 +379,15 @@ def test_stop_all_and_kill_all() -> None:
     ws.kill_all()
     ws.tick(1.1)
     assert ws.all_stopped() and all(st(h) is S.STOPPED for h in ws.workers.values())
+
+
+def test_lowered_heartbeat_timeout_spares_a_worker_beating_at_its_start_interval() -> None:
+    """A reload that lowers the heartbeat timeout does not kill a worker still beating at the (slower) interval it was started with."""
+    ws, spawner, handle = make(Policy(heartbeat_timeout=10.0))
+    run_until_running(ws, spawner, 0.0)
+    assert handle.beat_interval == 2.5
+    ws.policy.heartbeat_timeout = 2.0  # the reload
+    ws.tick(4.0)  # 4 s of silence: over the new timeout, under two of the worker's own beats
+    assert st(handle) is WState.RUNNING and signal.SIGKILL not in spawner.last.signals
+    ws.tick(6.0)  # 6 s of silence: more than two of its beats missed
+    assert signal.SIGKILL in spawner.procs[0].signals
