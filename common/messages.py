@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 PROTOCOL_VERSION = 1
 
@@ -208,6 +208,25 @@ class HealthSnapshot:
 # Message kinds. Each declares its wire name (KIND), its topic, and how its payload maps.
 
 
+class _Flat:
+    """The payload codec of a kind whose fields are all flat (str, int, bool, number maps):
+    `_FIELDS` names each field with its reader, which also validates it; nothing else is needed."""
+
+    _FIELDS: ClassVar[tuple[tuple[str, Callable[[Mapping[str, Any], str], Any]], ...]] = ()
+
+    def to_payload(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, _ in self._FIELDS:
+            value = getattr(self, name)
+            out[name] = dict(value) if isinstance(value, dict) else value
+        return out
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> Self:
+        _only(p, (name for name, _ in cls._FIELDS), "payload")
+        return cls(**{name: read(p, name) for name, read in cls._FIELDS})
+
+
 @dataclass(frozen=True)
 class HealthDelta:
     """PUB: devices whose health changed in the change batch numbered `seq`."""
@@ -229,50 +248,44 @@ class HealthDelta:
 
 
 @dataclass(frozen=True)
-class HealthBeacon:
+class HealthBeacon(_Flat):
     """PUB, periodic: the current health sequence, so a subscriber can notice a lost last delta."""
 
     KIND: ClassVar[str] = "health-beacon"
     TOPIC: ClassVar[bytes] = HEALTH_TOPIC
+    _FIELDS = (("seq", _int), ("epoch", _str))
 
     seq: int
     epoch: str = ""
 
-    def to_payload(self) -> dict[str, Any]:
-        return {"seq": self.seq, "epoch": self.epoch}
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> HealthBeacon:
-        _only(p, ("seq", "epoch"), "payload")
-        return cls(seq=_int(p, "seq"), epoch=_str(p, "epoch"))
-
 
 @dataclass(frozen=True)
-class Hello:
+class Hello(_Flat):
     """Worker -> supervisor, first message on a new DEALER: who I am."""
 
     KIND: ClassVar[str] = "hello"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (("resource", _str), ("pid", _int), ("worker_token", _str))
 
     resource: str
     pid: int
     worker_token: str
 
-    def to_payload(self) -> dict[str, Any]:
-        return {"resource": self.resource, "pid": self.pid, "worker_token": self.worker_token}
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> Hello:
-        _only(p, ("resource", "pid", "worker_token"), "payload")
-        return cls(resource=_str(p, "resource"), pid=_int(p, "pid"), worker_token=_str(p, "worker_token"))
-
 
 @dataclass(frozen=True)
-class Heartbeat:
+class Heartbeat(_Flat):
     """Worker -> supervisor, periodic: liveness, state and metric data (a flat name -> number map)."""
 
     KIND: ClassVar[str] = "heartbeat"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (
+        ("resource", _str),
+        ("pid", _int),
+        ("state", _str),
+        ("registered", _bool),
+        ("socket_path", _str),
+        ("stats", _number_dict),
+    )
 
     resource: str
     pid: int
@@ -281,65 +294,29 @@ class Heartbeat:
     socket_path: str
     stats: dict[str, float] = field(default_factory=dict)
 
-    def to_payload(self) -> dict[str, Any]:
-        return {
-            "resource": self.resource,
-            "pid": self.pid,
-            "state": self.state,
-            "registered": self.registered,
-            "socket_path": self.socket_path,
-            "stats": dict(self.stats),
-        }
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> Heartbeat:
-        _only(p, ("resource", "pid", "state", "registered", "socket_path", "stats"), "payload")
-        return cls(
-            resource=_str(p, "resource"),
-            pid=_int(p, "pid"),
-            state=_str(p, "state"),
-            registered=_bool(p, "registered"),
-            socket_path=_str(p, "socket_path"),
-            stats=_number_dict(p, "stats"),
-        )
-
 
 @dataclass(frozen=True)
-class StatusReport:
+class StatusReport(_Flat):
     """Worker -> supervisor: something happened (registered, stream-started, stream-ended, ...)."""
 
     KIND: ClassVar[str] = "status"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (("resource", _str), ("event", _str), ("detail", _str))
 
     resource: str
     event: str
     detail: str = ""
 
-    def to_payload(self) -> dict[str, Any]:
-        return {"resource": self.resource, "event": self.event, "detail": self.detail}
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> StatusReport:
-        _only(p, ("resource", "event", "detail"), "payload")
-        return cls(resource=_str(p, "resource"), event=_str(p, "event"), detail=_str(p, "detail"))
-
 
 @dataclass(frozen=True)
-class SnapshotRequest:
+class SnapshotRequest(_Flat):
     """Worker -> supervisor: send me the health snapshot of my resource."""
 
     KIND: ClassVar[str] = "snapshot-request"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (("resource", _str),)
 
     resource: str
-
-    def to_payload(self) -> dict[str, Any]:
-        return {"resource": self.resource}
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> SnapshotRequest:
-        _only(p, ("resource",), "payload")
-        return cls(resource=_str(p, "resource"))
 
 
 @dataclass(frozen=True)
@@ -361,94 +338,59 @@ class SnapshotReply:
 
 
 @dataclass(frozen=True)
-class Reregister:
+class Reregister(_Flat):
     """Supervisor -> worker: start a new server on a new socket and register again."""
 
     KIND: ClassVar[str] = "reregister"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (("reason", _str),)
 
     reason: str
 
-    def to_payload(self) -> dict[str, Any]:
-        return {"reason": self.reason}
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> Reregister:
-        _only(p, ("reason",), "payload")
-        return cls(reason=_str(p, "reason"))
-
 
 @dataclass(frozen=True)
-class Shutdown:
+class Shutdown(_Flat):
     """Supervisor -> worker: stop serving and exit cleanly."""
 
     KIND: ClassVar[str] = "shutdown"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
-
-    def to_payload(self) -> dict[str, Any]:
-        return {}
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> Shutdown:
-        _only(p, (), "payload")
-        return cls()
+    _FIELDS = ()
 
 
 @dataclass(frozen=True)
-class PlanUpdate:
+class PlanUpdate(_Flat):
     """Supervisor -> worker: the resource's plan changed; `plan_json` is `ResourcePlan.to_json()`."""
 
     KIND: ClassVar[str] = "plan-update"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (("plan_json", _str),)
 
     plan_json: str
 
-    def to_payload(self) -> dict[str, Any]:
-        return {"plan_json": self.plan_json}
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> PlanUpdate:
-        _only(p, ("plan_json",), "payload")
-        return cls(plan_json=_str(p, "plan_json"))
-
 
 @dataclass(frozen=True)
-class Command:
+class Command(_Flat):
     """CLI -> supervisor: a named command with JSON arguments (`status`, `sim-xid`, ...)."""
 
     KIND: ClassVar[str] = "command"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (("name", _str), ("args", _dict))
 
     name: str
     args: dict[str, Any] = field(default_factory=dict)
 
-    def to_payload(self) -> dict[str, Any]:
-        return {"name": self.name, "args": dict(self.args)}
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> Command:
-        _only(p, ("name", "args"), "payload")
-        return cls(name=_str(p, "name"), args=_dict(p, "args"))
-
 
 @dataclass(frozen=True)
-class Reply:
+class Reply(_Flat):
     """Supervisor -> CLI: the outcome of a Command."""
 
     KIND: ClassVar[str] = "reply"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (("ok", _bool), ("error", _str), ("data", _dict))
 
     ok: bool
     error: str = ""
     data: dict[str, Any] = field(default_factory=dict)
-
-    def to_payload(self) -> dict[str, Any]:
-        return {"ok": self.ok, "error": self.error, "data": dict(self.data)}
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> Reply:
-        _only(p, ("ok", "error", "data"), "payload")
-        return cls(ok=_bool(p, "ok"), error=_str(p, "error"), data=_dict(p, "data"))
 
 
 Message = (
@@ -466,40 +408,22 @@ Message = (
     | Reply
 )
 
-_KINDS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
-    cls.KIND: cls.from_payload
-    for cls in (
-        HealthDelta,
-        HealthBeacon,
-        Hello,
-        Heartbeat,
-        StatusReport,
-        SnapshotRequest,
-        SnapshotReply,
-        Reregister,
-        Shutdown,
-        PlanUpdate,
-        Command,
-        Reply,
-    )
-}
-_KIND_TOPIC: dict[str, bytes] = {
-    cls.KIND: cls.TOPIC
-    for cls in (
-        HealthDelta,
-        HealthBeacon,
-        Hello,
-        Heartbeat,
-        StatusReport,
-        SnapshotRequest,
-        SnapshotReply,
-        Reregister,
-        Shutdown,
-        PlanUpdate,
-        Command,
-        Reply,
-    )
-}
+_ALL_KINDS = (
+    HealthDelta,
+    HealthBeacon,
+    Hello,
+    Heartbeat,
+    StatusReport,
+    SnapshotRequest,
+    SnapshotReply,
+    Reregister,
+    Shutdown,
+    PlanUpdate,
+    Command,
+    Reply,
+)
+_KINDS: dict[str, Callable[[Mapping[str, Any]], Message]] = {cls.KIND: cls.from_payload for cls in _ALL_KINDS}
+_KIND_TOPIC: dict[str, bytes] = {cls.KIND: cls.TOPIC for cls in _ALL_KINDS}
 
 KINDS: tuple[str, ...] = tuple(_KINDS)
 
