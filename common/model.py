@@ -13,15 +13,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-
-Sharing = Literal["none", "time-slicing", "mps"]
-IdStrategy = Literal["uuid", "index"]
-SharedPolicy = Literal["distributed", "packed"]
-DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
 
 # NVML's topology levels (nvmlGpuTopologyLevel_t), nearest first.
 TOPOLOGY_INTERNAL = 0  # same board
@@ -144,9 +139,9 @@ class ResourcePlan:
 
     resource: str  # fully qualified, e.g. "nvidia.com/gpu"
     devices: tuple[AllocatableDevice, ...]
-    sharing: str = "none"  # Sharing
+    sharing: str = "none"  # "none", "time-slicing" or "mps"
     fail_requests_greater_than_one: bool = False
-    shared_policy: str = "distributed"  # SharedPolicy
+    shared_policy: str = "distributed"  # or "packed"
     allocate: AllocateSettings = field(default_factory=AllocateSettings)
     links: tuple[Link, ...] = ()  # topology between the GPUs backing this resource
 

@@ -324,6 +324,7 @@ class Supervisor:
         self._registered_life: dict[str, int] = {}  # resource -> pid of the worker life that registered
         self._kubelet_restarted: set[str] = set()  # resources whose next registration follows a kubelet restart
         # MPS control daemons and the CDI spec file.
+        self._mps_generation = 0  # bumped by each _make_mps: reports of a replaced instance are dropped
         self.mps = self._make_mps(config)
         self.cdi = self._make_cdi(config)
         self.cdi_error: str | None = None
@@ -356,7 +357,7 @@ class Supervisor:
     def _make_mps(self, config: Config) -> MpsDaemons:
         # Each MpsDaemons instance reports under its own generation: a report that a replaced
         # instance posted before it stopped must not clear the condition its successor holds.
-        self._mps_generation = getattr(self, "_mps_generation", 0) + 1
+        self._mps_generation += 1
         generation = self._mps_generation
 
         def report(resource: str, up: bool, reason: str) -> None:
@@ -576,13 +577,13 @@ class Supervisor:
         assert self.book is not None
         self._publish(self.book.mark_external({d.gpu_uuid for d in plan.devices}, f"mps:{resource}", reason, time.time()))
 
-    def _on_mps_change(self, resource: str, up: bool, reason: str, generation: int = 0) -> None:
+    def _on_mps_change(self, resource: str, up: bool, reason: str, generation: int) -> None:
         """From the MPS thread: a daemon came up or went down; the book changes on the main loop."""
 
         def apply() -> None:
             if self.book is None:
                 return
-            if generation and generation != self._mps_generation:
+            if generation != self._mps_generation:
                 return  # from an MpsDaemons that a reload replaced
             if up and not self.mps.is_up(resource):
                 return  # stale: the daemon went down again since

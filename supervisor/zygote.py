@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 from common.procutil import pid_alive
 
@@ -193,25 +192,3 @@ class Zygote:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
-
-
-class ZygoteSpawner:
-    """A WorkerSet spawner: fork from the zygote; exec as a fallback."""
-
-    def __init__(self, argv_for: Callable[[str, str], list[str]], fallback: Callable[[list[str]], subprocess.Popen[bytes]]) -> None:
-        self.argv_for = argv_for  # (resource, plan path) -> worker argv (after `python -m worker`)
-        self.fallback = fallback
-        self.zygote = Zygote()
-        self.enabled = True
-
-    def spawn(self, resource: str, plan_path: str) -> ZygoteProc | subprocess.Popen[bytes]:
-        argv = self.argv_for(resource, plan_path)
-        if self.enabled:
-            try:
-                return ZygoteProc(self.zygote.spawn(argv), self.zygote)
-            except OSError as exc:
-                log.warning("zygote spawn of %s failed (%s): starting it by exec", resource, exc)
-        return self.fallback(argv)
-
-    def stop(self) -> None:
-        self.zygote.stop()

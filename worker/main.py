@@ -30,6 +30,7 @@ from types import FrameType
 from common import logs
 from common.messages import (
     ApplyOutcome,
+    ApplyResult,
     DeviceHealth,
     HealthApplier,
     HealthBeacon,
@@ -235,11 +236,10 @@ class Worker:
         elif isinstance(message, PlanUpdate):
             self._update_plan(message.plan_json)
 
-    def _apply_result(self, result: object) -> None:
-        outcome = getattr(result, "outcome", None)
-        if outcome is ApplyOutcome.APPLIED:
-            self._sync_book(replace=False, changed=getattr(result, "changed", ()))
-        elif outcome is ApplyOutcome.GAP:
+    def _apply_result(self, result: ApplyResult) -> None:
+        if result.outcome is ApplyOutcome.APPLIED:
+            self._sync_book(replace=False, changed=result.changed)
+        elif result.outcome is ApplyOutcome.GAP:
             self.stats.count("health_gaps")
             log.warning("health sequence gap: asking the supervisor for a fresh snapshot")
             self._ask_snapshot()
