@@ -17,7 +17,8 @@ kind, a kind sent on the wrong topic, a missing, extra or wrongly typed field al
 `MessageError` with the reason, and nothing else escapes it, so a receive loop can log and drop.
 
 Health uses the "clone" pattern: a worker subscribes, asks for a `HealthSnapshot` of its
-resource at sequence S over control, then applies only deltas with seq > S (`HealthApplier`).
+resource at sequence S over control, then applies only deltas with seq > S (the worker's
+`worker.healthcopy.HealthApplier`).
 One topic with one node-wide sequence, rather than a topic per resource, is a deliberate choice:
 every worker sees every sequence number, so a missing delta is always seen as a gap. Deltas carry
 device IDs only; a worker ignores IDs that are not in its plan. `HealthBeacon`s, published
@@ -33,10 +34,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeAlias
 
 PROTOCOL_VERSION = 1
+
+# What JSON can carry: the type of command arguments and replies (the status document).
+Json: TypeAlias = "dict[str, Json] | list[Json] | str | int | float | bool | None"
+
+# The largest message a control or health socket accepts (ZMQ_MAXMSGSIZE): a status document of
+# a big node is a few hundred KiB; a peer that sends more is disconnected by ZeroMQ itself.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 HEALTH_TOPIC = b"health"
 CONTROL_TOPIC = b"control"
@@ -63,27 +70,27 @@ def _where(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _require(obj: Mapping[str, Any], name: str, path: str) -> Any:
+def _require(obj: Mapping[str, Json], name: str, path: str) -> Json:
     if name not in obj:
         raise MessageError(f"missing field {_where(path, name)!r}")
     return obj[name]
 
 
-def _str(obj: Mapping[str, Any], name: str, path: str = "") -> str:
+def _str(obj: Mapping[str, Json], name: str, path: str = "") -> str:
     value = _require(obj, name, path)
     if not isinstance(value, str):
         raise MessageError(f"field {_where(path, name)!r} must be a string, not {type(value).__name__}")
     return value
 
 
-def _bool(obj: Mapping[str, Any], name: str, path: str = "") -> bool:
+def _bool(obj: Mapping[str, Json], name: str, path: str = "") -> bool:
     value = _require(obj, name, path)
     if not isinstance(value, bool):
         raise MessageError(f"field {_where(path, name)!r} must be a boolean, not {type(value).__name__}")
     return value
 
 
-def _int(obj: Mapping[str, Any], name: str, path: str = "", minimum: int = 0) -> int:
+def _int(obj: Mapping[str, Json], name: str, path: str = "", minimum: int = 0) -> int:
     value = _require(obj, name, path)
     # bool is an int in Python; on the wire true is not 1.
     if isinstance(value, bool) or not isinstance(value, int):
@@ -93,7 +100,7 @@ def _int(obj: Mapping[str, Any], name: str, path: str = "", minimum: int = 0) ->
     return value
 
 
-def _finite(value: Any, where: str) -> float:
+def _finite(value: Json, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise MessageError(f"field {where!r} must be a number, not {type(value).__name__}")
     number = float(value)
@@ -102,33 +109,33 @@ def _finite(value: Any, where: str) -> float:
     return number
 
 
-def _float(obj: Mapping[str, Any], name: str, path: str = "") -> float:
+def _float(obj: Mapping[str, Json], name: str, path: str = "") -> float:
     return _finite(_require(obj, name, path), _where(path, name))
 
 
-def _object(value: Any, where: str) -> dict[str, Any]:
+def _object(value: Json, where: str) -> dict[str, Json]:
     if not isinstance(value, dict):
         raise MessageError(f"{where} must be a JSON object, not {type(value).__name__}")
     return value
 
 
-def _dict(obj: Mapping[str, Any], name: str, path: str = "") -> dict[str, Any]:
+def _dict(obj: Mapping[str, Json], name: str, path: str = "") -> dict[str, Json]:
     return dict(_object(_require(obj, name, path), f"field {_where(path, name)!r}"))
 
 
-def _number_dict(obj: Mapping[str, Any], name: str, path: str = "") -> dict[str, float]:
+def _number_dict(obj: Mapping[str, Json], name: str, path: str = "") -> dict[str, float]:
     raw = _dict(obj, name, path)
     return {key: _finite(value, f"{_where(path, name)}.{key}") for key, value in raw.items()}
 
 
-def _list(obj: Mapping[str, Any], name: str, path: str = "") -> list[Any]:
+def _list(obj: Mapping[str, Json], name: str, path: str = "") -> list[Json]:
     value = _require(obj, name, path)
     if not isinstance(value, list):
         raise MessageError(f"field {_where(path, name)!r} must be a list, not {type(value).__name__}")
     return value
 
 
-def _only(obj: Mapping[str, Any], allowed: Iterable[str], path: str) -> None:
+def _only(obj: Mapping[str, Json], allowed: Iterable[str], path: str) -> None:
     extra = sorted(set(obj) - set(allowed))
     if extra:
         where = f" in {path!r}" if path else ""
@@ -150,11 +157,11 @@ class DeviceHealth:
 
     _FIELDS: ClassVar[tuple[str, ...]] = ("device_id", "healthy", "reason", "since")
 
-    def to_payload(self) -> dict[str, Any]:
+    def to_payload(self) -> dict[str, Json]:
         return {"device_id": self.device_id, "healthy": self.healthy, "reason": self.reason, "since": self.since}
 
     @classmethod
-    def from_payload(cls, raw: Any, path: str) -> DeviceHealth:
+    def from_payload(cls, raw: Json, path: str) -> DeviceHealth:
         obj = _object(raw, f"field {path!r}")
         _only(obj, cls._FIELDS, path)
         return cls(
@@ -165,7 +172,7 @@ class DeviceHealth:
         )
 
 
-def _health_list(obj: Mapping[str, Any], name: str) -> tuple[DeviceHealth, ...]:
+def _health_list(obj: Mapping[str, Json], name: str) -> tuple[DeviceHealth, ...]:
     return tuple(DeviceHealth.from_payload(item, f"{name}[{i}]") for i, item in enumerate(_list(obj, name)))
 
 
@@ -180,7 +187,7 @@ class HealthSnapshot:
 
     _FIELDS: ClassVar[tuple[str, ...]] = ("seq", "resource", "devices", "epoch")
 
-    def to_payload(self) -> dict[str, Any]:
+    def to_payload(self) -> dict[str, Json]:
         return {
             "seq": self.seq,
             "resource": self.resource,
@@ -189,7 +196,7 @@ class HealthSnapshot:
         }
 
     @classmethod
-    def from_payload(cls, raw: Any, path: str) -> HealthSnapshot:
+    def from_payload(cls, raw: Json, path: str) -> HealthSnapshot:
         obj = _object(raw, f"field {path!r}")
         _only(obj, cls._FIELDS, path)
         devices = tuple(
@@ -212,19 +219,21 @@ class _Flat:
     """The payload codec of a kind whose fields are all flat (str, int, bool, number maps):
     `_FIELDS` names each field with its reader, which also validates it; nothing else is needed."""
 
-    _FIELDS: ClassVar[tuple[tuple[str, Callable[[Mapping[str, Any], str], Any]], ...]] = ()
+    _FIELDS: ClassVar[tuple[tuple[str, Callable[[Mapping[str, Json], str], object]], ...]] = ()
 
-    def to_payload(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def to_payload(self) -> dict[str, Json]:
+        out: dict[str, Json] = {}
         for name, _ in self._FIELDS:
             value = getattr(self, name)
             out[name] = dict(value) if isinstance(value, dict) else value
         return out
 
     @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> Self:
+    def from_payload(cls, p: Mapping[str, Json]) -> Self:
         _only(p, (name for name, _ in cls._FIELDS), "payload")
-        return cls(**{name: read(p, name) for name, read in cls._FIELDS})
+        # Each reader checked its field's type; the dataclass fields declare the same types.
+        values: dict[str, Any] = {name: read(p, name) for name, read in cls._FIELDS}
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -238,11 +247,11 @@ class HealthDelta:
     changes: tuple[DeviceHealth, ...]
     epoch: str = ""
 
-    def to_payload(self) -> dict[str, Any]:
+    def to_payload(self) -> dict[str, Json]:
         return {"seq": self.seq, "changes": [c.to_payload() for c in self.changes], "epoch": self.epoch}
 
     @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> HealthDelta:
+    def from_payload(cls, p: Mapping[str, Json]) -> HealthDelta:
         _only(p, ("seq", "changes", "epoch"), "payload")
         return cls(seq=_int(p, "seq"), changes=_health_list(p, "changes"), epoch=_str(p, "epoch"))
 
@@ -261,20 +270,31 @@ class HealthBeacon(_Flat):
 
 @dataclass(frozen=True)
 class Hello(_Flat):
-    """Worker -> supervisor, first message on a new DEALER: who I am."""
+    """Worker -> supervisor, first message on a new DEALER: who I am, and the proof.
+
+    `secret` is the one the supervisor handed this process at spawn (over an inherited pipe or
+    the zygote's socket, never the command line or the environment). A Hello with the right
+    secret binds the DEALER's route to the worker; the supervisor takes worker messages from
+    bound routes only.
+    """
 
     KIND: ClassVar[str] = "hello"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
-    _FIELDS = (("resource", _str), ("pid", _int), ("worker_token", _str))
+    _FIELDS = (("resource", _str), ("pid", _int), ("secret", _str))
 
     resource: str
     pid: int
-    worker_token: str
+    secret: str
 
 
 @dataclass(frozen=True)
 class Heartbeat(_Flat):
-    """Worker -> supervisor, periodic: liveness, state and metric data (a flat name -> number map)."""
+    """Worker -> supervisor: liveness, state and metric data (a flat name -> number map).
+
+    Sent periodically, and at once when the registration state, the socket or the number of
+    ListAndWatch streams on the live server (`stats["gauge:streams"]`) changes, so the
+    supervisor's view (status, readiness) follows the worker within milliseconds.
+    """
 
     KIND: ClassVar[str] = "heartbeat"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
@@ -328,11 +348,11 @@ class SnapshotReply:
 
     snapshot: HealthSnapshot
 
-    def to_payload(self) -> dict[str, Any]:
+    def to_payload(self) -> dict[str, Json]:
         return {"snapshot": self.snapshot.to_payload()}
 
     @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> SnapshotReply:
+    def from_payload(cls, p: Mapping[str, Json]) -> SnapshotReply:
         _only(p, ("snapshot",), "payload")
         return cls(snapshot=HealthSnapshot.from_payload(_require(p, "snapshot", ""), "snapshot"))
 
@@ -377,7 +397,7 @@ class Command(_Flat):
     _FIELDS = (("name", _str), ("args", _dict))
 
     name: str
-    args: dict[str, Any] = field(default_factory=dict)
+    args: dict[str, Json] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -390,7 +410,7 @@ class Reply(_Flat):
 
     ok: bool
     error: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Json] = field(default_factory=dict)
 
 
 Message = (
@@ -422,7 +442,7 @@ _ALL_KINDS = (
     Command,
     Reply,
 )
-_KINDS: dict[str, Callable[[Mapping[str, Any]], Message]] = {cls.KIND: cls.from_payload for cls in _ALL_KINDS}
+_KINDS: dict[str, Callable[[Mapping[str, Json]], Message]] = {cls.KIND: cls.from_payload for cls in _ALL_KINDS}
 _KIND_TOPIC: dict[str, bytes] = {cls.KIND: cls.TOPIC for cls in _ALL_KINDS}
 
 KINDS: tuple[str, ...] = tuple(_KINDS)
@@ -485,11 +505,11 @@ def encode(message: Message, *, seq: int, now: float | None = None) -> list[byte
     return [message.TOPIC, text.encode("utf-8")]
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> Json:
     raise MessageError(f"body has the non-JSON number {name}")
 
 
-def _as_bytes(frame: Any, which: str) -> bytes:
+def _as_bytes(frame: object, which: str) -> bytes:
     if isinstance(frame, bytes):
         return frame
     if isinstance(frame, bytearray | memoryview):
@@ -497,7 +517,7 @@ def _as_bytes(frame: Any, which: str) -> bytes:
     raise MessageError(f"{which} frame must be bytes, not {type(frame).__name__}")
 
 
-def decode(frames: Sequence[Any]) -> Envelope:
+def decode(frames: Sequence[object]) -> Envelope:
     """Parse `[topic, body]`; raises MessageError (and only that) for anything malformed."""
     try:
         return _decode(frames)
@@ -509,7 +529,7 @@ def decode(frames: Sequence[Any]) -> Envelope:
         raise MessageError(f"malformed message: {type(exc).__name__}: {exc}") from exc
 
 
-def _decode(frames: Sequence[Any]) -> Envelope:
+def _decode(frames: Sequence[object]) -> Envelope:
     if isinstance(frames, bytes | bytearray | str) or not isinstance(frames, Sequence):
         raise MessageError(f"expected a list of 2 frames [topic, body], got {type(frames).__name__}")
     if len(frames) != 2:
@@ -549,136 +569,3 @@ def split_routed(frames: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
     if len(frames) < 2:
         raise MessageError(f"expected routing frames then [topic, body], got {len(frames)} frame(s)")
     return list(frames[:-2]), list(frames[-2:])
-
-
-# ---------------------------------------------------------------------------------------------
-# Worker side of the clone pattern.
-
-
-class ApplyOutcome(Enum):
-    APPLIED = "applied"  # in order; state updated
-    STALE = "stale"  # at or before what we have: nothing to do
-    GAP = "gap"  # something was missed: request a new snapshot
-    BUFFERED = "buffered"  # no snapshot yet: kept for replay
-
-
-@dataclass(frozen=True)
-class ApplyResult:
-    outcome: ApplyOutcome
-    changed: tuple[DeviceHealth, ...] = ()  # devices whose state (healthy, reason) changed
-
-
-
-class HealthApplier:
-    """The worker's copy of its resource's health: a snapshot at S, then only deltas after S.
-
-    Deltas that arrive before the first snapshot (or while a new one is awaited after a gap) are
-    buffered and replayed once it comes. A delta or beacon whose seq skips ahead, or whose epoch
-    differs from the snapshot's, is a gap: `needs_snapshot` turns true and the worker should send
-    a SnapshotRequest. Until then the last known state stays in force (better than none).
-    """
-
-    def __init__(self, device_ids: Iterable[str] | None = None, *, max_buffer: int = 10_000) -> None:
-        self._wanted: frozenset[str] | None = None if device_ids is None else frozenset(device_ids)
-        self._state: dict[str, DeviceHealth] = {}
-        self._seq: int | None = None
-        self._epoch: str | None = None
-        self._needs_snapshot = True
-        self._buffer: list[HealthDelta] = []
-        self._max_buffer = max_buffer
-
-    @property
-    def seq(self) -> int | None:
-        """The last health sequence applied, or None before the first snapshot."""
-        return self._seq
-
-    @property
-    def needs_snapshot(self) -> bool:
-        return self._needs_snapshot
-
-    @property
-    def state(self) -> dict[str, DeviceHealth]:
-        return dict(self._state)
-
-    def health_of(self, device_id: str) -> DeviceHealth | None:
-        return self._state.get(device_id)
-
-    def set_device_ids(self, device_ids: Iterable[str] | None) -> None:
-        """A new plan: track these IDs from now on; a new snapshot is needed to fill them in."""
-        self._wanted = None if device_ids is None else frozenset(device_ids)
-        self._state = {k: v for k, v in self._state.items() if self._wants(k)}
-        self._needs_snapshot = True
-
-    def _wants(self, device_id: str) -> bool:
-        return self._wanted is None or device_id in self._wanted
-
-    def _put(self, records: Iterable[DeviceHealth]) -> tuple[DeviceHealth, ...]:
-        changed: list[DeviceHealth] = []
-        for rec in records:
-            if not self._wants(rec.device_id):
-                continue
-            old = self._state.get(rec.device_id)
-            self._state[rec.device_id] = rec
-            if old is None or (old.healthy, old.reason) != (rec.healthy, rec.reason):
-                changed.append(rec)
-        return tuple(changed)
-
-    def apply_snapshot(self, snapshot: HealthSnapshot) -> ApplyResult:
-        """Take the snapshot as the truth at its seq, then replay buffered newer deltas."""
-        if (
-            self._seq is not None
-            and snapshot.epoch == self._epoch
-            and snapshot.seq < self._seq
-            and not self._needs_snapshot
-        ):
-            return ApplyResult(ApplyOutcome.STALE)
-        previous = self._state
-        self._state = {}
-        self._put(snapshot.devices)
-        changed = {
-            rec.device_id: rec
-            for rec in self._state.values()
-            if (old := previous.get(rec.device_id)) is None or (old.healthy, old.reason) != (rec.healthy, rec.reason)
-        }
-        self._seq = snapshot.seq
-        self._epoch = snapshot.epoch
-        self._needs_snapshot = False
-        pending, self._buffer = self._buffer, []
-        # Deltas of another supervisor life are meaningless against this snapshot: drop them.
-        for delta in sorted((d for d in pending if d.epoch == snapshot.epoch), key=lambda d: d.seq):
-            result = self.apply_delta(delta)
-            for rec in result.changed:
-                changed[rec.device_id] = rec
-        return ApplyResult(ApplyOutcome.APPLIED, tuple(changed.values()))
-
-    def apply_delta(self, delta: HealthDelta) -> ApplyResult:
-        if self._seq is None or self._needs_snapshot:
-            self._keep(delta)
-            return ApplyResult(ApplyOutcome.BUFFERED)
-        if delta.epoch != self._epoch:
-            return self._gap(delta)
-        if delta.seq <= self._seq:
-            return ApplyResult(ApplyOutcome.STALE)
-        if delta.seq != self._seq + 1:
-            return self._gap(delta)
-        self._seq = delta.seq
-        return ApplyResult(ApplyOutcome.APPLIED, self._put(delta.changes))
-
-    def apply_beacon(self, beacon: HealthBeacon) -> ApplyResult:
-        if self._seq is None or self._needs_snapshot:
-            return ApplyResult(ApplyOutcome.BUFFERED)
-        if beacon.epoch != self._epoch or beacon.seq > self._seq:
-            self._needs_snapshot = True
-            return ApplyResult(ApplyOutcome.GAP)
-        return ApplyResult(ApplyOutcome.STALE)
-
-    def _gap(self, delta: HealthDelta) -> ApplyResult:
-        self._needs_snapshot = True
-        self._keep(delta)
-        return ApplyResult(ApplyOutcome.GAP)
-
-    def _keep(self, delta: HealthDelta) -> None:
-        # Bounded: if a snapshot never comes, the oldest deltas go first (the snapshot covers them).
-        self._buffer.append(delta)
-        if len(self._buffer) > self._max_buffer:
-            del self._buffer[0]

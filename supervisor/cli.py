@@ -149,7 +149,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from supervisor.commands import CommandError, send_command
 
     try:
-        data = send_command(args.run_dir, "status", {})
+        # The document as JSON gave it: from here on it is only read and printed.
+        data: dict[str, Any] = dict(send_command(args.run_dir, "status", {}))
     except CommandError as exc:
         print(f"gpuvisor status: {exc}", file=sys.stderr)
         return 1

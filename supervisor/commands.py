@@ -3,18 +3,24 @@
 `gpuvisor status` and `gpuvisor sim ...` are separate processes that send a `Command` to the
 running supervisor's ROUTER (`<run dir>/control.sock`, mode 0600 in a 0700 dir: only the
 supervisor's own user can talk to it) and print the `Reply`.
+
+The supervisor side sees the supervisor only through `CommandTarget`, the few things commands
+need, so this module imports nothing of the supervisor's and each command is tested on a fake.
+Arguments arrive as JSON from another process: each is checked for its type here, with an error
+that names it, before anything acts on it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
-from common.messages import Command, MessageError, Reply, decode, encode
+from common.messages import Command, Json, MessageError, Reply, decode, encode
 
 if TYPE_CHECKING:
-    from supervisor.main import Supervisor
+    from common.simulator import Simulator
 
 
 class CommandError(Exception):
@@ -24,66 +30,153 @@ class CommandError(Exception):
 SIM_ACTIONS = ("xid", "ecc", "lose", "restore", "reset", "mig")
 
 
-def run_command(sup: Supervisor, name: str, args: dict[str, Any]) -> dict[str, Any]:
+class CommandTarget(Protocol):
+    """What commands need of the supervisor."""
+
+    @property
+    def simulator(self) -> Simulator | None: ...
+
+    def status(self) -> dict[str, Json]: ...
+
+    def reload(self, trigger: str) -> bool: ...
+
+    def rediscover(self, trigger: str) -> bool: ...
+
+    def planned_resources(self) -> list[str]: ...
+
+    def gpu_reset(self, uuid: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    """The arguments of `gpuvisor sim`, checked."""
+
+    action: str
+    device: str = ""
+    xid: int = 0
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+    kind: str = "double"
+    gpu: int = 0
+    layout: list[str] | None = None
+    reload: bool = True
+
+    @classmethod
+    def parse(cls, args: dict[str, Json]) -> SimRequest:
+        action = _text(args, "action", "")
+        if action not in SIM_ACTIONS:
+            raise CommandError(f"unknown sim action {action!r} (one of {', '.join(SIM_ACTIONS)})")
+        layout = args.get("layout")
+        if layout is not None and not (isinstance(layout, list) and all(isinstance(p, str) for p in layout)):
+            raise CommandError(f"sim {action}: layout must be a list of profile names or null")
+        return cls(
+            action=action,
+            device=_text(args, "device", ""),
+            xid=_number(args, "xid", 0, required=action == "xid"),
+            gpu_instance=_optional_number(args, "gpu_instance"),
+            compute_instance=_optional_number(args, "compute_instance"),
+            kind=_text(args, "kind", "double"),
+            gpu=_number(args, "gpu", 0, required=action == "mig"),
+            layout=[str(p) for p in layout] if isinstance(layout, list) else None,
+            reload=_flag(args, "reload", True),
+        )
+
+
+def _text(args: dict[str, Json], name: str, default: str) -> str:
+    value = args.get(name, default)
+    if not isinstance(value, str):
+        raise CommandError(f"argument {name!r} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _number(args: dict[str, Json], name: str, default: int, *, required: bool = False) -> int:
+    if name not in args:
+        if required:
+            raise CommandError(f"argument {name!r} is required")
+        return default
+    value = args[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CommandError(f"argument {name!r} must be an integer, not {type(value).__name__}")
+    return value
+
+
+def _optional_number(args: dict[str, Json], name: str) -> int | None:
+    return None if args.get(name) is None else _number(args, name, 0)
+
+
+def _flag(args: dict[str, Json], name: str, default: bool) -> bool:
+    value = args.get(name, default)
+    if not isinstance(value, bool):
+        raise CommandError(f"argument {name!r} must be true or false, not {type(value).__name__}")
+    return value
+
+
+def run_command(target: CommandTarget, name: str, args: dict[str, Json]) -> dict[str, Json]:
     """Carry out one control command on the supervisor's main loop."""
     if name == "status":
-        return sup.status()
+        return target.status()
     if name == "reload":
-        ok = sup.reload("control command")
-        return {"applied": ok, "plans": sorted(sup.plans)}
+        ok = target.reload("control command")
+        return {"applied": ok, "plans": list(target.planned_resources())}
     if name == "rediscover":
-        ok = sup.rediscover("control command")
-        return {"applied": ok, "plans": sorted(sup.plans)}
+        ok = target.rediscover("control command")
+        return {"applied": ok, "plans": list(target.planned_resources())}
     if name == "sim":
-        return _sim(sup, args)
+        return _sim(target, args)
     raise CommandError(f"unknown command {name!r}")
 
 
-def _sim(sup: Supervisor, args: dict[str, Any]) -> dict[str, Any]:
-    sim = sup.simulator
-    if sim is None:
-        raise CommandError("this supervisor runs on real NVML, not a simulated node: fault injection is refused")
-    action = str(args.get("action", ""))
-    device = str(args.get("device", ""))
+def reply_to(target: CommandTarget, command: Command) -> Reply:
+    """The Reply for a Command: its result, or the CommandError's text."""
     try:
-        if action == "xid":
-            sim.inject_xid(device, int(args["xid"]), args.get("gpu_instance"), args.get("compute_instance"))
-        elif action == "ecc":
-            sim.inject_ecc(device, str(args.get("kind", "double")))
-        elif action == "lose":
-            sim.lose(device)
-        elif action == "restore":
-            sim.restore(device)
-        elif action == "reset":
-            sim.reset(device)
+        return Reply(ok=True, error="", data=run_command(target, command.name, dict(command.args)))
+    except CommandError as exc:
+        return Reply(ok=False, error=str(exc), data={})
+
+
+def _sim(target: CommandTarget, args: dict[str, Json]) -> dict[str, Json]:
+    sim = target.simulator
+    if sim is None:
+        raise CommandError(
+            "this supervisor runs on real NVML, not a simulated node: fault injection is refused"
+        )
+    req = SimRequest.parse(args)
+    try:
+        if req.action == "xid":
+            sim.inject_xid(req.device, req.xid, req.gpu_instance, req.compute_instance)
+        elif req.action == "ecc":
+            sim.inject_ecc(req.device, req.kind)
+        elif req.action == "lose":
+            sim.lose(req.device)
+        elif req.action == "restore":
+            sim.restore(req.device)
+        elif req.action == "reset":
+            sim.reset(req.device)
             # NVML sends no event for a reset: the supervisor learns of it from whoever reset the
             # GPU (here the simulator's command) and clears the until-reset conditions.
-            sup.gpu_reset(device)
-        elif action == "mig":
-            layout = args.get("layout")
-            sim.set_mig_layout(int(args["gpu"]), None if layout is None else list(layout))
+            target.gpu_reset(req.device)
+        else:  # mig
+            sim.set_mig_layout(req.gpu, req.layout)
             # Like a `nvidia-smi mig` run by an operator; the reload makes the change show at
             # once. `reload: false` leaves it to the periodic rediscovery (its tests use that).
-            if args.get("reload", True):
-                sup.reload("MIG layout changed")
-        else:
-            raise CommandError(f"unknown sim action {action!r} (one of {', '.join(SIM_ACTIONS)})")
-    except CommandError:
-        raise
+            if req.reload:
+                target.reload("MIG layout changed")
     except (KeyError, ValueError, TypeError, LookupError) as exc:
-        raise CommandError(f"sim {action}: {exc}") from None
+        raise CommandError(f"sim {req.action}: {exc}") from None
     except Exception as exc:  # the simulator raises NVMLError for unknown devices and such
-        raise CommandError(f"sim {action}: {type(exc).__name__}: {exc}") from None
-    return {"action": action, "device": device}
+        raise CommandError(f"sim {req.action}: {type(exc).__name__}: {exc}") from None
+    return {"action": req.action, "device": req.device}
 
 
-def send_command(run_dir: str, name: str, args: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+def send_command(run_dir: str, name: str, args: dict[str, Json], timeout: float = 5.0) -> dict[str, Json]:
     """Send one command to the supervisor of `run_dir`; raises CommandError with a clear text."""
     import zmq
 
     path = os.path.join(run_dir, "control.sock")
     if not os.path.exists(path):
-        raise CommandError(f"no supervisor control socket at {path}: is `gpuvisor run --run-dir {run_dir}` running?")
+        raise CommandError(
+            f"no supervisor control socket at {path}: is `gpuvisor run --run-dir {run_dir}` running?"
+        )
     if not os.access(path, os.R_OK | os.W_OK):
         raise CommandError(f"no permission to use {path}: run as the supervisor's user")
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()

@@ -199,6 +199,27 @@ class Metrics:
         self.nvml_errors = Counter(
             "gpuvisor_nvml_errors", "Failed NVML calls in the supervisor, by function and NVML code.", ["function", "code"], registry=r
         )
+        self.housekeeping_errors = Counter(
+            "gpuvisor_housekeeping_errors",
+            "Supervisor loop steps and timers that raised (logged with the cause; the loop went on), by step.",
+            ["step"],
+            registry=r,
+        )
+        self.reloads_refused = Counter(
+            "gpuvisor_reloads_refused",
+            "Reloads and rediscoveries refused (the running config kept serving), by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.reload_pending = Gauge(
+            "gpuvisor_reload_pending", "1 while a wanted config waits to be applied (retried with backoff).", registry=r
+        )
+        self.control_dropped = Counter(
+            "gpuvisor_control_messages_dropped",
+            "Control-socket messages dropped (malformed, from a replaced or unknown sender), by reason.",
+            ["reason"],
+            registry=r,
+        )
         self._workers = _WorkerCollector()
         r.register(self._workers)
         ProcessCollector(namespace="gpuvisor", registry=r)  # the supervisor's own CPU and memory
@@ -308,6 +329,19 @@ class Metrics:
 
     def set_ready(self, ready: bool) -> None:
         self.ready.set(1 if ready else 0)
+
+    # ------------------------------------------------------------------ the loop's own troubles
+    def housekeeping_error(self, step: str) -> None:
+        self.housekeeping_errors.labels(step).inc()
+
+    def reload_refused(self, kind: str) -> None:
+        self.reloads_refused.labels(kind).inc()
+
+    def set_pending_reload(self, pending: bool) -> None:
+        self.reload_pending.set(1 if pending else 0)
+
+    def control_message_dropped(self, reason: str) -> None:
+        self.control_dropped.labels(reason).inc()
 
 
 def _remove(metric: Gauge, *labels: str) -> None:

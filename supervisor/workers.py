@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import signal
 import time
 from collections.abc import Callable
@@ -104,6 +105,7 @@ class WorkerHandle:
     resource: str
     plan_path: str
     state: WState = WState.STOPPED
+    reason: str = ""  # why it is in its state (the text of the last transition)
     proc: Proc | None = None
     pid: int = 0
     started_at: float = 0.0
@@ -112,6 +114,8 @@ class WorkerHandle:
     registered: bool = False
     registered_since: float = 0.0  # wall clock, for status
     socket_path: str = ""
+    secret: str = ""  # this spawn's proof of identity on the control socket (see spawner.py)
+    generation: int = 0  # spawns of this resource so far: the current process's number
     restarts: int = 0
     restart_causes: dict[str, int] = field(default_factory=dict)
     quick_failures: int = 0
@@ -133,6 +137,7 @@ class WorkerHandle:
         if new not in ALLOWED[old]:
             raise InvalidTransition(f"{self.resource}: {old.value} -> {new.value} ({reason})")
         self.state = new
+        self.reason = reason
         # The level follows the cause: a death is a warning, giving up is an error.
         level = logging.INFO
         if new is WState.BACKOFF:
@@ -330,6 +335,8 @@ class WorkerSet:
         handle.beat_interval = self.policy.beat_interval()
         handle.socket_path = ""
         handle.kill_cause = ""
+        handle.secret = secrets.token_hex(16)
+        handle.generation += 1
         try:
             proc = self.spawner(handle)
         except OSError as exc:

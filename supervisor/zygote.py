@@ -156,8 +156,11 @@ class Zygote:
             self.proc = None
         self._children.clear()
 
-    def spawn(self, argv: list[str]) -> int:
-        """Fork a worker running `python -m worker <argv>`; returns its PID. Raises OSError."""
+    def spawn(self, argv: list[str], secret: str = "") -> int:
+        """Fork a worker running `python -m worker <argv>`; returns its PID. Raises OSError.
+
+        `secret` goes to the child over this private socket (see worker/zygote.py).
+        """
         if not self.alive() or self.sock is None:
             self.pump()  # read the exit reports it sent before it died
             self._lost()
@@ -165,7 +168,8 @@ class Zygote:
         assert self.sock is not None
         self._next_id += 1
         rid = self._next_id
-        self.sock.sendall((json.dumps({"op": "spawn", "id": rid, "argv": argv}) + "\n").encode())
+        request = {"op": "spawn", "id": rid, "argv": argv, "secret": secret}
+        self.sock.sendall((json.dumps(request) + "\n").encode())
         deadline = time.monotonic() + SPAWN_TIMEOUT_S
         while rid not in self._replies:
             left = deadline - time.monotonic()

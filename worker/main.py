@@ -23,16 +23,12 @@ import os
 import signal
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from types import FrameType
 
 from common import logs
 from common.messages import (
-    ApplyOutcome,
-    ApplyResult,
     DeviceHealth,
-    HealthApplier,
     HealthBeacon,
     HealthDelta,
     Heartbeat,
@@ -51,6 +47,7 @@ from common.messages import (
 )
 from common.model import ResourcePlan
 from common.procutil import Mailbox, set_parent_death_signal
+from worker.healthcopy import ApplyOutcome, ApplyResult, HealthApplier
 from worker.registration import SOCKET_CHECK_S, Registrar, RegState
 from worker.server import DeviceBook, Health, PluginService
 from worker.stats import Stats
@@ -65,6 +62,7 @@ SNAPSHOT_RETRY_S = 1.0
 # it looks for itself this often (two stat calls), so it recovers within a fraction of a second.
 STANDALONE_CHECK_S = 0.25
 EXIT_BUG = 1
+SECRET_MAX_BYTES = 256  # the spawn secret read from --secret-fd: 32 hex characters, with room
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,16 +79,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-format", default="text", choices=("text", "json"))
     p.add_argument("--log-level", default="info")
     p.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_S, help="seconds between heartbeats")
+    p.add_argument(
+        "--secret-fd", type=int, default=-1, help="an inherited pipe holding this spawn's secret (read once, closed)"
+    )
     return p.parse_args(argv)
 
 
+def read_secret(fd: int) -> str:
+    """The spawn secret from an inherited pipe: read to its end (bounded) and close it."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size <= SECRET_MAX_BYTES:
+            chunk = os.read(fd, SECRET_MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)[:SECRET_MAX_BYTES].decode("ascii", "replace").strip()
+
+
 class Worker:
-    def __init__(self, args: argparse.Namespace, plan: ResourcePlan) -> None:
+    def __init__(self, args: argparse.Namespace, plan: ResourcePlan, secret: str = "") -> None:
         self.args = args
         self.plan = plan
+        self.secret = secret
         self.stats = Stats()
         self.book = DeviceBook(plan)
         self.service = PluginService(self.book, observe=self.stats.observe)
+        self.service.on_streams_changed = self._on_streams_changed
         plugin_dir = os.path.dirname(os.path.abspath(args.kubelet_socket))
         self.registrar = Registrar(
             self.service,
@@ -128,6 +147,14 @@ class Worker:
 
         self.post(tell)
 
+    def _on_streams_changed(self) -> None:
+        """From a gRPC thread: the kubelet's stream opened or closed; tell the supervisor now."""
+
+        def beat_now() -> None:
+            self._next_heartbeat = 0.0
+
+        self.post(beat_now)
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
 
@@ -152,8 +179,7 @@ class Worker:
         self.dealer = ctx.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.LINGER, 0)
         self.dealer.connect(self.args.control)
-        token = uuid.uuid4().hex
-        self._send(Hello(resource=self.plan.resource, pid=self.pid, worker_token=token))
+        self._send(Hello(resource=self.plan.resource, pid=self.pid, secret=self.secret))
         self._ask_snapshot()
         poller = zmq.Poller()
         poller.register(self.sub, zmq.POLLIN)
@@ -294,7 +320,8 @@ class Worker:
         server = self.registrar.server
         # The figures travel only when they changed (they are cumulative: the supervisor keeps
         # the last ones it got); an idle worker's heartbeat stays a few dozen bytes.
-        stats = self.stats.snapshot(streams=self.service.streams)
+        # The kubelet's streams on the live server: what the supervisor's readiness waits for.
+        stats = self.stats.snapshot(streams=server.streams if server is not None else 0)
         if stats == self._last_stats and time.monotonic() < self._stats_refresh_at:
             stats = {}
         else:
@@ -324,8 +351,11 @@ def parent_ok(args: argparse.Namespace) -> bool:
     return os.getppid() in (args.supervisor_pid, args.zygote_pid or args.supervisor_pid)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, secret: str | None = None) -> int:
+    """Run a worker; `secret` is handed over in memory by the zygote that forked this process."""
     args = parse_args(argv)
+    if secret is None:
+        secret = read_secret(args.secret_fd) if args.secret_fd >= 0 else ""
     logs.setup(args.log_format, args.log_level, role="worker", resource=args.resource)
     if args.supervisor_pid and not args.zygote_pid:
         # Exec'd by the supervisor: die with it. (A zygote's child relies on parent_ok() instead,
@@ -342,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan.resource != args.resource:
         log.error("plan %s is for %s, not %s", args.plan, plan.resource, args.resource)
         return EXIT_CONFIG_ERROR
-    return Worker(args, plan).run()
+    return Worker(args, plan, secret).run()
 
 
 if __name__ == "__main__":

@@ -180,6 +180,9 @@ class PluginService:
         # Called (from a gRPC thread) when the kubelet ends one of a server's streams.
         self.on_stream_cancelled = on_stream_cancelled
         self._observe = observe or (lambda method, seconds: None)
+        # Called (from a gRPC thread) when a stream opens or closes: the supervisor hears of it
+        # at once, so its readiness and status follow the kubelet's stream, not a heartbeat.
+        self.on_streams_changed: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._streams = 0
 
@@ -223,6 +226,7 @@ class PluginService:
             self._streams += 1
         if server is not None:
             server.note_stream(+1)
+        self._streams_changed()
         log.debug("ListAndWatch stream opened")
         by_us = False
         try:
@@ -246,6 +250,7 @@ class PluginService:
                 self._streams -= 1
             if server is not None:
                 server.note_stream(-1)
+            self._streams_changed()
             if by_us or server is None:
                 log.debug("ListAndWatch stream closed by us")
             else:
@@ -255,6 +260,10 @@ class PluginService:
                 server.cancelled = True
                 if self.on_stream_cancelled is not None:
                     self.on_stream_cancelled(server)
+
+    def _streams_changed(self) -> None:
+        if self.on_streams_changed is not None:
+            self.on_streams_changed()
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext

@@ -10,10 +10,12 @@ worker would, and rewrites its command line in place (`common.procutil.set_cmdli
 the zygote was started with) so `ps` shows `python -m worker --resource ...` as for any worker.
 
 Protocol, over a socketpair inherited as fd `--fd` (one JSON object per line):
-  supervisor -> zygote: {"op": "spawn", "id": N, "argv": [...]}
+  supervisor -> zygote: {"op": "spawn", "id": N, "argv": [...], "secret": "..."}
   zygote -> supervisor: {"op": "spawned", "id": N, "pid": P} | {"op": "error", "id": N, "error": "..."}
                         {"op": "exit", "pid": P, "status": S}   (S as subprocess returncode)
-The zygote dies with the supervisor (parent-death signal, and EOF on the socket).
+The secret is the worker's proof of identity on the control socket: it reaches the child in
+memory, never on its command line or in its environment. The zygote dies with the supervisor
+(parent-death signal, and EOF on the socket).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def _returncode(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def _child(sock: socket.socket, wake_r: int, wake_w: int, argv: list[str], zygote_pid: int) -> None:
+def _child(sock: socket.socket, wake_r: int, wake_w: int, argv: list[str], secret: str, zygote_pid: int) -> None:
     """In the forked child: drop the zygote's plumbing and become a worker."""
     code = 1
     try:
@@ -62,7 +64,7 @@ def _child(sock: socket.socket, wake_r: int, wake_w: int, argv: list[str], zygot
             signal.signal(sig, signal.SIG_DFL)
         gc.unfreeze()
         set_cmdline([sys.executable, "-m", "worker", *argv])  # so `ps` names the resource
-        code = worker.main.main([*argv, "--zygote-pid", str(zygote_pid)])
+        code = worker.main.main([*argv, "--zygote-pid", str(zygote_pid)], secret=secret)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # a worker bug must end this child, never return into the zygote loop
@@ -124,6 +126,7 @@ def serve(fd: int, supervisor_pid: int) -> int:
             try:
                 request = json.loads(line)
                 argv = [str(a) for a in request["argv"]]
+                secret = str(request.get("secret", ""))
                 rid = request["id"]
             except (ValueError, KeyError, TypeError) as exc:
                 _send(sock, {"op": "error", "id": None, "error": f"bad request: {exc}"})
@@ -134,7 +137,7 @@ def serve(fd: int, supervisor_pid: int) -> int:
                 _send(sock, {"op": "error", "id": rid, "error": str(exc)})
                 continue
             if pid == 0:
-                _child(sock, wake_r, wake_w, argv, zygote_pid)
+                _child(sock, wake_r, wake_w, argv, secret, zygote_pid)
             _send(sock, {"op": "spawned", "id": rid, "pid": pid})
     return 0
 

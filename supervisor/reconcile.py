@@ -1,0 +1,242 @@
+"""The plan reconciler: the wanted plans against what runs, as actions, then applied.
+
+`plan_actions` is the pure part: the plans the workers run now and the plans wanted, each as
+`resource -> plan JSON`, give one action per resource: START (a new resource), UPDATE (same
+resource, other plan: the running worker takes it in place, same process, same ListAndWatch
+stream, so allocatable never drops), STOP (a resource no longer wanted) or KEEP.
+
+`Reconciler` applies a `Desired` state (config, node, plans), from the first discovery, a
+reload or a rediscovery alike. The plan files are written first, all or nothing: if that fails
+for a passing reason (a full or read-only run dir), nothing changes, the running plans keep
+serving, and the desired state stays *pending*: retried with the backoff until it applies,
+shown in status and counted in the metrics. A newer desired state replaces a pending one. Once
+the files are written, `ReconcileHooks.adopt` brings the rest of the supervisor in step (the
+config, health book, CDI spec, MPS daemons: before any worker hears of the plan) and the
+workers are started, updated in place or stopped.
+
+A reload refused because the config is invalid is not pending (trying again cannot help): the
+refusal is kept for status until a valid config arrives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from common.backoff import Backoff
+from common.config import Config
+from common.messages import Json, PlanUpdate
+from common.model import Node, ResourcePlan
+from supervisor.rundir import RunDir
+from supervisor.scheduler import Scheduler
+from supervisor.workers import WorkerSet
+
+log = logging.getLogger("gpuvisor.supervisor")
+
+RETRY_START_S = 0.5
+RETRY_MAX_S = 30.0
+TIMER = "pending-reload"
+
+
+class ActionKind(Enum):
+    START = "start"
+    UPDATE = "update"
+    STOP = "stop"
+    KEEP = "keep"
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    resource: str
+
+
+def plan_actions(current: Mapping[str, str], wanted: Mapping[str, str]) -> list[Action]:
+    """One action per resource of either side: stops first, then the rest by resource name."""
+    stops = [Action(ActionKind.STOP, r) for r in sorted(set(current) - set(wanted))]
+    rest = []
+    for resource, text in sorted(wanted.items()):
+        if resource not in current:
+            rest.append(Action(ActionKind.START, resource))
+        elif current[resource] != text:
+            rest.append(Action(ActionKind.UPDATE, resource))
+        else:
+            rest.append(Action(ActionKind.KEEP, resource))
+    return stops + rest
+
+
+@dataclass
+class Desired:
+    """What the supervisor should run: a config, the node it was planned on, and the plans."""
+
+    config: Config
+    node: Node
+    plans: dict[str, ResourcePlan]
+    trigger: str
+    plan_json: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.plan_json:
+            self.plan_json = {r: p.to_json() for r, p in self.plans.items()}
+
+
+class ReconcileHooks(Protocol):
+    def adopt(self, desired: Desired, old_plans: Mapping[str, ResourcePlan]) -> None:
+        """The plan files are written: bring config, health, CDI and MPS in step, before workers."""
+        ...
+
+
+class Reconciler:
+    def __init__(
+        self,
+        rundir: RunDir,
+        workers: WorkerSet,
+        tell: Callable[[str, PlanUpdate], bool],
+        hooks: ReconcileHooks,
+        timers: Scheduler,
+        on_pending: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.rundir = rundir
+        self.workers = workers
+        self.tell = tell
+        self.hooks = hooks
+        self.timers = timers
+        self.on_pending = on_pending or (lambda pending: None)
+        self.plans: dict[str, ResourcePlan] = {}
+        self.plan_json: dict[str, str] = {}
+        self.worker_plan: dict[str, str] = {}  # resource -> plan JSON its current worker has
+        self.pending: Desired | None = None
+        self.pending_error = ""
+        self.pending_since = 0.0
+        self.refusal = ""  # the last refused config, until a valid one arrives
+        self.refused = 0
+        self.applied = 0
+        self.backoff = Backoff(RETRY_START_S, RETRY_MAX_S, jitter=0.2)
+
+    # ------------------------------------------------------------------ desired state
+    def want(self, desired: Desired) -> bool:
+        """Apply `desired` now, or keep it pending (and retry) when its plans cannot be written."""
+        if self.pending is None:
+            self.pending_since = self.timers.clock.monotonic()
+            self.backoff.reset()
+        self.pending = desired
+        return self.retry()
+
+    def retry(self) -> bool:
+        desired = self.pending
+        if desired is None:
+            return True
+        actions = plan_actions(self.plan_json, desired.plan_json)
+        error = self._write(
+            [a.resource for a in actions if a.kind in (ActionKind.START, ActionKind.UPDATE)], desired
+        )
+        if error:
+            self._keep_pending(desired, error)
+            return False
+        self.pending = None
+        self.pending_error = ""
+        self.timers.cancel(TIMER)
+        self.on_pending(False)
+        self._apply(desired, actions)
+        return True
+
+    def refuse(self, trigger: str, text: str) -> None:
+        """A config (or its plans) that cannot be taken: the running one stays; status says why."""
+        self.refused += 1
+        self.refusal = f"{text} ({trigger})"
+
+    # ------------------------------------------------------------------ workers
+    def worker_started(self, resource: str) -> None:
+        """A new worker process reads the plan file as it is now."""
+        self.worker_plan[resource] = self.plan_json.get(resource, "")
+
+    def catch_up(self, resource: str) -> None:
+        """Send the current plan to the resource's worker if it has an older one."""
+        text = self.plan_json.get(resource, "")
+        if (
+            text
+            and self.worker_plan.get(resource) != text
+            and self.tell(resource, PlanUpdate(plan_json=text))
+        ):
+            self.worker_plan[resource] = text
+
+    # ------------------------------------------------------------------ internals
+    def _write(self, resources: list[str], desired: Desired) -> str:
+        """Write these plan files; on a failure put back what was written and say why."""
+        written: list[str] = []
+        try:
+            for resource in resources:
+                self.rundir.write_plan(desired.plans[resource], desired.plan_json[resource])
+                written.append(resource)
+        except OSError as exc:
+            for resource in written:  # best effort: a restarting worker must read the running plan
+                if resource in self.plans:
+                    with contextlib.suppress(OSError):
+                        self.rundir.write_plan(self.plans[resource], self.plan_json[resource])
+            return f"cannot write {exc.filename or self.rundir.plans_dir}: {exc.strerror or exc}"
+        return ""
+
+    def _keep_pending(self, desired: Desired, error: str) -> None:
+        delay = self.backoff.next()
+        if error != self.pending_error:
+            log.error(
+                "%s refused, keeping the running plans: %s; the wanted config stays pending, retried with backoff",
+                desired.trigger,
+                error,
+                extra={"trigger": desired.trigger},
+            )
+        else:
+            log.debug("pending reload still cannot be applied (%s); next try in %.1fs", error, delay)
+        self.pending_error = error
+        self.timers.call_later(TIMER, delay, self.retry)
+        self.on_pending(True)
+
+    def _apply(self, desired: Desired, actions: list[Action]) -> None:
+        old = self.plans
+        self.plans = dict(desired.plans)
+        self.plan_json = dict(desired.plan_json)
+        self.applied += 1
+        self.hooks.adopt(desired, old)
+        now = self.timers.clock.monotonic()
+        quiet = not old  # the first plans: the supervisor's "discovered ..." line names them
+        for action in actions:
+            resource, plan = action.resource, self.plans.get(action.resource)
+            if action.kind is ActionKind.STOP:
+                log.info("%s: resource %s removed", desired.trigger, resource)
+                self.workers.unwant(resource, now)
+                self.worker_plan.pop(resource, None)
+            elif action.kind is ActionKind.START and plan is not None:
+                if not quiet:
+                    log.info(
+                        "%s: resource %s added (%d devices)", desired.trigger, resource, len(plan.devices)
+                    )
+                self.workers.want(resource, self.rundir.plan_path(resource), plan_changed=True)
+            elif action.kind is ActionKind.UPDATE and plan is not None:
+                log.info(
+                    "%s: resource %s updated in place (%d devices)",
+                    desired.trigger,
+                    resource,
+                    len(plan.devices),
+                )
+                self.workers.want(resource, self.rundir.plan_path(resource), plan_changed=True)
+                self.catch_up(resource)
+
+    # ------------------------------------------------------------------ views
+    def status(self) -> dict[str, Json]:
+        pending: Json = None
+        if self.pending is not None:
+            nxt = self.timers.when(TIMER)
+            pending = {
+                "trigger": self.pending.trigger,
+                "reason": self.pending_error,
+                "for_seconds": round(self.timers.clock.monotonic() - self.pending_since, 1),
+                "next_retry_in": None
+                if nxt is None
+                else round(max(0.0, nxt - self.timers.clock.monotonic()), 1),
+                "attempts": self.backoff.attempts,
+            }
+        return {"pending": pending, "refused": self.refusal or None, "refusals": self.refused}

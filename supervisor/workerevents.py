@@ -1,0 +1,151 @@
+"""What the supervisor does with what its workers and the kubelet dir tell it.
+
+The control endpoint (supervisor/control.py) hands over typed messages from checked senders;
+the kubelet watch (supervisor/kubeletwatch.py) reports kubelet.sock created and files deleted.
+Here they become worker-lifecycle facts (heartbeats, registrations, sockets), registration
+metrics, health snapshots for workers, plan catch-ups, and re-registration requests.
+
+Registration metrics carry the trigger the supervisor knows, not only the worker's words: a
+worker's first registration is a start, and after a kubelet restart a worker may first report
+its cancelled stream; the supervisor saw the kubelet restart and knows which worker life has
+registered before, so it names the trigger.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from collections.abc import Callable
+
+from common.kubeletapi import KUBELET_SOCKET_NAME
+from common.messages import Command, HealthSnapshot, Heartbeat, Hello, Reply, Reregister, StatusReport
+from supervisor.control import Binding, ControlEndpoint
+from supervisor.healthhub import HealthHub
+from supervisor.metrics import Metrics
+from supervisor.reconcile import Reconciler
+from supervisor.rundir import SOCKET_PREFIX
+from supervisor.scheduler import Clock
+from supervisor.workers import WorkerHandle, WorkerSet, WState
+
+log = logging.getLogger("gpuvisor.supervisor")
+
+
+class WorkerEvents:
+    def __init__(
+        self,
+        workers: WorkerSet,
+        metrics: Metrics,
+        hub: HealthHub,
+        reconciler: Reconciler,
+        clock: Clock,
+        on_command: Callable[[Command], Reply],
+    ) -> None:
+        self.workers = workers
+        self.metrics = metrics
+        self.hub = hub
+        self.reconciler = reconciler
+        self.clock = clock
+        self._on_command = on_command
+        self.control: ControlEndpoint | None = None  # set once the endpoint exists (it needs us)
+        self._registered_life: dict[str, int] = {}  # resource -> pid of the worker life that registered
+        self._kubelet_restarted: set[str] = (
+            set()
+        )  # resources whose next registration follows a kubelet restart
+
+    # ------------------------------------------------------------------ ControlHandlers
+    def accept_hello(self, hello: Hello) -> Binding | None:
+        handle = self.workers.workers.get(hello.resource)
+        if handle is None or handle.proc is None or handle.pid != hello.pid or not handle.secret:
+            return None
+        if not hmac.compare_digest(handle.secret.encode(), hello.secret.encode()):
+            return None
+        return Binding(hello.resource, hello.pid, handle.generation)
+
+    def on_bound(self, binding: Binding) -> None:
+        self.reconciler.catch_up(binding.resource)
+
+    def on_heartbeat(self, beat: Heartbeat) -> None:
+        handle = self.workers.heartbeat(
+            beat.resource, beat.pid, beat.registered, beat.socket_path, self.clock.monotonic()
+        )
+        if handle is not None and beat.stats:  # empty: unchanged since the worker's last report
+            handle.stats = dict(beat.stats)
+            self.metrics.worker_stats(beat.resource, beat.stats, pid=beat.pid)
+
+    def on_status_report(self, report: StatusReport) -> None:
+        log.debug("worker %s: %s (%s)", report.resource, report.event, report.detail)
+        handle = self.workers.workers.get(report.resource)
+        if handle is None or handle.proc is None:
+            return
+        self._count_registration(handle, report.event, report.detail)
+        if report.event == "registered":
+            self.workers.heartbeat(
+                report.resource, handle.pid, True, handle.socket_path, self.clock.monotonic()
+            )
+
+    def snapshot_for(self, resource: str) -> HealthSnapshot | None:
+        # A resource a reload just removed has no snapshot: its worker is being stopped.
+        return self.hub.snapshot(resource) if resource in self.reconciler.plans else None
+
+    def on_command(self, command: Command) -> Reply:
+        return self._on_command(command)
+
+    # ------------------------------------------------------------------ lifecycle listener
+    def on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
+        """Every worker lifecycle transition (already logged by change_state)."""
+        if new is WState.STARTING:
+            # A new process: its predecessor's route speaks for nobody now, and it reads the
+            # plan file as it is now.
+            self._unbind(handle.resource)
+            self.reconciler.worker_started(handle.resource)
+        elif new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
+            self._unbind(handle.resource)  # nobody is there to talk to
+            if new is WState.STOPPED and not handle.wanted:
+                self._registered_life.pop(handle.resource, None)
+                self._kubelet_restarted.discard(handle.resource)
+
+    def _unbind(self, resource: str) -> None:
+        if self.control is not None:
+            self.control.unbind(resource)
+
+    def _count_registration(self, handle: WorkerHandle, event: str, detail: str) -> None:
+        """Feed a worker's registration report to the metrics with the trigger the supervisor knows."""
+        resource = handle.resource
+        first = self._registered_life.get(resource) != handle.pid
+        if event == "registering":
+            if first:
+                detail = "start"
+            elif resource in self._kubelet_restarted:
+                detail = "kubelet restart"
+        elif event == "registered":
+            if not first and resource in self._kubelet_restarted:
+                self.metrics.registration_report(resource, "registering", "kubelet restart")
+            self._kubelet_restarted.discard(resource)
+            self._registered_life[resource] = handle.pid
+        self.metrics.registration_report(resource, event, detail)
+
+    # ------------------------------------------------------------------ the kubelet dir
+    def kubelet_created(self) -> None:
+        """kubelet.sock appeared (a kubelet restart): every worker registers again."""
+        self._kubelet_restarted.update(self.workers.workers)
+        reason = "kubelet.sock created"
+        log.info(
+            "kubelet restarted (%s): every worker re-registers", reason, extra={"trigger": "kubelet-restart"}
+        )
+        for resource in self.workers.workers:
+            self.tell(resource, Reregister(reason=reason))
+
+    def file_deleted(self, name: str) -> None:
+        if name == KUBELET_SOCKET_NAME:
+            # The kubelet is going (or restarting): the registrations that follow are its doing.
+            self._kubelet_restarted.update(self.workers.workers)
+            return
+        if not name.startswith(SOCKET_PREFIX):
+            return
+        for resource, handle in self.workers.workers.items():
+            if handle.socket_path and os.path.basename(handle.socket_path) == name:
+                self.tell(resource, Reregister(reason=f"socket {name} deleted"))
+
+    def tell(self, resource: str, message: Reregister) -> bool:
+        return self.control is not None and self.control.tell(resource, message)
