@@ -95,3 +95,44 @@ class ConfigWatch:
     def stop(self) -> None:
         self._observer.stop()
         self._observer.join(timeout=5)
+
+
+class Watches:
+    """Both watches of a supervisor, started and stopped together.
+
+    A watch that cannot start (the node's inotify limits, a config dir that does not exist) is
+    logged with what still works without it; the supervisor runs on.
+    """
+
+    def __init__(self, plugin_dir: str, config_file: str) -> None:
+        self.plugin_dir = plugin_dir
+        self.config_file = config_file
+        self.kubelet: KubeletWatch | None = None
+        self.config: ConfigWatch | None = None
+
+    def start(
+        self, on_kubelet: Callable[[], None], on_deleted: Callable[[str], None], on_config: Callable[[], None]
+    ) -> None:
+        try:
+            self.kubelet = KubeletWatch(self.plugin_dir, on_kubelet, on_deleted)
+            self.kubelet.start()
+        except OSError as exc:  # e.g. the node's inotify instance limit (fs.inotify.max_user_instances)
+            self.kubelet = None
+            log.warning(
+                "cannot watch %s (%s): workers notice a kubelet restart themselves, within 2 s", self.plugin_dir, exc
+            )
+        if self.config_file:
+            try:
+                self.config = ConfigWatch(self.config_file, on_config)
+                self.config.start()
+            except OSError as exc:
+                self.config = None
+                log.warning("cannot watch the config file %s (%s): reload with SIGHUP", self.config_file, exc)
+
+    def stop(self) -> None:
+        for watch in (self.kubelet, self.config):
+            if watch is not None:
+                try:
+                    watch.stop()
+                except Exception:  # at exit: the other watch still stops
+                    log.exception("stopping a file watch failed")

@@ -11,7 +11,8 @@ mailbox, a signal number on a list) and wake it. Each turn reads as what it does
 resource of the node away.
 
 The parts, each a module with one job: the run dir (`rundir`), NVML bring-up and rediscovery
-(`discovery`), the plan reconciler with pending reloads (`reconcile`), the control endpoint
+(`discovery`), reload and rediscovery (`replan`), the plan reconciler with pending reloads
+(`reconcile`), the control endpoint
 (`control`) and what worker messages mean (`workerevents`), health publishing (`healthhub`),
 MPS daemons and CDI spec (`mpswiring`, `cdisync`), and the status document (`status`).
 """
@@ -19,13 +20,10 @@ MPS daemons and CDI spec (`mpswiring`, `cdisync`), and the status document (`sta
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
 import json
 import logging
 import os
 import signal
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from types import FrameType
@@ -33,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from common.config import Config, ConfigError, load_config
+from common.config import Config
 from common.messages import Command, Json, PlanUpdate, Reply
 from common.model import Node, ResourcePlan
 from common.planning import PlanningError, plan_resources
@@ -43,14 +41,15 @@ from supervisor.cdisync import CdiSync
 from supervisor.commands import reply_to
 from supervisor.control import ControlEndpoint
 from supervisor.discovery import EXIT_IN_USE, NvmlLink, StartupError, keep_vanished_gpus
-from supervisor.health_policy import HealthPolicy, PolicyError
+from supervisor.health_policy import PolicyError
 from supervisor.healthhub import HealthHub
 from supervisor.httpserver import AddressError, ProbeServer, ReadinessCell, loop_liveness
-from supervisor.kubeletwatch import ConfigWatch, KubeletWatch
+from supervisor.kubeletwatch import Watches
 from supervisor.metrics import Metrics
 from supervisor.mps import MpsError
 from supervisor.mpswiring import MpsWiring
 from supervisor.reconcile import Desired, Reconciler
+from supervisor.replan import Replanner, health_policy_for
 from supervisor.rundir import RunDir, RunDirError, SocketSweeper
 from supervisor.scheduler import Clock, Scheduler, SystemClock
 from supervisor.sdnotify import Notifier
@@ -68,38 +67,8 @@ log = logging.getLogger("gpuvisor.supervisor")
 
 TICK_S = 1.0  # the longest the loop sleeps; timers wake it sooner
 BEACON_S = 2.0
-CONFIG_DEBOUNCE_S = 0.3  # a ConfigMap update is a burst of create/rename/delete events
 SHUTDOWN_GRACE_S = 4.0  # SIGTERM to workers, then SIGKILL: the whole stop stays under 5 s
-# Settings a running supervisor cannot take over at a reload: a change is logged, not applied.
-RESTART_ONLY = (
-    "kubelet_socket",
-    "run_dir",
-    "simulate",
-    "metrics_address",
-    "log_format",
-    "log_level",
-    "fail_on_init_error",
-)
 HEALTH_SETTINGS = ("disable_healthchecks", "enable_healthchecks", "health")
-
-
-def health_policy_for(config: Config) -> HealthPolicy:
-    """The health policy a config asks for; raises PolicyError for what the policy refuses."""
-    return HealthPolicy.from_settings(
-        disable_env=",".join(config.disable_healthchecks) or None,
-        enable_env=",".join(config.enable_healthchecks) or None,
-        xid_actions=config.health.xid_actions(),
-        quiet_seconds=config.health.transient_quiet_seconds,
-    )
-
-
-def file_fingerprint(path: str) -> str:
-    """What the config file holds now (through any symlinks), cheap to compare."""
-    try:
-        with open(path, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
-    except OSError as exc:
-        return f"unreadable: {exc.strerror}"
 
 
 class Supervisor:
@@ -155,13 +124,20 @@ class Supervisor:
         self.readiness = ReadinessCell()
         self.notifier = Notifier(self.environ)
         self.http: ProbeServer | None = None
-        self.watch: KubeletWatch | None = None
-        self.config_watch: ConfigWatch | None = None
+        self.watches = Watches(self.plugin_dir, config.config_file)
         self.node: Node | None = None
-        self.reloads = 0
-        self.rediscoveries = 0
+        self.replan = Replanner(
+            argv_flags,
+            self.environ,
+            self.nvml,
+            self.reconciler,
+            self.mps,
+            self.metrics,
+            self.timers,
+            lambda: (self.config, self.node),
+            self._adopt_config,
+        )
         self._was_ready = False
-        self._config_fp = file_fingerprint(config.config_file) if config.config_file else ""
 
     @property
     def simulator(self) -> Simulator | None:
@@ -169,11 +145,7 @@ class Supervisor:
 
     @staticmethod
     def _worker_policy(config: Config) -> Policy:
-        return Policy(
-            heartbeat_timeout=config.heartbeat_timeout,
-            start_retries=config.start_retries,
-            start_seconds=config.start_seconds,
-        )
+        return Policy(**{k: getattr(config, k) for k in ("heartbeat_timeout", "start_retries", "start_seconds")})
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
@@ -219,7 +191,12 @@ class Supervisor:
         self.control.open()
         self.hub.open()
         self.rundir.secure_sockets()
-        self._start_watches()
+        post = self.mailbox.post
+        self.watches.start(
+            lambda: post(self.events.kubelet_created),
+            lambda name: post(lambda: self.events.file_deleted(name)),
+            lambda: post(self.replan.config_event),
+        )
         self.spawner.start()
         self.timers.call_later("beacon", 0.0, self.beacon)
         self.try_nvml()
@@ -331,7 +308,7 @@ class Supervisor:
             ", ".join(f"{r} ({len(p.devices)})" for r, p in plans.items()) or "none",
         )
         self.reconciler.want(Desired(self.config, node, plans, "start"))
-        self._schedule_rediscovery()
+        self.replan.schedule_rediscovery(self.config)
 
     def adopt(self, desired: Desired, old_plans: Mapping[str, ResourcePlan]) -> None:
         """ReconcileHooks: the plan files are written; config, health, CDI and MPS follow first."""
@@ -364,75 +341,13 @@ class Supervisor:
         self.mps.adopt(config)
         self.spawner.config = config
         self.workers.policy = self._worker_policy(config)
-        self._schedule_rediscovery()
-
-    def _schedule_rediscovery(self) -> None:
-        interval = self.config.rediscovery_interval
-        if interval > 0 and self.nvml.up:
-            self.timers.call_later("rediscovery", interval, lambda: self.rediscover("periodic rediscovery"))
-        else:
-            self.timers.cancel("rediscovery")
+        self.replan.schedule_rediscovery(config)
 
     def reload(self, trigger: str) -> bool:
-        """Re-read the config and the device set; apply what changed. False if refused or pending."""
-        self.reloads += 1
-        if self.config.config_file:
-            # What is read now has been seen, taken or refused: the file watch need not repeat it.
-            self._config_fp = file_fingerprint(self.config.config_file)
-        try:
-            config = self._live_part(load_config(self.argv_flags, self.environ))
-            health_policy_for(config)  # refused here, not half-applied later
-        except (ConfigError, PolicyError) as exc:
-            return self._refuse(trigger, "reload", str(exc))
-        self.reconciler.refusal = ""  # a valid config arrived: the last refusal is history
-        if not self.nvml.up:
-            self._adopt_config(config)
-            log.info("reload (%s): config taken; it applies once NVML is up", trigger)
-            return True
-        return self._replan(config, trigger, "reload")
+        return self.replan.reload(trigger)
 
     def rediscover(self, trigger: str) -> bool:
-        """Re-read the device set with the wanted config; cheap and silent when nothing changed."""
-        if not self.nvml.up:
-            return False
-        pending = self.reconciler.pending
-        return self._replan(pending.config if pending is not None else self.config, trigger, "rediscovery")
-
-    def _replan(self, config: Config, trigger: str, what: str) -> bool:
-        self.rediscoveries += 1
-        self._schedule_rediscovery()
-        try:
-            node = self.nvml.rediscover(self.node)
-        except Exception as exc:  # NVML trouble during rediscovery: keep what runs
-            return self._refuse(trigger, what, f"discovery failed: {exc}", quiet=what == "rediscovery")
-        if node == self.node and config == self.config and self.reconciler.pending is None:
-            return True  # the common case of a periodic rediscovery: nothing to do
-        try:
-            plans = plan_resources(node, config)
-            self.mps.validate(config, plans)
-        except (PlanningError, MpsError) as exc:
-            return self._refuse(trigger, what, str(exc), quiet=what == "rediscovery")
-        return self.reconciler.want(Desired(config, node, plans, trigger))
-
-    def _refuse(self, trigger: str, what: str, text: str, quiet: bool = False) -> bool:
-        """One clear line per refusal; a periodic trigger repeating the same refusal logs once."""
-        line = f"{what} ({trigger}) refused, keeping the running config: {text}"
-        if not (quiet and self.reconciler.refusal.startswith(f"{what} refused: {text}")):
-            log.error("%s", line, extra={"trigger": trigger})
-        self.reconciler.refuse(trigger, f"{what} refused: {text}")
-        self.metrics.reload_refused(what)
-        return False
-
-    def _live_part(self, config: Config) -> Config:
-        """`config` with the settings a running supervisor cannot change held at their values."""
-        held = {
-            name: getattr(self.config, name)
-            for name in RESTART_ONLY
-            if getattr(config, name) != getattr(self.config, name)
-        }
-        for name in held:
-            log.warning("setting %s changed; it takes effect at the next restart", name)
-        return dataclasses.replace(config, **held) if held else config
+        return self.replan.rediscover(trigger)
 
     # ------------------------------------------------------------------ the outside
     def _start_http(self) -> None:
@@ -449,39 +364,6 @@ class Supervisor:
         except AddressError as exc:
             raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
         self.http = server
-
-    def _start_watches(self) -> None:
-        post = self.mailbox.post
-        try:
-            self.watch = KubeletWatch(
-                self.plugin_dir,
-                lambda: post(self.events.kubelet_created),
-                lambda name: post(lambda: self.events.file_deleted(name)),
-            )
-            self.watch.start()
-        except OSError as exc:  # e.g. the node's inotify instance limit (fs.inotify.max_user_instances)
-            self.watch = None
-            log.warning(
-                "cannot watch %s (%s): workers notice a kubelet restart themselves, within 2 s",
-                self.plugin_dir,
-                exc,
-            )
-        if self.config.config_file:
-            arm = lambda: self.timers.call_later("config-check", CONFIG_DEBOUNCE_S, self._check_config_file)  # noqa: E731
-            try:
-                self.config_watch = ConfigWatch(self.config.config_file, lambda: post(arm))
-                self.config_watch.start()
-            except OSError as exc:
-                self.config_watch = None
-                log.warning(
-                    "cannot watch the config file %s (%s): reload with SIGHUP", self.config.config_file, exc
-                )
-
-    def _check_config_file(self) -> None:
-        fingerprint = file_fingerprint(self.config.config_file)
-        if fingerprint != self._config_fp:  # else an event that changed nothing we read
-            self._config_fp = fingerprint
-            self.reload("config file changed")
 
     def _on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
         if new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
@@ -520,8 +402,6 @@ class Supervisor:
                 "metrics_url": self.http.url if self.http is not None else None,
                 "nvml": self.nvml.status(),
                 "health_policy": self.hub.policy.describe(),
-                "rediscoveries": self.rediscoveries,
-                "reloads": self.reloads,
                 "reconcile": self.reconciler.status(),
                 "workers": status.workers_view(self.workers.workers, self.clock.monotonic()),
                 "resources": self.hub.resources_view(),
@@ -529,33 +409,21 @@ class Supervisor:
                 "mps": self.mps.status(),
                 "cdi": self.cdi.status(),
                 "control": self.control.status(),
-            }
+            },
+            self.replan.status(),
         )
 
     # ------------------------------------------------------------------ stop
     def shutdown(self) -> None:
         self.notifier.stopping()
         log.info("stopping: %d workers", sum(1 for h in self.workers.workers.values() if h.proc is not None))
-        now = time.monotonic()
-        self.workers.stop_all(now, "supervisor stopping")
-        deadline = now + SHUTDOWN_GRACE_S
-        while not self.workers.all_stopped() and time.monotonic() < deadline:
-            self.workers.tick(time.monotonic())
-            time.sleep(0.02)
-        if not self.workers.all_stopped():
-            self.workers.kill_all()
-            kill_deadline = time.monotonic() + 0.5
-            while not self.workers.all_stopped() and time.monotonic() < kill_deadline:
-                self.workers.tick(time.monotonic())
-                time.sleep(0.01)
+        self.workers.stop_and_wait("supervisor stopping", SHUTDOWN_GRACE_S)
         self.spawner.stop()
         # After the workers: no container is handed an MPS pipe whose daemon is gone. The CDI spec
         # stays (containers that restart while gpuvisor is down still resolve their devices).
         self.mps.shutdown()
         self.hub.stop()
-        for watch in (self.watch, self.config_watch):
-            if watch is not None:
-                self._step("stop watch", watch.stop)
+        self._step("stop watches", self.watches.stop)
         self.control.close()
         self.rundir.remove_sockets()
         if self.http is not None:

@@ -210,6 +210,17 @@ class WorkerSet:
             handle.wanted = False
             self._stop(handle, now, reason)
 
+    def stop_and_wait(self, reason: str, grace: float, kill_grace: float = 0.5) -> None:
+        """At exit: SIGTERM every worker, reap them for up to `grace` seconds, then SIGKILL the rest."""
+        now = time.monotonic()
+        self.stop_all(now, reason)
+        for limit, kill in ((now + grace, False), (now + grace + kill_grace, True)):
+            if kill and not self.all_stopped():
+                self.kill_all()
+            while not self.all_stopped() and time.monotonic() < limit:
+                self.tick(time.monotonic())
+                time.sleep(0.01)
+
     def all_stopped(self) -> bool:
         return all(h.proc is None for h in self.workers.values())
 
