@@ -776,6 +776,24 @@ def test_labeller_runs_gpuvisor_labels_with_gfds_env() -> None:
     assert "ports" not in _container(labeller)
 
 
+@pytest.mark.parametrize("name", ["time-slicing", "mps", "mig-mixed", "cdi", "several-configs"])
+def test_labeller_reads_the_config_the_plugin_runs(name: str, tmp_path: Path) -> None:
+    """With gfd.enabled, gpuvisor's loader under the labeller's env resolves what the plugin's resolves."""
+    docs = _render(_values(name) | {"gfd": {"enabled": True}})
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "labeller").mkdir()
+    plugin = _loaded_config(docs, _plugin(docs), tmp_path / "plugin")
+    labeller = _loaded_config(docs, _labeller(docs), tmp_path / "labeller")
+    for attribute in (
+        "mig_strategy",
+        "sharing",
+        "device_discovery_strategy",
+        "fail_on_init_error",
+        "resources",
+    ):
+        assert getattr(labeller, attribute) == getattr(plugin, attribute), attribute
+
+
 def test_labeller_uses_the_node_feature_api_by_default() -> None:
     """GFD's default output: a token and a Role for NodeFeature objects (nfd.k8s-sigs.io) and its own pod."""
     docs = _render(_values("gfd"))
