@@ -900,3 +900,24 @@ def test_notes_say_which_config_runs_and_what_is_not_done() -> None:
     assert "nvidia.com/device-plugin.config is\n  NOT read" in notes
     assert "does not install node-feature-discovery" in notes
     assert "NOT read" not in _notes(_values("time-slicing"))
+
+
+# --- the README's example -------------------------------------------------------------------------
+
+
+def _readme_helm_yaml_blocks() -> list[str]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Install with Helm") :]
+    section = section[: section.index("\n## ", 1)]
+    return [block.split("```", 1)[0] for block in section.split("```yaml\n")[1:]]
+
+
+def test_readme_per_node_group_release_renders_as_described(tmp_path: Path) -> None:
+    """The README's MIG release runs its config only on nodes with the config label, with MIG's privileges."""
+    [block] = _readme_helm_yaml_blocks()
+    docs = _render(yaml.safe_load(block))
+    plugin = _plugin(docs)
+    assert _pod(plugin)["nodeSelector"] == {"nvidia.com/device-plugin.config": "mig-mixed"}
+    assert _env(plugin)["CONFIG_FILE"] == f"{CONFIG_DIR}/mig-mixed"
+    assert _loaded_config(docs, plugin, tmp_path).mig_strategy == "mixed"
+    assert _capabilities_added(plugin) == ["SYS_ADMIN"]
