@@ -1,0 +1,295 @@
+{{- /*
+Shared definitions. The chart's decisions are made here once, as data (dicts turned to JSON
+and back), and the object templates only lay them out:
+  gpuvisor.validate       every render-time refusal, included at the top of every object template
+                          so that the first problem is reported whatever order Helm renders in;
+  gpuvisor.configChoice   which ConfigMap and which key of it gpuvisor runs on every node;
+  gpuvisor.features       whether MIG, MPS, CDI or volume-mounts may be in use, which decides
+                          capabilities, host paths and host namespaces (least privilege otherwise).
+*/ -}}
+
+{{- define "gpuvisor.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /* The release name alone when it already contains the chart's name ("gpuvisor"). */ -}}
+{{- define "gpuvisor.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "gpuvisor.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuvisor.labellerName" -}}
+{{- printf "%s-%s" (include "gpuvisor.fullname" .) (.Values.gfd.nameOverride | default "gpu-feature-discovery") | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuvisor.namespace" -}}
+{{- .Values.namespaceOverride | default .Release.Namespace -}}
+{{- end -}}
+
+{{- define "gpuvisor.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion | toString) -}}
+{{- end -}}
+
+{{- /* Labels of every object. */ -}}
+{{- define "gpuvisor.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "gpuvisor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: gpuvisor
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- /*
+Selector labels of one component (dict "root" . "component" NAME): selectorLabelsOverride replaces
+name and instance, as in NVIDIA's chart; the component is always added, so the plugin's and the
+labeller's DaemonSets select only their own pods (NVIDIA's two DaemonSets share one selector).
+*/ -}}
+{{- define "gpuvisor.selectorLabels" -}}
+{{- $root := .root -}}
+{{- $labels := dict -}}
+{{- if $root.Values.selectorLabelsOverride -}}
+{{- $labels = deepCopy $root.Values.selectorLabelsOverride -}}
+{{- else -}}
+{{- $_ := set $labels "app.kubernetes.io/name" (include "gpuvisor.name" $root) -}}
+{{- $_ := set $labels "app.kubernetes.io/instance" $root.Release.Name -}}
+{{- end -}}
+{{- $_ := set $labels "app.kubernetes.io/component" .component -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{- /* Pod labels: the selector labels plus name and instance (kept when the selector is overridden). */ -}}
+{{- define "gpuvisor.podLabels" -}}
+{{- $labels := include "gpuvisor.selectorLabels" . | fromYaml -}}
+{{- $_ := set $labels "app.kubernetes.io/name" (include "gpuvisor.name" .root) -}}
+{{- $_ := set $labels "app.kubernetes.io/instance" .root.Release.Name -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{- define "gpuvisor.embeddedConfigMapName" -}}
+{{- printf "%s-configs" (include "gpuvisor.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /*
+The config gpuvisor runs, as JSON {"configMap": NAME or "", "key": KEY or ""}; key "" means no
+config file. NVIDIA's config-manager picks a key per node (the node label
+nvidia.com/device-plugin.config, else config.default, else the fallbacks in order:
+cmd/config-manager/main.go:335-393); gpuvisor has no config-manager, so the chart makes the
+label-less choice once, for every node, and refuses to render when it cannot be made.
+With config.name the keys are read from the live ConfigMap (`lookup`, on install and upgrade);
+offline (helm template) they are unknown, so only config.default or a leading "empty" can choose.
+*/ -}}
+{{- define "gpuvisor.configChoice" -}}
+{{- $config := .Values.config -}}
+{{- $choice := dict "configMap" "" "key" "" -}}
+{{- if or $config.map $config.name -}}
+  {{- $keys := list -}}
+  {{- $known := false -}}
+  {{- $where := "" -}}
+  {{- if $config.map -}}
+    {{- $_ := set $choice "configMap" (include "gpuvisor.embeddedConfigMapName" .) -}}
+    {{- $keys = keys $config.map | sortAlpha -}}
+    {{- $known = true -}}
+    {{- $where = "config.map" -}}
+  {{- else -}}
+    {{- $_ := set $choice "configMap" (toString $config.name) -}}
+    {{- $where = printf "the ConfigMap %s (config.name)" $config.name -}}
+    {{- $live := lookup "v1" "ConfigMap" (include "gpuvisor.namespace" .) (toString $config.name) -}}
+    {{- if $live -}}
+      {{- $keys = keys ($live.data | default dict) | sortAlpha -}}
+      {{- $known = true -}}
+    {{- end -}}
+  {{- end -}}
+  {{- if $config.default -}}
+    {{- if and $known (not (has (toString $config.default) $keys)) -}}
+      {{- fail (printf "gpuvisor chart: config.default %q is not a key of %s (keys: %s)" (toString $config.default) $where (join ", " $keys)) -}}
+    {{- end -}}
+    {{- $_ := set $choice "key" (toString $config.default) -}}
+  {{- else -}}
+    {{- $found := false -}}
+    {{- range $strategy := $config.fallbackStrategies -}}
+      {{- if not $found -}}
+        {{- if and (not $known) (has $strategy (list "named" "single")) -}}
+          {{- fail (printf "gpuvisor chart: config.name %q without config.default: the fallback %q needs the ConfigMap's keys, which cannot be read here (helm template, or the ConfigMap does not exist yet); set config.default to the key gpuvisor should run" (toString $config.name) $strategy) -}}
+        {{- end -}}
+        {{- if eq $strategy "named" -}}
+          {{- if has "default" $keys -}}
+            {{- $_ := set $choice "key" "default" -}}
+            {{- $found = true -}}
+          {{- end -}}
+        {{- else if eq $strategy "single" -}}
+          {{- if eq (len $keys) 1 -}}
+            {{- $_ := set $choice "key" (first $keys) -}}
+            {{- $found = true -}}
+          {{- end -}}
+        {{- else if eq $strategy "empty" -}}
+          {{- $found = true -}}
+        {{- else -}}
+          {{- fail (printf "gpuvisor chart: config.fallbackStrategies: unknown strategy %q (known: named, single, empty)" (toString $strategy)) -}}
+        {{- end -}}
+      {{- end -}}
+    {{- end -}}
+    {{- if not $found -}}
+      {{- fail (printf "gpuvisor chart: %s holds %d configs (%s) and none is the default: set config.default to one of them, or name one `default` (fallback \"named\"); fallbacks tried, in order: [%s]. gpuvisor runs one config on every node: it does not read the node label nvidia.com/device-plugin.config" $where (len $keys) (join ", " $keys) (join ", " ($config.fallbackStrategies | default list))) -}}
+    {{- end -}}
+  {{- end -}}
+{{- end -}}
+{{- toJson $choice -}}
+{{- end -}}
+
+{{- /*
+The value at a key path in a parsed config (dict "in" CONFIG "path" KEYS), as JSON {"v": VALUE}, with
+"" where the path is missing or crosses something that is not a mapping (sprig's dig would panic
+there, and a malformed config is gpuvisor's to report, with its own message, at start).
+*/ -}}
+{{- define "gpuvisor.get" -}}
+{{- $node := .in -}}
+{{- range .path -}}
+  {{- if kindIs "map" $node -}}{{- $node = get $node . -}}{{- else -}}{{- $node = "" -}}{{- end -}}
+{{- end -}}
+{{- toJson (dict "v" $node) -}}
+{{- end -}}
+
+{{- /* Whether a device-list strategy (a string, possibly a comma list, or a list) names one of `wanted`. */ -}}
+{{- define "gpuvisor.strategyHasAny" -}}
+{{- $found := false -}}
+{{- $names := list -}}
+{{- if kindIs "string" .strategy -}}
+  {{- $names = splitList "," .strategy -}}
+{{- else if kindIs "slice" .strategy -}}
+  {{- $names = .strategy -}}
+{{- end -}}
+{{- range $names -}}
+  {{- if has (trim (toString .)) $.wanted -}}{{- $found = true -}}{{- end -}}
+{{- end -}}
+{{- $found -}}
+{{- end -}}
+
+{{- /*
+What the pods may need, as JSON {"mig", "mps", "cdi", "volumeMounts"}: a value set in the chart
+wins over the config file (its env var wins on the node); otherwise the config gpuvisor runs
+decides (the chosen key of config.map: the others never run, so they grant nothing); with
+config.name, whose contents are unknown at render time, everything counts, as NVIDIA's chart
+assumes MIG for an external ConfigMap. gpuvisor.features.* (true/false) overrides the outcome.
+*/ -}}
+{{- define "gpuvisor.features" -}}
+{{- $v := .Values -}}
+{{- $choice := include "gpuvisor.configChoice" . | fromJson -}}
+{{- $external := and (not $v.config.map) (not (empty $v.config.name)) -}}
+{{- $configs := list -}}
+{{- if and $v.config.map $choice.key -}}
+  {{- $parsed := fromYaml (toString (get $v.config.map $choice.key)) -}}
+  {{- if not (hasKey $parsed "Error") -}}{{- $configs = append $configs $parsed -}}{{- end -}}
+{{- end -}}
+{{- $f := dict "mig" $external "mps" $external "cdi" $external "volumeMounts" $external -}}
+{{- if kindIs "string" $v.migStrategy -}}
+  {{- $_ := set $f "mig" (ne $v.migStrategy "none") -}}
+{{- else -}}
+  {{- range $configs -}}
+    {{- $mig := (include "gpuvisor.get" (dict "in" . "path" (list "flags" "migStrategy")) | fromJson).v -}}
+    {{- if and $mig (ne (toString $mig) "none") -}}{{- $_ := set $f "mig" true -}}{{- end -}}
+  {{- end -}}
+{{- end -}}
+{{- range $configs -}}
+  {{- if (include "gpuvisor.get" (dict "in" . "path" (list "sharing" "mps")) | fromJson).v -}}{{- $_ := set $f "mps" true -}}{{- end -}}
+{{- end -}}
+{{- $cdi := list "cdi-annotations" "cdi-cri" -}}
+{{- $mounts := list "volume-mounts" -}}
+{{- if kindIs "string" $v.deviceListStrategy -}}
+  {{- $_ := set $f "cdi" (eq (include "gpuvisor.strategyHasAny" (dict "strategy" $v.deviceListStrategy "wanted" $cdi)) "true") -}}
+  {{- $_ := set $f "volumeMounts" (eq (include "gpuvisor.strategyHasAny" (dict "strategy" $v.deviceListStrategy "wanted" $mounts)) "true") -}}
+{{- else -}}
+  {{- range $configs -}}
+    {{- $strategy := (include "gpuvisor.get" (dict "in" . "path" (list "flags" "plugin" "deviceListStrategy")) | fromJson).v -}}
+    {{- if eq (include "gpuvisor.strategyHasAny" (dict "strategy" $strategy "wanted" $cdi)) "true" -}}{{- $_ := set $f "cdi" true -}}{{- end -}}
+    {{- if eq (include "gpuvisor.strategyHasAny" (dict "strategy" $strategy "wanted" $mounts)) "true" -}}{{- $_ := set $f "volumeMounts" true -}}{{- end -}}
+  {{- end -}}
+{{- end -}}
+{{- range $name, $forced := ($v.gpuvisor.features | default dict) -}}
+  {{- if kindIs "bool" $forced -}}{{- $_ := set $f $name $forced -}}{{- end -}}
+{{- end -}}
+{{- toJson $f -}}
+{{- end -}}
+
+{{- /*
+A container's securityContext (dict "root" . "override" VALUES-SECURITY-CONTEXT): the override
+verbatim when set (NVIDIA's rule), else least privilege as the kustomize base: root (the kubelet's
+directory and socket belong to root) with every capability dropped, and SYS_ADMIN added back only
+when a MIG strategy may be on (the MIG capability device nodes are granted to CAP_SYS_ADMIN) or
+volume-mounts may be (the NVIDIA runtime is then commonly set to ignore NVIDIA_VISIBLE_DEVICES in
+unprivileged containers: NVIDIA #856), exactly when NVIDIA's chart adds it.
+*/ -}}
+{{- define "gpuvisor.securityContext" -}}
+{{- if .override -}}
+{{- toYaml .override -}}
+{{- else -}}
+{{- $f := include "gpuvisor.features" .root | fromJson -}}
+{{- $caps := dict "drop" (list "ALL") -}}
+{{- if or $f.mig $f.volumeMounts -}}{{- $_ := set $caps "add" (list "SYS_ADMIN") -}}{{- end -}}
+{{- toYaml (dict "runAsUser" 0 "runAsGroup" 0 "runAsNonRoot" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" $caps "seccompProfile" (dict "type" "RuntimeDefault")) -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* An env entry for a value NVIDIA's chart passes only when it has the right type. */ -}}
+{{- define "gpuvisor.typedEnv" -}}
+{{- $env := list -}}
+{{- range .entries -}}
+  {{- $value := index . 1 -}}
+  {{- $kind := index . 2 -}}
+  {{- if or (and (eq $kind "bool") (kindIs "bool" $value)) (and (eq $kind "string") (kindIs "string" $value) (ne $value "")) -}}
+    {{- $env = append $env (dict "name" (index . 0) "value" (toString $value)) -}}
+  {{- end -}}
+{{- end -}}
+{{- toJson $env -}}
+{{- end -}}
+
+{{- /* Every render-time refusal; renders nothing when the values are acceptable. */ -}}
+{{- define "gpuvisor.validate" -}}
+{{- $v := .Values -}}
+{{- if $v.namespace -}}
+  {{- fail (printf "gpuvisor chart: the value 'namespace' (%v) is not supported, as in NVIDIA's chart: install with --namespace (and --create-namespace) instead" $v.namespace) -}}
+{{- end -}}
+{{- if and (eq .Release.Namespace "default") (not $v.allowDefaultNamespace) -}}
+  {{- fail "gpuvisor chart: refusing to install into the 'default' namespace (as NVIDIA's chart): use --namespace NAME (with --create-namespace), or set allowDefaultNamespace=true" -}}
+{{- end -}}
+{{- if and $v.config.name $v.config.map -}}
+  {{- fail "gpuvisor chart: only one of config.name (an existing ConfigMap) and config.map (configs for a ConfigMap made by this chart) may be set" -}}
+{{- end -}}
+{{- range $name, $text := $v.config.map -}}
+  {{- if or (not (regexMatch "^[-._a-zA-Z0-9]{1,253}$" $name)) (eq $name ".") (hasPrefix ".." $name) -}}
+    {{- fail (printf "gpuvisor chart: config.map key %q is not a valid ConfigMap key (letters, digits, '-', '_', '.'; not '.' or '..'-prefixed; at most 253 characters)" $name) -}}
+  {{- end -}}
+  {{- if not (kindIs "string" $text) -}}
+    {{- fail (printf "gpuvisor chart: config.map.%s must be a string holding a config file (write it as a YAML block, `%s: |-`, or use --set-file), not a %s" $name $name (kindOf $text)) -}}
+  {{- end -}}
+  {{- $parsed := fromYaml $text -}}
+  {{- if hasKey $parsed "Error" -}}
+    {{- fail (printf "gpuvisor chart: config.map.%s is not a YAML mapping: %s" $name (toString $parsed.Error)) -}}
+  {{- end -}}
+{{- end -}}
+{{- $_ := include "gpuvisor.configChoice" . -}}
+{{- if hasPrefix "nvcr.io/nvidia/" (toString $v.image.repository) -}}
+  {{- fail (printf "gpuvisor chart: image.repository %q is NVIDIA's image; this chart runs `gpuvisor run`: set image.repository (and image.tag) to your gpuvisor image" $v.image.repository) -}}
+{{- end -}}
+{{- if $v.cdi.featureFlags -}}
+  {{- fail (printf "gpuvisor chart: cdi.featureFlags (%v, NVIDIA's CDI_FEATURE_FLAGS) has no equivalent in gpuvisor, whose CDI spec is its own (or nvidia-ctk's with gpuvisor.cdiNvidiaCtk): remove it" $v.cdi.featureFlags) -}}
+{{- end -}}
+{{- if not (hasPrefix "/" (toString $v.mps.root)) -}}
+  {{- fail (printf "gpuvisor chart: mps.root %q must be an absolute host path" (toString $v.mps.root)) -}}
+{{- end -}}
+{{- if not (has (toString $v.gpuvisor.logFormat) (list "text" "json")) -}}
+  {{- fail (printf "gpuvisor chart: gpuvisor.logFormat %q must be text or json" (toString $v.gpuvisor.logFormat)) -}}
+{{- end -}}
+{{- $port := int64 $v.gpuvisor.metrics.port -}}
+{{- if or (lt $port 1) (gt $port 65535) (ne (toString $port) (toString $v.gpuvisor.metrics.port)) -}}
+  {{- fail (printf "gpuvisor chart: gpuvisor.metrics.port %v must be an integer from 1 to 65535" $v.gpuvisor.metrics.port) -}}
+{{- end -}}
+{{- end -}}
