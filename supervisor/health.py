@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from common.backoff import Backoff
 from common.model import Node
 from common.nvml import NVML_ERROR_UNKNOWN, EventWatch, Nvml, NvmlCallError, NvmlEvent, ProbeResult
 from supervisor.health_policy import HealthPolicy
@@ -168,7 +169,7 @@ class HealthMonitor:
 
     # ------------------------------------------------------------------ thread
     def _run(self) -> None:
-        backoff = self.backoff_start_s
+        backoff = Backoff(self.backoff_start_s, self.backoff_max_s)
         retry_at = 0.0
         next_probe = time.monotonic() + self.probe_interval
         while not self._stop.is_set():
@@ -197,7 +198,7 @@ class HealthMonitor:
                 log.exception("health loop error")
                 failure = NvmlCallError("health loop", NVML_ERROR_UNKNOWN, exc)
             else:
-                backoff = self.backoff_start_s
+                backoff.reset()
                 if self._failure is not None:
                     self._failure = None
                     log.info("NVML event wait works again: devices recover after the quiet period and a passing probe")
@@ -212,12 +213,12 @@ class HealthMonitor:
                 break  # a wait woken by shutdown is no fault to report
             self.errors += 1
             self._close_watch()
+            delay = backoff.next()
             try:
-                self._on_wait_error(failure, backoff)
+                self._on_wait_error(failure, delay)
             except Exception:  # reporting the failure failed too: still back off, never spin
                 log.exception("handling an NVML event wait failure failed")
-            retry_at = time.monotonic() + backoff
-            backoff = min(backoff * 2, self.backoff_max_s)
+            retry_at = time.monotonic() + delay
         self._close_watch()
 
     def _report_error(self, exc: NvmlCallError) -> None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
+from common.backoff import Backoff
+
 log = logging.getLogger("gpuvisor.workers")
 
 EXIT_CONFIG_ERROR = 78
@@ -94,10 +96,8 @@ class Policy:
     stop_timeout: float = 3.0  # SIGTERM, then SIGKILL after this long
 
     def backoff(self, quick_failures: int) -> float:
-        """The delay before restart number `quick_failures` of a quick-failure streak."""
-        if quick_failures <= 1:
-            return 0.0
-        return float(min(self.backoff_base * 2 ** (quick_failures - 2), self.backoff_max))
+        """The delay before restart number `quick_failures` of a quick-failure streak (the first is free)."""
+        return Backoff(self.backoff_base, self.backoff_max, free=1).step(quick_failures)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from common.model import ResourcePlan
 from common.planning import plan_resources
 from tests import nodes
 from tests.helpers import short_tmpdir, sockets_in, wait_until
-from worker.registration import Backoff, Registrar, RegState, kubelet_identity
+from worker.registration import Registrar, RegState, kubelet_identity, registration_backoff
 from worker.server import OPTIONS, DeviceBook, Health, PluginServer, PluginService, error_detail, socket_name
 
 GPU = "nvidia.com/gpu"
@@ -194,12 +194,12 @@ def test_service_answers_options_and_preferred(tmpdir_short: str) -> None:
 
 
 def test_backoff_doubles_with_jitter_up_to_the_bound() -> None:
-    """Backoff delays grow exponentially, are jittered (50-100% of the step) and never exceed the cap."""
-    backoff = Backoff(start=0.05, cap=1.0, rng=random.Random(7))
+    """The registrar's delays grow exponentially, are jittered (50-100% of the step) and never exceed 5 s."""
+    backoff = registration_backoff(random.Random(7))
     delays = [backoff.next() for _ in range(12)]
-    steps = [min(0.05 * 2**i, 1.0) for i in range(12)]
+    steps = [min(0.05 * 2**i, 5.0) for i in range(12)]
     assert all(0.5 * s <= d <= s for d, s in zip(delays, steps, strict=True))
-    assert max(delays) <= 1.0 and len(set(delays)) == 12
+    assert max(delays) <= 5.0 and len(set(delays)) == 12
     backoff.reset()
     assert backoff.next() <= 0.05
 

@@ -36,6 +36,7 @@ from enum import Enum
 
 import grpc
 
+from common.backoff import Backoff
 from common.kubeletapi import VERSION, pb
 from common.kubeletapi.rpc import RegistrationClient, unix_target
 from worker.server import OPTIONS, RPC_THREADS, PluginServer, PluginService
@@ -70,24 +71,9 @@ class RegState(Enum):
     STOPPED = "stopped"
 
 
-class Backoff:
-    """Bounded exponential backoff with jitter: each delay is 50-100% of a doubling step."""
-
-    def __init__(
-        self, start: float = BACKOFF_START_S, cap: float = BACKOFF_MAX_S, rng: random.Random | None = None
-    ) -> None:
-        self.start = start
-        self.cap = cap
-        self._step = start
-        self._random = rng or random.Random()
-
-    def next(self) -> float:
-        delay = self._step * (0.5 + 0.5 * self._random.random())
-        self._step = min(self._step * 2, self.cap)
-        return delay
-
-    def reset(self) -> None:
-        self._step = self.start
+def registration_backoff(rng: random.Random | None = None) -> Backoff:
+    """The registrar's retry delays: doubling from 50 ms to 5 s, each 50-100% of its step."""
+    return Backoff(BACKOFF_START_S, BACKOFF_MAX_S, jitter=0.5, rng=rng)
 
 
 class _Outcome(Enum):
@@ -124,7 +110,7 @@ class Registrar:
         self._registered_with: KubeletId | None = None
         self._used = False  # the current server was offered to a kubelet: the next Register needs a fresh one
         self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
-        self._backoff = Backoff()
+        self._backoff = registration_backoff()
         self._executor = futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
         service.on_stream_cancelled = self._stream_cancelled
 
