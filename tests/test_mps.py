@@ -29,7 +29,7 @@ from common.model import ResourcePlan
 from common.nvml import Nvml
 from common.planning import plan_resources
 from common.simulator import load_simulator
-from supervisor import mps
+from supervisor import mps, mpslayout
 from tests import nodes
 from tests.helpers import wait_until
 
@@ -230,7 +230,7 @@ def daemon_pids(root: Path, resource: str = RESOURCE) -> list[int]:
 
 
 def dead(pid: int) -> bool:
-    return not mps._alive(pid)
+    return not mpslayout._alive(pid)
 
 
 # --- settings -------------------------------------------------------------------------------------
@@ -496,7 +496,7 @@ SUBREAPER_SCRIPT = r"""
 import json, os, signal, subprocess, sys, time
 
 from common.model import ResourcePlan
-from supervisor import mps
+from supervisor import mps, mpslayout
 from supervisor.zygote import become_subreaper
 
 fake, plan_path, resource = sys.argv[1:4]
@@ -539,7 +539,7 @@ try:
     # status stays with whoever waits for it.
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
     until(lambda: (stat_of(child.pid) or ["Z"])[0] == "Z")
-    out["stranger_alive"] = mps._alive(child.pid)
+    out["stranger_alive"] = mpslayout._alive(child.pid)
     out["stranger_status"] = child.wait()
 finally:
     daemons.shutdown()
