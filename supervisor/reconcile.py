@@ -31,7 +31,6 @@ from common.backoff import Backoff
 from common.config import Config
 from common.messages import Json, PlanUpdate
 from common.model import Node, ResourcePlan
-from supervisor.rundir import RunDir
 from supervisor.scheduler import Scheduler
 from supervisor.workers import WorkerSet
 
@@ -84,6 +83,16 @@ class Desired:
             self.plan_json = {r: p.to_json() for r, p in self.plans.items()}
 
 
+class PlanFiles(Protocol):
+    """Where plans are written for the workers (supervisor.rundir.RunDir)."""
+
+    plans_dir: str
+
+    def plan_path(self, resource: str) -> str: ...
+
+    def write_plan(self, plan: ResourcePlan, text: str | None = None) -> str: ...
+
+
 class ReconcileHooks(Protocol):
     def adopt(self, desired: Desired, old_plans: Mapping[str, ResourcePlan]) -> None:
         """The plan files are written: bring config, health, CDI and MPS in step, before workers."""
@@ -93,7 +102,7 @@ class ReconcileHooks(Protocol):
 class Reconciler:
     def __init__(
         self,
-        rundir: RunDir,
+        rundir: PlanFiles,
         workers: WorkerSet,
         tell: Callable[[str, PlanUpdate], bool],
         hooks: ReconcileHooks,
@@ -137,10 +146,11 @@ class Reconciler:
         if error:
             self._keep_pending(desired, error)
             return False
+        if self.pending_error:
+            self.on_pending(False)
         self.pending = None
         self.pending_error = ""
         self.timers.cancel(TIMER)
-        self.on_pending(False)
         self._apply(desired, actions)
         return True
 

@@ -1,0 +1,172 @@
+"""Tests of the plan reconciler (supervisor/reconcile.py): the pure diff, and applying a desired
+state with a fake run dir, real WorkerSet bookkeeping over fake processes, and a fake clock."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from common.config import config_from_data
+from common.messages import PlanUpdate
+from common.model import Node, ResourcePlan
+from common.planning import plan_resources
+from supervisor.reconcile import Action, ActionKind, Desired, Reconciler, plan_actions
+from supervisor.scheduler import Scheduler
+from supervisor.workers import WorkerSet, WState
+from tests import nodes
+from tests.fakes import FakeClock, FakeRunDir, FakeSpawner
+
+GPU = "nvidia.com/gpu"
+SHARED = "nvidia.com/gpu.shared"
+
+
+def desired(node: Node, data: object = None, trigger: str = "test") -> Desired:
+    config = config_from_data(data)
+    return Desired(config, node, plan_resources(node, config), trigger)
+
+
+def sliced(replicas: int, rename: bool = False) -> dict[str, object]:
+    return {
+        "version": "v1",
+        "sharing": {"timeSlicing": {"renameByDefault": rename, "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}},
+    }
+
+
+class Hooks:
+    def __init__(self) -> None:
+        self.adopted: list[tuple[str, tuple[str, ...]]] = []
+
+    def adopt(self, d: Desired, old_plans: Mapping[str, ResourcePlan]) -> None:
+        self.adopted.append((d.trigger, tuple(sorted(old_plans))))
+
+
+class Setup:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.timers = Scheduler(self.clock)
+        self.rundir = FakeRunDir()
+        self.spawner = FakeSpawner()
+        self.workers = WorkerSet(self.spawner)
+        self.told: list[tuple[str, PlanUpdate]] = []
+        self.reachable: set[str] = set()
+        self.hooks = Hooks()
+        self.pending_flags: list[bool] = []
+        self.rec = Reconciler(self.rundir, self.workers, self.tell, self.hooks, self.timers, self.pending_flags.append)
+
+    def tell(self, resource: str, update: PlanUpdate) -> bool:
+        if resource not in self.reachable:
+            return False
+        self.told.append((resource, update))
+        return True
+
+
+def test_plan_actions_stops_first_then_starts_updates_and_keeps() -> None:
+    """The diff names every resource once: removed ones stop (first), new start, changed update."""
+    current = {"a": "1", "b": "2", "c": "3"}
+    wanted = {"b": "2", "c": "changed", "d": "4"}
+    assert plan_actions(current, wanted) == [
+        Action(ActionKind.STOP, "a"),
+        Action(ActionKind.KEEP, "b"),
+        Action(ActionKind.UPDATE, "c"),
+        Action(ActionKind.START, "d"),
+    ]
+
+
+def test_plan_actions_of_equal_sides_only_keeps() -> None:
+    """Same plans: nothing starts, stops or updates."""
+    same = {"x": "p", "y": "q"}
+    assert {a.kind for a in plan_actions(same, dict(same))} == {ActionKind.KEEP}
+
+
+def test_the_first_desired_state_writes_plans_adopts_then_starts_workers() -> None:
+    """Start: each plan file is written, the hooks adopt, and a worker is wanted per resource."""
+    s = Setup()
+    assert s.rec.want(desired(nodes.pcie_l4(), trigger="start"))
+    assert list(s.rundir.files) == [s.rundir.plan_path(GPU)]
+    assert s.hooks.adopted == [("start", ())]
+    s.workers.tick(s.clock.now)
+    assert s.workers.workers[GPU].state is WState.STARTING
+    assert s.rec.pending is None and s.pending_flags == []
+
+
+def test_a_changed_plan_is_updated_in_place_in_the_running_worker() -> None:
+    """Same resource, new plan: no new process; the running worker is sent the new plan."""
+    s = Setup()
+    node = nodes.pcie_l4()
+    s.rec.want(desired(node, sliced(2)))
+    s.workers.tick(s.clock.now)
+    pid = s.workers.workers[GPU].pid
+    s.reachable.add(GPU)
+    assert s.rec.want(desired(node, sliced(3)))
+    s.workers.tick(s.clock.now)
+    assert s.workers.workers[GPU].pid == pid
+    assert [r for r, _u in s.told] == [GPU]
+    assert '"::2"' not in s.told[0][1].plan_json and "::2" in s.told[0][1].plan_json
+
+
+def test_a_removed_resource_is_stopped_and_an_added_one_started() -> None:
+    """Renaming the shared resource stops nvidia.com/gpu's worker and starts gpu.shared's."""
+    s = Setup()
+    node = nodes.pcie_l4()
+    s.rec.want(desired(node))
+    s.workers.tick(s.clock.now)
+    assert s.rec.want(desired(node, sliced(2, rename=True)))
+    s.workers.tick(s.clock.now)
+    assert not s.workers.workers[GPU].wanted  # asked to stop (the fake process obeys at once)
+    assert s.workers.workers[GPU].state is WState.STOPPED
+    assert s.workers.workers[SHARED].state is WState.STARTING
+
+
+def test_plans_that_cannot_be_written_stay_pending_and_are_retried_with_backoff() -> None:
+    """A full run dir: nothing changes and the state is pending; once writes work, a retry applies it."""
+    s = Setup()
+    node = nodes.pcie_l4()
+    s.rec.want(desired(node))
+    s.rundir.broken = True
+    assert not s.rec.want(desired(node, sliced(2), trigger="SIGHUP"))
+    assert s.rec.pending is not None and "No space left" in s.rec.pending_error
+    assert len(s.hooks.adopted) == 1 and "::" not in s.rec.plan_json[GPU]
+    status = s.rec.status()["pending"]
+    assert isinstance(status, dict) and status["trigger"] == "SIGHUP" and status["next_retry_in"] is not None
+    s.clock.advance(60)
+    s.timers.run_due()  # still broken: retried, still pending, next retry later
+    assert s.rec.pending is not None and s.rec.backoff.attempts == 2
+    s.rundir.broken = False
+    s.clock.advance(60)
+    s.timers.run_due()
+    assert s.rec.pending is None and "::1" in s.rec.plan_json[GPU]
+    assert s.pending_flags == [True, True, False]
+
+
+def test_a_newer_desired_state_replaces_a_pending_one() -> None:
+    """While pending, a newer reload wins: the retry applies the latest, not the first."""
+    s = Setup()
+    node = nodes.pcie_l4()
+    s.rec.want(desired(node))
+    s.rundir.broken = True
+    s.rec.want(desired(node, sliced(2), trigger="first"))
+    s.rec.want(desired(node, sliced(4), trigger="second"))
+    s.rundir.broken = False
+    assert s.rec.retry()
+    assert s.hooks.adopted[-1][0] == "second" and "::3" in s.rec.plan_json[GPU]
+
+
+def test_a_refusal_is_kept_for_status_until_cleared() -> None:
+    """An invalid config is not pending (retrying cannot help); status names it."""
+    s = Setup()
+    s.rec.refuse("SIGHUP", "reload refused: bad key")
+    assert s.rec.status() == {"pending": None, "refused": "reload refused: bad key (SIGHUP)", "refusals": 1}
+
+
+def test_a_worker_that_said_hello_late_catches_up_on_the_plan() -> None:
+    """A worker started before an update (and unreachable then) gets the plan once reachable."""
+    s = Setup()
+    node = nodes.pcie_l4()
+    s.rec.want(desired(node))
+    s.workers.tick(s.clock.now)
+    s.rec.worker_started(GPU)
+    s.rec.want(desired(node, sliced(2)))
+    assert s.told == []
+    s.reachable.add(GPU)
+    s.rec.catch_up(GPU)
+    s.rec.catch_up(GPU)  # only once: the worker has it now
+    assert len(s.told) == 1
