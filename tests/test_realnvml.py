@@ -30,7 +30,6 @@ remains the only cover where the mock cannot show a path:
 from __future__ import annotations
 
 import json
-import pathlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -42,7 +41,7 @@ import pytest
 from common.model import Node, node_from_json
 from common.nvml import sysfs_bus_id
 from tests import mocknvml
-from tests.helpers import REPO
+from tests.helpers import REPO, short_tmpdir
 
 # NVIDIA's profiles; where the mock is absent, their names keep the tests listed, and the
 # `mock_nvml_libdir` fixture skips each with the reason.
@@ -153,15 +152,13 @@ def test_idle_health_loop_does_not_spin(mock_nvml_libdir: str) -> None:
     assert share < 0.02, idle
 
 
-def test_oldest_binding_takes_the_sysfs_numa_fallback(
-    mock_nvml_libdir: str, oldest_binding: str, tmp_path: pathlib.Path
-) -> None:
+def test_oldest_binding_takes_the_sysfs_numa_fallback(mock_nvml_libdir: str, oldest_binding: str) -> None:
     """The oldest nvidia-ml-py pyproject.toml accepts lacks nvmlDeviceGetNumaNodeId: the adapter reads
     NUMA from sysfs instead (the tree the mock's renderer makes from the profile) and the rest of
     discovery and event registration is unchanged."""
-    sysfs = mocknvml.render_sysfs("h100", str(tmp_path / "sys"))
     env = mocknvml.environ(mock_nvml_libdir, "h100", pythonpath=[oldest_binding])
-    report = child_report(env, "--sysfs", sysfs, "--wait-ms", "100")
+    with short_tmpdir() as tmp:
+        report = child_report(env, "--sysfs", mocknvml.render_sysfs("h100", tmp), "--wait-ms", "100")
     want = mocknvml.expected_node("h100")
     node = discovered(report)
     assert report["binding"].startswith(oldest_binding)
