@@ -248,6 +248,11 @@ class HealthMonitor:
             log.warning("an NVML event (type 0x%x, data %d) named no known GPU: ignored", event.event_type, event.data)
             return
         gi, ci = event.gi_id, event.ci_id
+        gpu = self.node.gpu_by_uuid(uuid)
+        if gpu is not None and not gpu.mig_enabled:
+            # Instance ids mean nothing on a GPU not in MIG mode (NVIDIA's plugin reads them only
+            # for MIG devices); NVIDIA's mock library sends 0/0 there, where a driver sends none.
+            gi = ci = None
         if event.kind == "xid":
             xid = event.data
 

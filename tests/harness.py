@@ -1,5 +1,9 @@
 """A simulated node for integration tests: a kubelet stand-in plus a real supervisor process.
 
+`profile` names the NVML simulator's node (`--simulate`); `profile=None` runs the supervisor on
+real NVML instead, which the real-binding tier points at NVIDIA's mock library through `env`
+(see `tests.mocknvml.environ`).
+
 Everything lives in a short temp dir (unix socket paths must stay under 108 bytes) that is
 removed on exit, and only the processes started here are ever signalled, by PID.
 """
@@ -26,7 +30,7 @@ from tests.helpers import REPO, wait_until
 class SimNode:
     def __init__(
         self,
-        profile: str = "dgx-h100",
+        profile: str | None = "dgx-h100",
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         legacy_keying: bool = True,
@@ -59,7 +63,7 @@ class SimNode:
     def supervisor_argv(self) -> list[str]:
         return [
             sys.executable, "-m", "supervisor", "run",
-            "--simulate", self.profile,
+            *(["--simulate", self.profile] if self.profile is not None else []),
             "--kubelet-socket", self.kubelet.socket_path,
             "--run-dir", self.run_dir,
             "--metrics-address", "",
@@ -69,7 +73,8 @@ class SimNode:
     def start_supervisor(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
         env.update(self.env)
-        env["PYTHONPATH"] = REPO
+        # The checkout, unless the test's env names its own path (an older pynvml before the checkout).
+        env["PYTHONPATH"] = self.env.get("PYTHONPATH", REPO)
         self.proc = subprocess.Popen(
             self.supervisor_argv(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO
         )

@@ -238,6 +238,21 @@ def test_xid_79_from_a_lost_gpu_marks_it_lost_at_once() -> None:
         assert r.loop.unhealthy() == r.ids_on(gpu)
 
 
+def test_instance_ids_on_an_event_of_a_gpu_not_in_mig_mode_are_ignored() -> None:
+    """An XID on a GPU not in MIG mode is a whole-GPU condition even when the event carries instance
+    ids: NVIDIA's mock libnvidia-ml sends GI/CI 0/0 there (a driver sends 0xFFFFFFFF), and NVIDIA's
+    plugin reads the ids only for MIG devices (internal/rm/health.go:160 at v0.20.0)."""
+    with rig() as r:
+        gpu = r.node.gpus[1].uuid
+        r.monitor.start()
+        r.sim.inject_xid(gpu, 48, gpu_instance=0, compute_instance=0)
+        assert wait_until(lambda: "xid:48" in r.loop.condition_names(), 10), r.loop.batches
+        with r.loop.lock:
+            (cond,) = r.loop.book.conditions()
+        assert (cond.gpu_uuid, cond.gi, cond.ci) == (gpu, None, None)
+        assert r.loop.batches[-1].cause == f"XID 48 on {gpu}: until-reset"
+
+
 @pytest.mark.parametrize("fault", ["pending_retirement", "remapped_rows_pending"])
 def test_gpu_bad_at_start_is_unhealthy_from_the_initial_probe(fault: str) -> None:
     """A GPU with a memory repair pending at start is unhealthy before any worker starts."""

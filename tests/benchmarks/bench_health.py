@@ -26,7 +26,7 @@ TARGET_P99_MS = 20.0
 WAIT_S = 10.0
 
 
-class _Arrival:
+class Arrival:
     """Timestamps the first ListAndWatch message that shows `device` with `health`."""
 
     def __init__(self) -> None:
@@ -57,7 +57,7 @@ class _Arrival:
         return self._at
 
 
-def _timed(node: SimNode, arrival: _Arrival, action: str, device: str, health: str, **args: object) -> float:
+def _timed(node: SimNode, arrival: Arrival, action: str, device: str, health: str, **args: object) -> float:
     arrival.expect(device, health)
     start = time.perf_counter()
     node.sim(action, device=device, **args)
@@ -71,7 +71,7 @@ def run(quick: bool) -> list[Row]:
     to_healthy: list[float] = []
     with SimNode(PROFILE) as node:
         node.wait_listed([GPU])
-        arrival = _Arrival()
+        arrival = Arrival()
         node.kubelet.listeners.append(arrival)
         for i in range(events):
             gpu = gpus[i % len(gpus)]
