@@ -58,8 +58,9 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from common.simulator.base import SimDeviceHandle, SimEventData, SimEventSet
 from common.simulator.config import NodeSpec, SimulatorConfigError, load_spec, parse_spec
-from common.simulator.core import SimDeviceHandle, SimEventData, SimEventSet, Simulator
+from common.simulator.core import Simulator
 
 __all__ = [
     "NodeSpec",
