@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import uuid as uuidlib
 from typing import Any
 
 import pynvml
@@ -143,6 +145,45 @@ class DeviceFunctions(SimulatorBase):
         return info
 
     @nvml_function()
+    def nvmlDeviceGetPciInfoExt(self, handle: object, c_info: object) -> None:
+        """Fills an `nvmlPciInfoExt_v1_t` passed by reference, as the binding does (returns None)."""
+        spec = self._full_gpu(handle).spec
+        info = _out_struct(c_info, pynvml.nvmlPciInfoExt_v1_t)
+        if info.version != pynvml.nvmlPciInfoExt_v1:
+            raise nvml_error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        legacy = self._pci_info(spec.pci_bus_id, spec.pci_device_id)
+        info.domain, info.bus, info.device = legacy.domain, legacy.bus, legacy.device
+        info.pciDeviceId, info.pciSubSystemId = spec.pci_device_id, 0
+        info.baseClass, info.subClass = spec.pci_class >> 16, (spec.pci_class >> 8) & 0xFF
+        info.busId = spec.pci_bus_id.encode()
+
+    @nvml_function()
+    def nvmlDeviceGetGpuFabricInfo(self, device: object, gpuFabricInfo: object) -> int:
+        """Fills a `c_nvmlGpuFabricInfo_t` passed by reference; NotSupported without a fabric."""
+        info = _out_struct(gpuFabricInfo, pynvml.c_nvmlGpuFabricInfo_t)
+        self._fill_fabric(device, info)
+        return int(pynvml.NVML_SUCCESS)
+
+    @nvml_function()
+    def nvmlDeviceGetGpuFabricInfoV(self, device: object, gpuFabricInfo: object) -> int:
+        """The versioned call: a v2 or v3 structure whose `version` field says which."""
+        info = _out_struct(gpuFabricInfo, (pynvml.c_nvmlGpuFabricInfo_v2_t, pynvml.c_nvmlGpuFabricInfo_v3_t))
+        versions = {pynvml.nvmlGpuFabricInfo_v2: pynvml.c_nvmlGpuFabricInfo_v2_t, pynvml.nvmlGpuFabricInfo_v3: pynvml.c_nvmlGpuFabricInfo_v3_t}
+        expected = versions.get(int(info.version))
+        if expected is None or not isinstance(info, expected):
+            raise nvml_error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        self._fill_fabric(device, info)
+        info.healthMask = 0
+        return int(pynvml.NVML_SUCCESS)
+
+    def _fill_fabric(self, device: object, info: Any) -> None:
+        fabric = self._full_gpu(device).spec.fabric
+        if fabric is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        ctypes.memmove(info.clusterUuid, uuidlib.UUID(fabric.cluster_uuid).bytes, 16)
+        info.status, info.cliqueId, info.state = fabric.status, fabric.clique_id, fabric.state
+
+    @nvml_function()
     def nvmlDeviceGetCudaComputeCapability(self, handle: object) -> tuple[int, int]:
         return self._gpu(handle).spec.compute_capability
 
@@ -215,3 +256,14 @@ class DeviceFunctions(SimulatorBase):
         if mode not in valid:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         state.compute_mode = int(mode)
+
+
+def _out_struct(arg: object, kind: type | tuple[type, ...]) -> Any:
+    """The structure an output argument points at: `ctypes.byref(s)` or `ctypes.pointer(s)`, which
+    is how callers of the real binding pass it; anything else is an invalid argument there too."""
+    target = getattr(arg, "_obj", None)  # what ctypes.byref() wraps
+    if target is None and isinstance(arg, ctypes._Pointer):
+        target = arg.contents
+    if not isinstance(target, kind):
+        raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    return target
