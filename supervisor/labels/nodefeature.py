@@ -187,7 +187,7 @@ class NodeFeaturePublisher:
 
         self.limiter.acquire()
         try:
-            call(*args, _request_timeout=REQUEST_TIMEOUT)
+            call(*args, _request_timeout=REQUEST_TIMEOUT, _content_type="application/json")
         except ApiException as exc:
             raise ApiError(f"failed to {what} NodeFeature object {self.namespace}/{self.name}: {_describe(exc)}") from None
         except Exception as exc:
