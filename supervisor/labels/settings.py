@@ -230,6 +230,13 @@ class LabelSettings:
 
 def add_label_arguments(parser: argparse.ArgumentParser) -> None:
     """Every setting's flag on `parser`; dests default to None ("not given"), values stay strings."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("gpuvisor")
+    except PackageNotFoundError:
+        ours = "unknown"
+    parser.add_argument("--version", action="version", version=f"gpuvisor labels {ours} (GPU Feature Discovery v0.20.0 labels)")
     for setting in LABEL_SETTINGS:
         envs = f"env {', '.join(setting.envs)}; " if setting.envs else ""
         help_text = f"{setting.help} ({envs}default {default_text(setting)})".replace("%", "%%")
