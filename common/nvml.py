@@ -21,6 +21,10 @@ Choices worth knowing:
   `/sys/bus/pci/devices/<bus id>/numa_node`.
 - A GPU that is lost at discovery is left out of the `Node` (with a warning): it cannot be
   described, and the health pipeline learns of it through probes and XID 79.
+- `node_facts()` is GPU Feature Discovery's reading of the node (for the node labels), with
+  GFD's failure rules: any GPU it cannot describe fails the call. The PCI class comes from sysfs
+  as GFD reads it; `sysfs_root=None` says the GPUs have no sysfs here (a simulated node), and
+  then it comes from `nvmlDeviceGetPciInfoExt`.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from common import nodefacts
 from common.model import TOPOLOGY_SYSTEM, Gpu, Link, MigDevice, Node
 
 log = logging.getLogger(__name__)
@@ -205,9 +210,9 @@ class EventWatch:
 class Nvml:
     """NVML access for gpuvisor over `module`: the real `pynvml` or a simulator."""
 
-    def __init__(self, module: Any, sysfs_root: str | Path = "/sys") -> None:
+    def __init__(self, module: Any, sysfs_root: str | Path | None = "/sys") -> None:
         self.module = module
-        self._sysfs = Path(sysfs_root)
+        self._sysfs = None if sysfs_root is None else Path(sysfs_root)
         self._initialized = False
 
     # ------------------------------------------------------------ calls
@@ -298,6 +303,8 @@ class Nvml:
         node = self._try("nvmlDeviceGetNumaNodeId", h)
         if node is not None:
             return int(node) if int(node) >= 0 else None
+        if self._sysfs is None:
+            return None
         try:
             text = (self._sysfs / "bus/pci/devices" / sysfs_bus_id(bus_id) / "numa_node").read_text()
             value = int(text.strip())
@@ -495,3 +502,92 @@ class Nvml:
         if rows is not None and int(rows[2]):
             return ProbeResult(uuid, "remapped-rows-pending", None, "remapped rows pending a reset")
         return ProbeResult(uuid, "ok")
+
+    # ------------------------------------------------------------ GPU Feature Discovery's facts
+
+    def node_facts(self) -> nodefacts.NodeFacts:
+        """What GFD v0.20.0 (internal/lm, internal/resource) reads for the labels. Raises NvmlCallError
+        where GFD fails; only the memory size (0) and the PCI class (None) may be missing."""
+        count = int(self._call("nvmlDeviceGetCount"))
+        gpus = tuple(self._gpu_facts(i, self._call("nvmlDeviceGetHandleByIndex", i)) for i in range(count))
+        if not gpus:  # GFD asks for the versions only when there are devices
+            return nodefacts.NodeFacts()
+        driver = _text(self._call("nvmlSystemGetDriverVersion"))
+        return nodefacts.NodeFacts(driver, int(self._call("nvmlSystemGetCudaDriverVersion")), gpus)
+
+    def _gpu_facts(self, index: int, h: Any) -> nodefacts.GpuFacts:
+        name = _text(self._call("nvmlDeviceGetName", h))
+        try:
+            memory_mib = int(self._call("nvmlDeviceGetMemoryInfo", h).total) // _MIB
+        except NvmlCallError as exc:
+            log.warning("GPU %d: no memory size (%s); its memory label is left out, as GFD does", index, exc)
+            memory_mib = 0
+        major, minor = self._call("nvmlDeviceGetCudaComputeCapability", h)
+        mode = self._try("nvmlDeviceGetMigMode", h)  # NotSupported or no symbol: not MIG-capable (go-nvlib)
+        enabled = mode is not None and int(mode[0]) == int(getattr(self.module, "NVML_DEVICE_MIG_ENABLE", 1))
+        return nodefacts.GpuFacts(
+            index=index,
+            name=name,
+            memory_mib=memory_mib,
+            compute_capability=(int(major), int(minor)),
+            mig_capable=mode is not None,
+            mig_enabled=enabled,
+            migs=self._mig_facts(h, memory_mib) if enabled else (),
+            pci_class=self._pci_class(h),
+            fabric=self._fabric_clique(h),
+        )
+
+    def _mig_facts(self, h: Any, gpu_memory_mib: int) -> tuple[nodefacts.MigFacts, ...]:
+        profiles = self._gi_profiles(h)
+        out: list[nodefacts.MigFacts] = []
+        for j in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", h))):
+            mh = self._try("nvmlDeviceGetMigDeviceHandleByIndex", h, j, tolerate=(NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT))
+            if mh is None:
+                continue
+            attrs = self._call("nvmlDeviceGetAttributes", mh)
+            gi = int(self._call("nvmlDeviceGetGpuInstanceId", mh))
+            out.append(
+                nodefacts.MigFacts(
+                    profile=self._mig_profile(h, gi, attrs, profiles, gpu_memory_mib),
+                    memory_mib=int(attrs.memorySizeMB),
+                    multiprocessors=int(attrs.multiprocessorCount),
+                    gi_slices=int(attrs.gpuInstanceSliceCount),
+                    ci_slices=int(attrs.computeInstanceSliceCount),
+                    copy_engines=int(attrs.sharedCopyEngineCount),
+                    decoders=int(attrs.sharedDecoderCount),
+                    encoders=int(attrs.sharedEncoderCount),
+                    jpegs=int(attrs.sharedJpegCount),
+                    ofas=int(attrs.sharedOfaCount),
+                )
+            )
+        return tuple(out)
+
+    def _pci_class(self, h: Any) -> int | None:
+        """The GPU's PCI class from sysfs, as GFD reads it; None when unknown (gpu.mode "unknown")."""
+        try:
+            if self._sysfs is not None:
+                return nodefacts.read_pci_class(self._sysfs, _text(self._call("nvmlDeviceGetPciInfo", h).busId))
+            info = self.module.nvmlPciInfoExt_v1_t()  # no sysfs for these GPUs: ask NVML
+            info.version = self.module.nvmlPciInfoExt_v1
+            self._call("nvmlDeviceGetPciInfoExt", h, ctypes.byref(info))
+        except (NvmlCallError, AttributeError):  # AttributeError: a binding without the call
+            return None
+        return nodefacts.pci_gpu_class(int(info.baseClass) << 16 | int(info.subClass) << 8)
+
+    def _fabric_clique(self, h: Any) -> nodefacts.FabricClique | None:
+        """go-nvlib IsFabricAttached + GetFabricIDs: the v1 call if the library has it, else the V one."""
+        for function, struct in (("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"), ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t")):
+            cls = getattr(self.module, struct, None)
+            if cls is None:  # an nvidia-ml-py older than the call
+                continue
+            info = cls()
+            try:
+                self._call(function, h, ctypes.byref(info))
+            except NvmlCallError as exc:
+                if exc.code == NVML_ERROR_FUNCTION_NOT_FOUND:
+                    continue
+                if exc.code == NVML_ERROR_NOT_SUPPORTED:
+                    return None
+                raise
+            return nodefacts.fabric_clique(bytes(info.clusterUuid), int(info.cliqueId), int(info.state), int(info.status))
+        return None

@@ -1,4 +1,4 @@
-"""The `gpuvisor` command: `run` (the supervisor), `demo`, `status`, `sim`.
+"""The `gpuvisor` command: `run` (the supervisor), `labels` (node labels), `demo`, `status`, `sim`.
 
 Errors a user can cause (a bad flag or config, no supervisor to talk to) end with one clear
 line on stderr and a non-zero exit status, never a traceback.
@@ -39,6 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser("run", help="run the device plugin (the supervisor)")
     add_run_arguments(run)
+
+    from supervisor.labels.settings import add_label_arguments
+
+    labels = sub.add_parser(
+        "labels",
+        help="label the node as GPU Feature Discovery does (NFD features.d file or NodeFeature object)",
+        description="GPU Feature Discovery's node labels, with its flags and env vars (see the README, Node labels).",
+    )
+    add_label_arguments(labels)
 
     demo = sub.add_parser("demo", help="a simulated node, a kubelet stand-in and an allocation, in a temp dir")
     demo.add_argument("--profile", default="dgx-h100", help="simulator profile or node-description YAML")
@@ -92,6 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "labels":
+            from supervisor.labels.daemon import main as labels_main
+
+            return labels_main(args, os.environ)
         if args.command == "demo":
             from supervisor.demo import run_demo
 

@@ -33,7 +33,7 @@ UNIT = SYSTEMD / "gpuvisor.service"
 INSTALL = SYSTEMD / "install.sh"
 EXEC_START = "/opt/gpuvisor/venv/bin/gpuvisor run"
 
-KUSTOMIZATIONS = ("base", "overlays/default", "overlays/mig", "overlays/cpu-manager", "overlays/mps")
+KUSTOMIZATIONS = ("base", "overlays/default", "overlays/mig", "overlays/cpu-manager", "overlays/mps", "overlays/labels")
 NAMESPACE = "gpuvisor"
 METRICS_PORT = 9475
 CONFIG_MOUNT = "/etc/gpuvisor"
@@ -41,6 +41,7 @@ DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 RUN_DIR = "/run/gpuvisor"
 MPS_ROOT = "/run/nvidia/mps"
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+FEATURES_D = "/etc/kubernetes/node-feature-discovery/features.d"  # NFD's local feature files
 # `systemd-analyze security` scores 0 (locked down) to 10 (exposed); the unit scores 2.4 today.
 # Above 3 means a hardening line was lost.
 MAX_EXPOSURE = 3.0
@@ -80,14 +81,20 @@ def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
-def _pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    spec: dict[str, Any] = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+def _daemonset(docs: list[dict[str, Any]], name: str = "gpuvisor") -> dict[str, Any]:
+    found = [doc for doc in docs if doc["kind"] == "DaemonSet" and doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one DaemonSet {name}, found {len(found)}"
+    return found[0]
+
+
+def _pod_spec(docs: list[dict[str, Any]], name: str = "gpuvisor") -> dict[str, Any]:
+    spec: dict[str, Any] = _daemonset(docs, name)["spec"]["template"]["spec"]
     return spec
 
 
-def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    containers = _pod_spec(docs)["containers"]
-    assert [c["name"] for c in containers] == ["gpuvisor"]
+def _container(docs: list[dict[str, Any]], name: str = "gpuvisor", container_name: str = "gpuvisor") -> dict[str, Any]:
+    containers = _pod_spec(docs, name)["containers"]
+    assert [c["name"] for c in containers] == [container_name]
     container: dict[str, Any] = containers[0]
     return container
 
@@ -99,8 +106,8 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
     return {item["name"]: item["value"] for item in env}
 
 
-def _volume_sources(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {v["name"]: v for v in _pod_spec(docs)["volumes"]}
+def _volume_sources(docs: list[dict[str, Any]], name: str = "gpuvisor") -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in _pod_spec(docs, name)["volumes"]}
 
 
 def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -154,11 +161,12 @@ def test_objects_live_in_their_own_namespace(kustomization: str) -> None:
     docs = _render(kustomization)
     assert _one(docs, "Namespace")["metadata"]["name"] == NAMESPACE
     kinds = sorted(doc["kind"] for doc in docs)
-    assert kinds == ["ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]
+    daemonsets = 2 if kustomization == "overlays/labels" else 1  # the labeller's own DaemonSet
+    assert kinds == ["ConfigMap", *["DaemonSet"] * daemonsets, "Namespace", "ServiceAccount"]
     for doc in docs:
         if doc["kind"] != "Namespace":
             assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
-    assert _one(docs, "DaemonSet")["metadata"]["name"] == "gpuvisor"
+    assert _daemonset(docs)["metadata"]["name"] == "gpuvisor"
     assert _one(docs, "ConfigMap")["metadata"]["name"] == "gpuvisor-config"
 
 
@@ -226,6 +234,7 @@ def test_container_runs_with_least_privilege(kustomization: str) -> None:
         ("overlays/mig", ["SYS_ADMIN"]),
         ("overlays/cpu-manager", None),
         ("overlays/mps", None),
+        ("overlays/labels", None),
     ],
 )
 def test_sys_admin_is_added_only_for_mig(kustomization: str, added: list[str] | None) -> None:
@@ -286,6 +295,7 @@ def test_image_env_and_resources(kustomization: str) -> None:
         ("overlays/mig", {"MIG_STRATEGY": "mixed"}, False),
         ("overlays/cpu-manager", {"PASS_DEVICE_SPECS": "true"}, False),
         ("overlays/mps", {"MPS_ROOT": MPS_ROOT}, True),
+        ("overlays/labels", {}, False),
     ],
 )
 def test_overlay_sets_its_own_settings_only(
@@ -328,6 +338,52 @@ def test_rendered_config_loads_under_the_daemonset_env(kustomization: str, tmp_p
     assert config.mig_strategy == ("mixed" if kustomization == "overlays/mig" else "none")
     assert config.pass_device_specs is (kustomization == "overlays/cpu-manager")
     assert config.sharing.strategy == ("mps" if kustomization == "overlays/mps" else "none")
+
+
+def test_labels_overlay_runs_the_labeller_into_nfds_features_d() -> None:
+    """labels: a gpuvisor-labels DaemonSet runs `gpuvisor labels` in file mode, NFD's features.d host path
+    mounted writable at the same path (the default --output-file lands there), on the plugin's GPU nodes."""
+    docs = _render("overlays/labels")
+    container = _container(docs, "gpuvisor-labels", "labels")
+    assert container["image"] == "gpuvisor:latest" and container["args"] == ["labels"]
+    env = _env(container)
+    assert env["GFD_USE_NODE_FEATURE_API"] == "false"
+    assert "GFD_OUTPUT_FILE" not in env  # GFD's default path, inside the mount below
+    mount = _mounts(container)[FEATURES_D]
+    assert not mount.get("readOnly", False)
+    assert _volume_sources(docs, "gpuvisor-labels")[mount["name"]]["hostPath"] == {"path": FEATURES_D, "type": "DirectoryOrCreate"}
+    config = _mounts(container)[CONFIG_MOUNT]
+    assert config["readOnly"] is True and env["CONFIG_FILE"] == f"{CONFIG_MOUNT}/config.yaml"
+    assert _volume_sources(docs, "gpuvisor-labels")[config["name"]]["configMap"]["name"] == "gpuvisor-config"
+    plugin, labeller = _pod_spec(docs), _pod_spec(docs, "gpuvisor-labels")
+    assert labeller["affinity"] == plugin["affinity"] and labeller["tolerations"] == plugin["tolerations"]
+
+
+def test_labels_overlay_is_least_privilege() -> None:
+    """The labeller: no token, no kubelet directory, read-only root, all capabilities dropped but SYS_ADMIN
+    (the vGPU label reads PCI configuration space past byte 64)."""
+    docs = _render("overlays/labels")
+    pod = _pod_spec(docs, "gpuvisor-labels")
+    ctx = _container(docs, "gpuvisor-labels", "labels")["securityContext"]
+    assert pod["automountServiceAccountToken"] is False and "hostNetwork" not in pod and "hostPID" not in pod
+    assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False
+    assert "privileged" not in ctx
+    assert DEVICE_PLUGINS not in _mounts(_container(docs, "gpuvisor-labels", "labels"))
+
+
+def test_labels_overlay_config_loads_for_the_labeller(tmp_path: Path) -> None:
+    """`gpuvisor labels`' loader accepts the ConfigMap under the labeller's env: file mode, GFD's output path."""
+    from supervisor.labels.settings import DEFAULT_OUTPUT_FILE, load_label_settings
+
+    docs = _render("overlays/labels")
+    path = tmp_path / "config.yaml"
+    path.write_text(_one(docs, "ConfigMap")["data"]["config.yaml"])
+    env = {**_env(_container(docs, "gpuvisor-labels", "labels")), "CONFIG_FILE": str(path)}
+    settings = load_label_settings(None, env)
+    assert settings.use_node_feature_api is False
+    assert settings.output_file == DEFAULT_OUTPUT_FILE and settings.output_file.startswith(FEATURES_D + "/")
+    assert settings.log_format == "json"
 
 
 def test_systemd_example_config_loads() -> None:

@@ -23,6 +23,13 @@ Node description format (YAML; unknown keys are errors, so typos are caught)::
         numa_node: 0                 # or null: nvmlDeviceGetNumaNodeId raises NotSupported
         compute_capability: [8, 0]
         pci_device_id: 0x20B210DE    # optional
+        pci_class: 0x030200          # optional: 0x030200 3D controller (compute mode, the default) or
+                                     # 0x030000 VGA controller (graphics mode); nvmlDeviceGetPciInfoExt
+        fabric:                      # optional: NVLink fabric registration (IMEX), nvmlDeviceGetGpuFabricInfo;
+          cluster_uuid: 7b968a6d-c8aa-45e1-9e07-e1e51be99c31   # absent: NotSupported, as on PCIe GPUs
+          clique_id: 1
+          state: completed           # not_started | in_progress | completed (default)
+          status: 0                  # NVML return code of the registration (default 0: success)
         supports:                    # optional, all true by default
           ecc_events: true           # SBE/DBE events registrable
           retired_pages: true        # nvmlDeviceGetRetiredPagesPendingStatus answers
@@ -58,8 +65,9 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from common.simulator.base import SimDeviceHandle, SimEventData, SimEventSet
 from common.simulator.config import NodeSpec, SimulatorConfigError, load_spec, parse_spec
-from common.simulator.core import SimDeviceHandle, SimEventData, SimEventSet, Simulator
+from common.simulator.core import Simulator
 
 __all__ = [
     "NodeSpec",

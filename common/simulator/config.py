@@ -21,6 +21,13 @@ from common.simulator import mig
 GPU_UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
 MIG_UUID_RE = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
 BUS_ID_RE = re.compile(r"^([0-9a-fA-F]{4}|[0-9a-fA-F]{8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
+
+# PCI classes of a GPU: what `lspci` shows and GPU Feature Discovery turns into `gpu.mode`.
+PCI_CLASS_3D = 0x030200  # "3D controller": a GPU in compute mode (data-centre GPUs)
+PCI_CLASS_VGA = 0x030000  # "VGA compatible controller": a GPU in graphics (display) mode
+# nvmlGpuFabricState_t by the names the description uses.
+FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
 
 # nvmlGpuTopologyLevel_t names, as `nvidia-smi topo` users know them.
 ANCESTORS = {"INTERNAL": 0, "SINGLE": 10, "MULTIPLE": 20, "HOSTBRIDGE": 30, "NODE": 40, "SYSTEM": 50}
@@ -54,6 +61,16 @@ class MigSpec:
 
 
 @dataclass(frozen=True)
+class FabricSpec:
+    """A GPU's NVLink fabric registration (`nvmlDeviceGetGpuFabricInfo`): the IMEX clique."""
+
+    cluster_uuid: str  # canonical lower-case form
+    clique_id: int
+    state: int  # NVML_GPU_FABRIC_STATE_*
+    status: int  # the NVML return code of the registration (0: success)
+
+
+@dataclass(frozen=True)
 class GpuSpec:
     index: int
     name: str
@@ -69,6 +86,8 @@ class GpuSpec:
     remapped_rows: bool = True
     mig_enabled: bool = False
     mig: tuple[MigSpec, ...] = ()
+    pci_class: int = PCI_CLASS_3D
+    fabric: FabricSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +224,7 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
     key = f"gpus[{i}]"
     allowed = {
         "index", "name", "uuid", "minor", "pci_bus_id", "memory_mib", "numa_node",
-        "compute_capability", "pci_device_id", "supports", "mig",
+        "compute_capability", "pci_device_id", "supports", "mig", "pci_class", "fabric",
     }  # fmt: skip
     raw = r.mapping(raw_any, key, allowed)
     if "index" in raw and r.integer(raw["index"], f"{key}.index") != i:
@@ -230,6 +249,9 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
     sup = r.mapping(raw.get("supports", {}), f"{key}.supports", {"ecc_events", "retired_pages", "remapped_rows"})
     support = {k: r.boolean(sup.get(k, True), f"{key}.supports.{k}") for k in ("ecc_events", "retired_pages", "remapped_rows")}
     mig_enabled, mig_devices = _parse_mig(r, raw.get("mig"), key, name, "GPU-" + uuid[4:].lower())
+    pci_class = r.integer(raw.get("pci_class", PCI_CLASS_3D), f"{key}.pci_class", 0)
+    if pci_class > 0xFFFFFF:
+        raise r.fail(f"{key}.pci_class", f"a PCI class is 24 bits (e.g. 0x030200), got {pci_class:#x}")
     return GpuSpec(
         index=i,
         name=name,
@@ -242,8 +264,27 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
         pci_device_id=pci_dev,
         mig_enabled=mig_enabled,
         mig=mig_devices,
+        pci_class=pci_class,
+        fabric=_parse_fabric(r, raw.get("fabric"), f"{key}.fabric"),
         **support,
     )
+
+
+def _parse_fabric(r: _Reader, raw_any: Any, key: str) -> FabricSpec | None:
+    if raw_any is None:
+        return None
+    raw = r.mapping(raw_any, key, {"cluster_uuid", "clique_id", "state", "status"})
+    cluster = r.string(r.required(raw, "cluster_uuid", key), f"{key}.cluster_uuid")
+    if not UUID_RE.match(cluster):
+        raise r.fail(f"{key}.cluster_uuid", f"{cluster!r} is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+    clique = r.integer(r.required(raw, "clique_id", key), f"{key}.clique_id", 0)
+    if clique > 0xFFFFFFFF:
+        raise r.fail(f"{key}.clique_id", f"a clique id is 32 bits, got {clique}")
+    state_name = r.string(raw.get("state", "completed"), f"{key}.state")
+    if state_name not in FABRIC_STATES:
+        raise r.fail(f"{key}.state", f"unknown fabric state {state_name!r} (known: {list(FABRIC_STATES)})")
+    status = r.integer(raw.get("status", 0), f"{key}.status", 0)
+    return FabricSpec(cluster.lower(), clique, FABRIC_STATES[state_name], status)
 
 
 def _parse_mig(r: _Reader, raw_any: Any, gkey: str, gpu_name: str, gpu_uuid: str) -> tuple[bool, tuple[MigSpec, ...]]:

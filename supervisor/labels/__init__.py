@@ -1,0 +1,32 @@
+"""Node labels: GPU Feature Discovery's labels (`nvidia.com/gpu.product`, ...) from gpuvisor.
+
+`gpuvisor labels` is a drop-in for NVIDIA's `gpu-feature-discovery` v0.20.0: same flags, env
+vars, config keys, label names and values, and both of its outputs (the features.d file NFD
+reads, or an NFD NodeFeature object). The pieces, one job each:
+
+- `rules`: the label rules, a pure function `compute_labels(facts, LabelConfig, ...)`;
+- `host`: what is read from the node (NVML facts, machine type, vGPU scan), with GFD's fallbacks;
+- `output`: `LabelFile`, the atomic, write-only-on-change features.d file;
+- `nodefeature`: `NodeFeaturePublisher`, the NodeFeature object through the Kubernetes API;
+- `settings`: the flags, env vars and file keys, declared once;
+- `daemon`: the process loop (interval, SIGHUP reload, SIGTERM stop).
+
+A process that already holds NVML (the supervisor) needs only the library part:
+`Nvml(module).node_facts()`, then `compute_labels(...)` and `LabelFile(path).write_if_changed(...)`.
+"""
+
+from __future__ import annotations
+
+from supervisor.labels.output import LabelFile, OutputError
+from supervisor.labels.rules import LabelConfig, LabelError, SharingView, VgpuDevice, compute_labels, render
+
+__all__ = [
+    "LabelConfig",
+    "LabelError",
+    "LabelFile",
+    "OutputError",
+    "SharingView",
+    "VgpuDevice",
+    "compute_labels",
+    "render",
+]

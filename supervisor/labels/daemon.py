@@ -1,0 +1,234 @@
+"""The `gpuvisor labels` process: label the node, publish, sleep; SIGHUP reloads, SIGTERM stops.
+
+It runs GFD v0.20.0's loop (cmd/gpu-feature-discovery/main.go): the config is loaded, the
+timestamp taken once per load, then the labels are computed and written every sleep interval
+until a signal. SIGHUP reloads the config (and takes a new timestamp); SIGTERM, SIGINT and SIGQUIT
+end it with status 0, and then, like GFD, the features.d file is removed (not after --oneshot,
+with an infinite interval, with stdout or with the NodeFeature API) so that NFD drops labels no
+labeller keeps current.
+
+Where it differs from GFD, on purpose: a failure after the first labelling (NVML, the API
+server, the disk) is logged and the last labels stay in place until the next interval, instead of
+exiting and taking the labels away; a reload keeps the old file until the new labels replace it;
+a bad config at reload is refused (logged) and the running one stays; the features.d file is
+rewritten only when the labels change; a failed NVML init is retried every interval with
+--fail-on-init-error=false. Signal handlers only set a flag and wake the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any
+
+from common.config import ConfigError
+from common.nvml import NvmlCallError
+from supervisor.labels.host import NvmlUnavailable, read_machine_type, read_node_facts, scan_vgpu
+from supervisor.labels.nodefeature import ApiError, NodeFeaturePublisher
+from supervisor.labels.output import LabelFile, OutputError
+from supervisor.labels.rules import LabelError, compute_labels
+from supervisor.labels.settings import LabelSettings, load_label_settings
+
+log = logging.getLogger("gpuvisor.labels")
+
+EXIT_OK = 0
+EXIT_LABEL_ERROR = 1  # GFD's status for any failure
+SYSFS = "/sys"
+
+# What one labelling can fail with: each carries a one-line reason.
+FAILURES = (LabelError, NvmlUnavailable, NvmlCallError, OutputError, ApiError)
+
+
+class Labeller:
+    """One `gpuvisor labels` run. `settings` is the first config (the CLI loaded it to set up logging)."""
+
+    def __init__(
+        self,
+        settings: LabelSettings,
+        reload: Callable[[], LabelSettings],
+        *,
+        clock: Callable[[], float] = time.time,
+        sysfs_root: str = SYSFS,
+    ) -> None:
+        self.settings = settings
+        self._reload_settings = reload
+        self._clock = clock
+        self._host_sysfs = sysfs_root
+        self._wake = threading.Event()
+        self._stop_signal: int | None = None
+        self._reload_requested = False
+        self.module: Any = None  # pynvml, or the simulator of --simulate
+        self.sysfs_root: str | None = None  # None for a simulated node: its GPUs are not in sysfs
+        self.file: LabelFile | None = None
+        self.publisher: NodeFeaturePublisher | None = None
+        self.timestamp: int | None = None
+        self.labels: dict[str, str] | None = None  # the last labels published
+        self.passes = 0
+
+    # ------------------------------------------------------------ signals
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGHUP, self._on_reload)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            signal.signal(sig, self._on_stop)
+
+    def _on_reload(self, signum: int, frame: FrameType | None) -> None:
+        self._reload_requested = True
+        self._wake.set()
+
+    def _on_stop(self, signum: int, frame: FrameType | None) -> None:
+        self._stop_signal = signum
+        self._wake.set()
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        """Label until stopped; the exit status."""
+        self.apply(self.settings)
+        while True:
+            ok = self.label_once()
+            if not ok and self.passes == 1:
+                return EXIT_LABEL_ERROR
+            if self.settings.oneshot:
+                return EXIT_OK if ok else EXIT_LABEL_ERROR
+            self.wait()
+            if self._stop_signal is not None:
+                self.stop()
+                return EXIT_OK
+            if self._reload_requested:
+                self._reload_requested = False
+                self.reload()
+
+    def wait(self) -> None:
+        """Sleep for the interval (forever when infinite), or until a signal wakes the loop."""
+        interval = self.settings.sleep_interval
+        if interval is None:
+            log.info("sleep interval is infinite: labelled once, waiting for a signal")
+        deadline = None if interval is None else time.monotonic() + interval
+        while self._stop_signal is None and not self._reload_requested:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            self._wake.wait(remaining)
+            self._wake.clear()
+
+    def apply(self, settings: LabelSettings) -> None:
+        """Take a (re)loaded config: NVML source, output, timestamp."""
+        self.settings = settings
+        self.module, self.sysfs_root = open_nvml_module(settings, self._host_sysfs)
+        self.timestamp = None if settings.no_timestamp else int(self._clock())
+        if settings.use_node_feature_api:
+            self.file = None
+            self.publisher = NodeFeaturePublisher(
+                node_name=settings.node_name,
+                namespace=settings.namespace,
+                pod_name=settings.pod_name,
+                kubeconfig=settings.kubeconfig,
+                qps=settings.kube_api_qps,
+                burst=settings.kube_api_burst,
+            )
+        else:
+            self.publisher = None
+            self.file = LabelFile(settings.output_file)
+        self.labels = None
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the config; a bad one is refused and the running one stays."""
+        try:
+            settings = self._reload_settings()
+            self.apply(settings)
+        except (ConfigError, ApiError, ValueError, OSError) as exc:
+            log.error("reload refused, keeping the running config: %s", exc)
+            return
+        log.info("config reloaded")
+
+    def compute(self) -> dict[str, str]:
+        """This node's labels now (raises one of FAILURES)."""
+        s = self.settings
+        facts = read_node_facts(self.module, self.sysfs_root, fail_on_init_error=s.fail_on_init_error)
+        return compute_labels(
+            facts,
+            s.label_config,
+            machine_type=read_machine_type(s.machine_type_file),
+            vgpu=scan_vgpu(self.sysfs_root),
+            timestamp=self.timestamp,
+        )
+
+    def label_once(self) -> bool:
+        """One labelling: compute and publish. False (with the reason logged) when it failed."""
+        self.passes += 1
+        try:
+            labels = self.compute()
+            if len(labels) <= 1:
+                log.warning("no labels generated from any source")
+            changed = self.publish(labels)
+        except FAILURES as exc:
+            if self.passes == 1 or self.settings.oneshot:
+                log.error("labelling failed: %s", exc)
+            else:
+                log.error("labelling failed: %s (the last labels stay in place; next try in one interval)", exc)
+            return False
+        if changed:
+            log.info("labels written: %d", len(labels))
+        else:
+            log.debug("labels unchanged: %d", len(labels))
+        self.labels = labels
+        return True
+
+    def publish(self, labels: Mapping[str, str]) -> bool:
+        if self.publisher is not None:
+            return self.publisher.publish(labels) != "unchanged"
+        assert self.file is not None
+        return self.file.write_if_changed(labels)
+
+    def stop(self) -> None:
+        """A clean stop: remove the features.d file where GFD does (main.go, run's deferred cleanup)."""
+        s = self.settings
+        log.info("received signal %s, shutting down", self._stop_signal)
+        if self.file is None or s.oneshot or s.sleep_interval is None or not s.output_file:
+            return
+        try:
+            if self.file.remove():
+                log.info("removed %s so that NFD drops the labels", s.output_file)
+        except OutputError as exc:
+            log.warning("%s", exc)
+
+
+def open_nvml_module(settings: LabelSettings, host_sysfs: str) -> tuple[Any, str | None]:
+    """The `pynvml` module to use and the sysfs root of its GPUs (None for a simulated node)."""
+    if settings.simulate:
+        from common.simulator import SimulatorConfigError, load_simulator
+
+        try:
+            return load_simulator(settings.simulate), None
+        except (SimulatorConfigError, OSError) as exc:
+            raise ConfigError("--simulate", "", str(exc)) from None
+    import pynvml
+
+    return pynvml, host_sysfs
+
+
+def main(flags: Any, environ: Mapping[str, str]) -> int:
+    """`gpuvisor labels`: load, set up logging, run. The exit status."""
+    import sys
+
+    from common import logs
+    from common.config import EXIT_CONFIG_ERROR
+
+    try:
+        settings = load_label_settings(flags, environ)
+    except ConfigError as exc:
+        print(f"gpuvisor labels: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    logs.setup(settings.log_format, settings.log_level, role="labels")
+    try:
+        labeller = Labeller(settings, lambda: load_label_settings(flags, environ))
+        labeller.install_signal_handlers()
+        return labeller.run()
+    except (ConfigError, ApiError) as exc:
+        print(f"gpuvisor labels: {exc}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
