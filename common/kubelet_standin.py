@@ -87,7 +87,6 @@ class Resource:
     devices: dict[str, DeviceState] = field(default_factory=dict)
     endpoint: Endpoint | None = None
     allocated: set[str] = field(default_factory=set)
-    last_update: float = 0.0
 
     @property
     def capacity(self) -> int:
@@ -284,7 +283,6 @@ class KubeletStandin:
             if res.endpoint is not endpoint:
                 return
             res.devices = {d.id: d for d in devices}
-            res.last_update = time.monotonic()
             endpoint.updates += 1
             self._cond.notify_all()
         for listener in list(self.listeners):

@@ -86,7 +86,6 @@ class HealthMonitor:
         module: Any,
         node: Node,
         policy: HealthPolicy,
-        post: Callable[[Callable[[], None]], None],
         apply: Callable[[Apply], None],
         probe_interval: float | None = None,
         on_error: Callable[[str, int], None] | None = None,
@@ -94,7 +93,6 @@ class HealthMonitor:
         self.nvml = Nvml(module)
         self.node = node
         self.policy = policy
-        self._post = post  # kept for callers that want to run plain callables on the main loop
         self._apply = apply
         self._on_error = on_error
         self.probe_interval = probe_interval_from_env(os.environ) if probe_interval is None else probe_interval

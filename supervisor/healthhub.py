@@ -68,7 +68,6 @@ class HealthHub:
             nvml_module,
             node,
             self.policy,
-            post,
             lambda apply: post(lambda: self.apply(apply)),
             probe_interval=probe_interval,
             on_error=self.metrics.nvml_error,

@@ -36,8 +36,7 @@ log = logging.getLogger("gpuvisor.http")
 
 Probe = Callable[[], tuple[bool, str]]
 
-DEFAULT_PORT = 9475
-LIVENESS_LIMIT_S = 10.0  # the main loop ticks every 0.5 s: 20 missed ticks is a wedged loop
+LIVENESS_LIMIT_S = 10.0  # the main loop turns at least every second: 10 missed turns is a wedged loop
 
 
 class AddressError(Exception):

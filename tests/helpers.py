@@ -48,13 +48,6 @@ def sockets_in(directory: str) -> list[str]:
     return sorted(found)
 
 
-def children_of(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
 def gone(pids: list[int]) -> bool:
     """True when none of these PIDs is a live (non-zombie) process."""
     for pid in pids:

@@ -43,7 +43,6 @@ def idle_health_loop(seconds: float, probe_interval: float) -> dict[str, Any]:
         pynvml,
         node,
         HealthPolicy.from_settings(None, None, {}, 60.0),
-        post=lambda fn: None,
         apply=applied.append,
         probe_interval=probe_interval,
     )

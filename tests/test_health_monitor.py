@@ -45,9 +45,6 @@ class Loop:
         self.lock = threading.Lock()
         self.batches: list[ChangeBatch] = []
 
-    def post(self, fn: object) -> None:
-        raise AssertionError("the monitor hands findings to apply(), never post()")
-
     def apply(self, fn: Apply) -> None:
         with self.lock:
             self.batches.extend(b for b in fn(self.book, time.time()) if b)
@@ -105,7 +102,7 @@ def rig(
     plans = plan_resources(node, load_config({"mig_strategy": mig_strategy}, {}))
     policy = HealthPolicy.from_settings(disable, None, {}, quiet)
     loop = Loop(HealthBook(plans, policy, time.time()))
-    monitor = HealthMonitor(sim, node, policy, loop.post, loop.apply, probe_interval=probe_interval)
+    monitor = HealthMonitor(sim, node, policy, loop.apply, probe_interval=probe_interval)
     try:
         yield Rig(sim, node, plans, loop, monitor)
     finally:

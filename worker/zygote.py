@@ -38,9 +38,6 @@ import worker.registration
 import worker.server
 from common.procutil import set_cmdline, set_parent_death_signal
 
-# Room for a forked worker's own command line (`--pad` is that many spaces on the zygote's).
-TITLE_ROOM = 1024
-
 
 def _send(sock: socket.socket, message: dict[str, object]) -> None:
     sock.sendall((json.dumps(message) + "\n").encode())

@@ -24,8 +24,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -80,16 +79,6 @@ class Timer:
 
     def ms(self) -> list[float]:
         return ms(self.samples)
-
-
-@contextmanager
-def timed(samples: list[float]) -> Iterator[None]:
-    """Append the duration (seconds) of the block to `samples`."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        samples.append(time.perf_counter() - start)
 
 
 def machine_info() -> dict[str, Any]:
