@@ -215,6 +215,19 @@ def format_status(data: dict[str, Any]) -> str:
             )
         )
     lines += _table(rows)
+    for w in data.get("workers", []):
+        if w["state"] != "RUNNING" and w.get("reason"):
+            retry = w.get("next_retry_in")
+            lines.append(f"  {w['resource']}: {w['state']}: {w['reason']}" + (f" (next try in {retry:g}s)" if retry is not None else ""))
+    reconcile = data.get("reconcile") or {}
+    pending = reconcile.get("pending")
+    if pending:
+        lines.append(
+            f"reload pending since {pending.get('for_seconds')}s ({pending.get('trigger')}): {pending.get('reason')}; "
+            f"next try in {pending.get('next_retry_in')}s"
+        )
+    if reconcile.get("refused"):
+        lines.append(f"config refused, the running one keeps serving: {reconcile['refused']}")
     for resource, devices in sorted(data.get("resources", {}).items()):
         healthy = sum(1 for d in devices if d["health"] == "Healthy")
         lines += ["", f"{resource}: {healthy}/{len(devices)} healthy"]

@@ -50,7 +50,7 @@ from supervisor.mps import MpsError
 from supervisor.mpswiring import MpsWiring
 from supervisor.reconcile import Desired, Reconciler
 from supervisor.replan import Replanner, health_policy_for
-from supervisor.rundir import RunDir, RunDirError, SocketSweeper
+from supervisor.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
 from supervisor.scheduler import Clock, Scheduler, SystemClock
 from supervisor.sdnotify import Notifier
 from supervisor.spawner import WorkerSpawner
@@ -87,7 +87,7 @@ class Supervisor:
         self.timers = Scheduler(self.clock, on_error=self.metrics.housekeeping_error)
         self.rundir = RunDir(config.run_dir)
         self.plugin_dir = os.path.dirname(os.path.abspath(config.kubelet_socket))
-        self.sweeper = SocketSweeper(self.plugin_dir)
+        self.sockets = WorkerSockets(self.plugin_dir, self.rundir.sockets_record)
         self.mailbox = Mailbox(log)
         self.signals: list[int] = []  # filled by the handlers, emptied by handle_signals()
         self.stopping = False
@@ -101,7 +101,7 @@ class Supervisor:
         self.hub = HealthHub(
             self.rundir.health_endpoint, policy, self.metrics, self.clock, uuid.uuid4().hex[:12]
         )
-        self.spawner = WorkerSpawner(config, self.rundir)
+        self.spawner = WorkerSpawner(config, self.rundir, self.sockets.add)
         self.workers = WorkerSet(self.spawner, self._worker_policy(config))
         self.mps = MpsWiring(config, self.environ, self.nvml.module, self.hub, self.mailbox.post)
         self.cdi = CdiSync(config, self.timers)
@@ -177,10 +177,13 @@ class Supervisor:
             raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
         try:
             self.rundir.prepare()
+        except RunDirUntrusted as exc:
+            raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
         except RunDirError as exc:  # in use by a live supervisor, or cannot be made
             raise StartupError(str(exc), EXIT_IN_USE) from None
         os.makedirs(self.plugin_dir, exist_ok=True)
-        removed = self.sweeper.sweep()
+        self.sockets.load_earlier()
+        removed = self.sockets.sweep_all()
         if removed:
             log.info("removed %d stale socket(s) of an earlier run: %s", len(removed), ", ".join(removed))
 
@@ -367,7 +370,7 @@ class Supervisor:
 
     def _on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
         if new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
-            removed = self.sweeper.sweep(handle.resource)  # SIGKILL leaves a worker's socket behind
+            removed = self.sockets.sweep(handle.resource, handle.socket_tag)  # SIGKILL leaves a worker's socket
             if removed:
                 log.info(
                     "removed the socket(s) a dead worker of %s left: %s", handle.resource, ", ".join(removed)

@@ -199,6 +199,12 @@ class Metrics:
         self.nvml_errors = Counter(
             "gpuvisor_nvml_errors", "Failed NVML calls in the supervisor, by function and NVML code.", ["function", "code"], registry=r
         )
+        self.workers_fatal = Gauge(
+            "gpuvisor_workers_fatal",
+            "Workers in FATAL (crash-looping; retried at a capped interval), summed over resources.",
+            registry=r,
+        )
+        self._fatal: set[str] = set()
         self.housekeeping_errors = Counter(
             "gpuvisor_housekeeping_errors",
             "Supervisor loop steps and timers that raised (logged with the cause; the loop went on), by step.",
@@ -237,9 +243,14 @@ class Metrics:
 
     # ------------------------------------------------------------------ workers
     def worker_state(self, resource: str, state: str) -> None:
-        """Set the one-hot state gauge of a resource's worker."""
+        """Set the one-hot state gauge of a resource's worker (and the count of FATAL workers)."""
         for s in (*WORKER_STATES, *(() if state in WORKER_STATES else (state,))):
             self.worker_states.labels(resource, s).set(1 if s == state else 0)
+        if state == "FATAL":
+            self._fatal.add(resource)
+        else:
+            self._fatal.discard(resource)
+        self.workers_fatal.set(len(self._fatal))
         if state in _DOWN_STATES:
             self._workers.clear_gauges(resource)
 
@@ -309,6 +320,8 @@ class Metrics:
         for health in ("healthy", "unhealthy"):
             _remove(self.devices, resource, health)
         self._workers.forget(resource)
+        self._fatal.discard(resource)
+        self.workers_fatal.set(len(self._fatal))
         self._restart_seen.pop(resource, None)
         self._pending_trigger.pop(resource, None)
 

@@ -8,12 +8,13 @@ or the new one and never half of either.
 
 Sockets in the plugin dir are the kubelet's and its plugins'; gpuvisor removes only the sockets
 its own workers made, and only once nobody serves on them (a worker killed by SIGKILL leaves its
-socket behind). `SocketSweeper` holds that one rule.
+socket behind). `WorkerSockets` holds that one rule.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -26,6 +27,8 @@ log = logging.getLogger("gpuvisor.supervisor")
 
 SOCKET_PREFIX = "gpuvisor-"
 UNIX_PATH_MAX = 107  # bytes of a unix socket path, without the trailing NUL
+RECORD_MAX_BYTES = 1 << 20  # the socket record of an earlier life: more is not ours
+TAG = re.compile(r"[0-9a-f]{6}")
 
 
 class RunDirError(Exception):
@@ -36,6 +39,10 @@ class RunDirInUse(RunDirError):
     """Another live supervisor uses this run dir."""
 
 
+class RunDirUntrusted(RunDirError):
+    """The run dir is not gpuvisor's alone (a symlink, another owner, writable by others)."""
+
+
 class RunDir:
     """Paths of the run dir and its atomic file writes."""
 
@@ -44,6 +51,7 @@ class RunDir:
         self.plans_dir = os.path.join(self.path, "plans")
         self.control_path = os.path.join(self.path, "control.sock")
         self.health_path = os.path.join(self.path, "health.sock")
+        self.sockets_record = os.path.join(self.path, "sockets.json")
 
     @property
     def control_endpoint(self) -> str:
@@ -63,7 +71,16 @@ class RunDir:
                 )
 
     def prepare(self) -> None:
-        """Make the run dir (0700) and its plans dir; refuse one a live supervisor uses."""
+        """Make the run dir (0700) and its plans dir, or check the ones there; refuse a run dir a
+        live supervisor uses, or one another user could steer (see `trusted_dir`)."""
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            for path in (self.path, self.plans_dir):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(path, 0o700)
+                trusted_dir(path)
+        except OSError as exc:
+            raise RunDirError(f"cannot prepare {exc.filename or self.path}: {exc.strerror}") from None
         if unix_socket_listening(self.control_path):
             # Removing a live supervisor's sockets would cut it off from its workers.
             raise RunDirInUse(
@@ -71,9 +88,6 @@ class RunDir:
                 "stop it first, or give this one another --run-dir"
             )
         try:
-            os.makedirs(self.path, mode=0o700, exist_ok=True)
-            os.chmod(self.path, 0o700)
-            os.makedirs(self.plans_dir, mode=0o700, exist_ok=True)
             for path in (self.control_path, self.health_path):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
@@ -100,6 +114,29 @@ class RunDir:
                 os.unlink(path)
 
 
+def trusted_dir(path: str) -> None:
+    """Accept `path` as a directory only gpuvisor's user controls, tightened to 0700; else raise.
+
+    Refused: a symlink (writes would land wherever it points), anything but a directory, a
+    directory owned by another uid, or one that is group- or world-writable (another user could
+    swap the plans the workers serve, or the sockets they talk to).
+    """
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise RunDirUntrusted(f"run dir {path} is a symlink: refusing to write through it (give the real path)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise RunDirUntrusted(f"run dir {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise RunDirUntrusted(f"run dir {path} belongs to uid {st.st_uid}, not to this process's uid {os.geteuid()}")
+    if st.st_mode & 0o022:
+        raise RunDirUntrusted(
+            f"run dir {path} is writable by its group or by everyone (mode {stat.S_IMODE(st.st_mode):04o}): "
+            "another user could steer what the workers serve; make it 0700 or remove it"
+        )
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+
+
 def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
     """Replace `path` with `text`: temp file beside it, fsync, rename. Raises OSError.
 
@@ -123,44 +160,114 @@ def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
         raise
 
 
-class SocketSweeper:
+class WorkerSockets:
     """The one rule for which sockets in the plugin dir gpuvisor removes.
 
-    A name `gpuvisor-<resource name>-<8 hex>.sock` (what a worker's server binds), a unix socket
-    by `lstat` (never a directory, a regular file or a symlink, whatever its name), and nobody
-    accepting on it.
+    Each worker process gets a tag (6 hex digits, `WorkerHandle.socket_tag`) and names its
+    sockets `gpuvisor-<resource name>-<tag><nn>.sock`; the tag is recorded here (and in
+    `<run dir>/sockets.json`, written atomically) before the process starts. A socket is removed
+    only if its name carries a recorded tag of its resource, `lstat` says it is a unix socket
+    (never a directory, a regular file or a symlink, whatever its name), and nobody accepts on
+    it. A tag is forgotten once its worker is gone and none of its sockets is left. At start,
+    the record of the supervisor's earlier life says which sockets its workers left behind.
+
+    The record is bookkeeping for cleanup: a write that fails (a full run dir) is logged once,
+    kept in memory and tried again with the next change; it never stops a worker from starting.
     """
 
-    def __init__(self, plugin_dir: str) -> None:
+    def __init__(self, plugin_dir: str, record_path: str) -> None:
         self.plugin_dir = plugin_dir
+        self.record_path = record_path
+        self.tags: dict[str, list[str]] = {}
+        self.save_error = ""
 
     @staticmethod
-    def pattern(resource: str | None) -> re.Pattern[str]:
-        name = re.escape(resource.split("/", 1)[-1]) if resource is not None else r".+"
-        return re.compile(rf"{re.escape(SOCKET_PREFIX)}{name}-[0-9a-f]{{8}}\.sock")
+    def pattern(resource: str, tag: str) -> re.Pattern[str]:
+        name = re.escape(resource.split("/", 1)[-1])
+        return re.compile(rf"{re.escape(SOCKET_PREFIX)}{name}-{re.escape(tag)}[0-9a-f]{{2}}\.sock")
 
-    def removable(self, name: str, pattern: re.Pattern[str]) -> bool:
-        if not pattern.fullmatch(name):
-            return False
-        path = os.path.join(self.plugin_dir, name)
+    def load_earlier(self) -> None:
+        """Take over the record an earlier supervisor left in the run dir (bad or missing: none)."""
         try:
-            if not stat.S_ISSOCK(os.lstat(path).st_mode):
-                return False
-        except OSError:
-            return False
-        return not unix_socket_listening(path)
+            with open(self.record_path, "rb") as fh:
+                raw = fh.read(RECORD_MAX_BYTES + 1)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("cannot read %s (%s): sockets of an earlier run stay", self.record_path, exc.strerror)
+            return
+        try:
+            data = json.loads(raw) if len(raw) <= RECORD_MAX_BYTES else None
+        except ValueError:
+            data = None
+        tags = data.get("tags") if isinstance(data, dict) else None
+        if not isinstance(tags, dict) or not all(
+            isinstance(r, str) and isinstance(ts, list) and all(isinstance(t, str) and TAG.fullmatch(t) for t in ts)
+            for r, ts in tags.items()
+        ):
+            log.warning("ignoring %s: not a socket record of gpuvisor's; sockets of an earlier run stay", self.record_path)
+            return
+        self.tags = {r: list(ts) for r, ts in tags.items()}
 
-    def sweep(self, resource: str | None = None) -> list[str]:
-        """Remove the dead worker sockets of `resource` (None: of every resource); their names."""
-        pattern = self.pattern(resource)
+    def add(self, resource: str, tag: str) -> None:
+        """A worker of `resource` is about to start with `tag`."""
+        self.tags.setdefault(resource, []).append(tag)
+        self._save()
+
+    def sweep(self, resource: str, tag: str | None = None) -> list[str]:
+        """Remove the dead sockets of `tag` (None: every recorded tag) of `resource`; their names.
+
+        Call it once the worker of `tag` is gone: its tag is forgotten when none of its sockets
+        is left.
+        """
+        tags = self.tags.get(resource, [])
+        chosen = [t for t in tags if tag is None or t == tag]
+        if not chosen:
+            return []
         try:
             names = sorted(os.listdir(self.plugin_dir))
         except OSError:
-            return []
-        removed = []
-        for name in names:
-            if self.removable(name, pattern):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self.plugin_dir, name))
+            names = []
+        removed: list[str] = []
+        for t in chosen:
+            pattern = self.pattern(resource, t)
+            left = False
+            for name in (n for n in names if pattern.fullmatch(n)):
+                path = os.path.join(self.plugin_dir, name)
+                if self._removable(path):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
                     removed.append(name)
+                elif _is_socket(path):
+                    left = True  # someone serves on it: not ours to take away
+            if not left:
+                tags.remove(t)
+        if not tags:
+            self.tags.pop(resource, None)
+        self._save()
         return removed
+
+    def sweep_all(self) -> list[str]:
+        return [name for resource in sorted(self.tags) for name in self.sweep(resource)]
+
+    @staticmethod
+    def _removable(path: str) -> bool:
+        return _is_socket(path) and not unix_socket_listening(path)
+
+    def _save(self) -> None:
+        try:
+            write_atomic(self.record_path, json.dumps({"tags": self.tags}, sort_keys=True))
+        except OSError as exc:
+            text = f"cannot write {self.record_path}: {exc.strerror or exc}"
+            if text != self.save_error:
+                log.warning("%s; the socket record stays in memory and is written with the next change", text)
+            self.save_error = text
+            return
+        self.save_error = ""
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False

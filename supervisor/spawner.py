@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 from common.config import Config
 from supervisor.rundir import RunDir
@@ -27,9 +28,10 @@ class WorkerSpawner:
     """A `Spawner` for `WorkerSet`: never a bare fork of the supervisor (it holds gRPC and
     ZeroMQ state)."""
 
-    def __init__(self, config: Config, rundir: RunDir) -> None:
+    def __init__(self, config: Config, rundir: RunDir, record_tag: Callable[[str, str], None]) -> None:
         self.config = config
         self.rundir = rundir
+        self.record_tag = record_tag  # the worker's socket tag is on record before it can bind
         self.zygote: Zygote | None = Zygote() if config.zygote else None
 
     def start(self) -> None:
@@ -61,9 +63,11 @@ class WorkerSpawner:
             "--log-format", self.config.log_format,
             "--log-level", self.config.log_level,
             "--heartbeat-interval", f"{handle.beat_interval:g}",
+            "--socket-tag", handle.socket_tag,
         ]  # fmt: skip
 
     def __call__(self, handle: WorkerHandle) -> Proc:
+        self.record_tag(handle.resource, handle.socket_tag)
         args = self.worker_args(handle)
         if self.zygote is not None:
             try:

@@ -10,16 +10,19 @@ restarts what died once its backoff ran out, and kills a worker whose heartbeat 
 hang: SIGSTOP in the tests). The clock is a parameter, so tests drive it by hand. How a
 process is made is the `Spawner`'s business.
 
-Restart rules with memory (supervisord's startsecs/startretries, gunicorn's boot error):
-- a death within `start_seconds` of the start is a *quick* failure; quick failures in a row
-  grow the delay (0 for the first, so a crash costs well under a second, then base * 2^(n-2));
-  a death after a longer life restarts at once and clears the count. RUNNING (registered) is
-  not what clears it: a worker that registers and crashes a second later is still crash-looping;
+Restart rules with memory (supervisord's startsecs/startretries, the kubelet's CrashLoopBackOff):
+- a worker that registered with the kubelet and served for `registered_grace` proved itself:
+  however it dies (an OOM kill, a chaos tool, a kill storm), it is restarted at once and its
+  failure streak is cleared;
+- a death before registration within `start_seconds` of the start, or within `registered_grace`
+  of registering (a crash loop that gets as far as Register), is a *quick* failure; quick
+  failures in a row grow the delay (0 for the first, then base, doubling, capped at
+  `backoff_max`: `common.backoff.Backoff` of the streak's length); a death before registration
+  after a longer life restarts at once;
 - more than `start_retries` quick failures in a row, or exit status 78 (the worker could not
-  use its plan: a config error), leave the worker FATAL, with no further retries;
-- a FATAL worker is tried again only when a reload gives its resource a different plan (the
-  same plan would fail the same way; a new one is the operator's way of saying "try again"),
-  or when the resource is removed and added back.
+  use its plan), make the worker FATAL. FATAL is never final for a wanted resource: it is tried
+  again when its backoff runs out (capped, never sooner than `fatal_min_retry`), each try logged
+  once and shown in status with its next retry, and at once when a reload changes its plan.
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ class Policy:
     backoff_base: float = 0.25
     backoff_max: float = 30.0
     heartbeat_timeout: float = 5.0
+    registered_grace: float = 0.5  # registered this long and then died: proved itself, no failure
+    fatal_min_retry: float = 1.0  # a FATAL worker waits at least this long before its next try
 
     def beat_interval(self) -> float:
         """How often a worker started now beats: 4 beats per timeout, at most every 2.5 s."""
@@ -96,7 +101,8 @@ class Policy:
     stop_timeout: float = 3.0  # SIGTERM, then SIGKILL after this long
 
     def backoff(self, quick_failures: int) -> float:
-        """The delay before restart number `quick_failures` of a quick-failure streak (the first is free)."""
+        """The delay before restart number `quick_failures` of a quick-failure streak: the first is
+        free, then base doubling to the cap (common.backoff, the project's one backoff)."""
         return Backoff(self.backoff_base, self.backoff_max, free=1).step(quick_failures)
 
 
@@ -113,13 +119,15 @@ class WorkerHandle:
     heartbeats: int = 0  # since this process started
     registered: bool = False
     registered_since: float = 0.0  # wall clock, for status
+    registered_at: float | None = None  # the WorkerSet clock when this process first registered
     socket_path: str = ""
     secret: str = ""  # this spawn's proof of identity on the control socket (see spawner.py)
+    socket_tag: str = ""  # 6 hex digits in this spawn's socket names (supervisor/rundir.py)
     generation: int = 0  # spawns of this resource so far: the current process's number
     restarts: int = 0
     restart_causes: dict[str, int] = field(default_factory=dict)
-    quick_failures: int = 0
-    backoff_until: float = 0.0
+    quick_failures: int = 0  # the streak: its length alone sets the next delay (Policy.backoff)
+    backoff_until: float = 0.0  # when a BACKOFF or FATAL worker is tried again
     stop_deadline: float = 0.0
     kill_cause: str = ""  # set when the supervisor killed it (a hang): the cause, not "SIGKILL"
     last_exit: str = ""
@@ -195,7 +203,7 @@ class WorkerSet:
         handle.plan_path = plan_path
         if handle.state is WState.FATAL and plan_changed:
             handle.retry_fatal = True
-            handle.quick_failures = 0
+            self._clear_streak(handle)
         handle.wanted = True
         return handle
 
@@ -242,6 +250,8 @@ class WorkerSet:
         handle.socket_path = socket_path
         if registered and not handle.registered:
             handle.registered_since = time.time()
+            if handle.registered_at is None:
+                handle.registered_at = now
         handle.registered = registered
         if registered and handle.state is WState.STARTING:
             handle.change_state(WState.RUNNING, "registered with the kubelet")
@@ -249,7 +259,7 @@ class WorkerSet:
 
     def deadlines(self) -> list[float]:
         """When a tick has something to do without any event: a backoff ends, a worker is killed."""
-        out = [h.backoff_until for h in self.workers.values() if h.state is WState.BACKOFF and h.wanted]
+        out = [h.backoff_until for h in self.workers.values() if h.state in (WState.BACKOFF, WState.FATAL) and h.wanted]
         out += [h.stop_deadline for h in self.workers.values() if h.state is WState.STOPPING and h.proc is not None]
         return out
 
@@ -276,18 +286,38 @@ class WorkerSet:
             return
         self._count(handle, cause)
         if status == EXIT_CONFIG_ERROR:
-            handle.change_state(WState.FATAL, f"{cause}: it could not use its plan (config error), not retried")
-            return
-        if now - handle.started_at < self.policy.start_seconds:
-            handle.quick_failures += 1
+            self._fail(handle, now, f"{cause}: it could not use its plan (config error)", fatal=True)
+        elif self._proved(handle, now):
+            self._clear_streak(handle)  # it served: this death starts no streak
+            handle.backoff_until = now
+            handle.change_state(WState.BACKOFF, f"{cause}; it had registered and served: restarting at once")
+        elif now - handle.started_at >= self.policy.start_seconds and handle.registered_at is None:
+            self._clear_streak(handle)  # a long life before registering: no crash loop
+            handle.backoff_until = now
+            handle.change_state(WState.BACKOFF, f"{cause}; restarting at once")
         else:
-            handle.quick_failures = 0  # it lived long enough: this death starts no streak
-        if handle.quick_failures > self.policy.start_retries:
-            handle.change_state(WState.FATAL, f"{cause}; {handle.quick_failures} quick failures in a row, giving up")
+            self._fail(handle, now, cause)
+
+    def _proved(self, handle: WorkerHandle, now: float) -> bool:
+        """Registered, and served for a moment: a death now is no failure of the worker's own."""
+        return handle.registered_at is not None and now - handle.registered_at >= self.policy.registered_grace
+
+    def _fail(self, handle: WorkerHandle, now: float, cause: str, fatal: bool = False, floor: float = 0.0) -> None:
+        """A quick failure: back off, or FATAL past start_retries (retried when the backoff ends)."""
+        handle.quick_failures += 1
+        delay = max(self.policy.backoff(handle.quick_failures), floor)
+        if fatal or handle.quick_failures > self.policy.start_retries:
+            delay = max(delay, self.policy.fatal_min_retry)
+            handle.backoff_until = now + delay
+            streak = f"{handle.quick_failures} quick failure(s) in a row"
+            handle.change_state(WState.FATAL, f"{cause}; {streak}; next try in {delay:.1f}s (retried until it serves)")
             return
-        delay = self.policy.backoff(handle.quick_failures)
         handle.backoff_until = now + delay
         handle.change_state(WState.BACKOFF, f"{cause}; restart in {delay:.2f}s")
+
+    @staticmethod
+    def _clear_streak(handle: WorkerHandle) -> None:
+        handle.quick_failures = 0
 
     @staticmethod
     def _count(handle: WorkerHandle, cause: str) -> None:
@@ -305,7 +335,7 @@ class WorkerSet:
         if (
             state is WState.STOPPED
             or (state is WState.BACKOFF and now >= handle.backoff_until)
-            or (state is WState.FATAL and handle.retry_fatal)
+            or (state is WState.FATAL and (handle.retry_fatal or now >= handle.backoff_until))
         ):
             self._spawn(handle, now)
         elif state in (WState.STARTING, WState.RUNNING) and handle.proc is not None and not handle.kill_cause:
@@ -336,17 +366,22 @@ class WorkerSet:
 
     def _spawn(self, handle: WorkerHandle, now: float) -> None:
         was = handle.state
+        reason = {WState.STOPPED: "spawning", WState.BACKOFF: "restarting"}.get(was, "")
+        if was is WState.FATAL:
+            why = "plan changed" if handle.retry_fatal else f"after {handle.quick_failures} quick failure(s)"
+            reason = f"trying again ({why})"
         handle.retry_fatal = False
-        reason = {WState.STOPPED: "spawning", WState.FATAL: "plan changed: trying again"}.get(was, "restarting")
         handle.started_at = now
         handle.last_heartbeat = 0.0
         handle.heartbeats = 0
         handle.registered = False
+        handle.registered_at = None
         handle.stats = {}  # the figures of the previous process are not this one's
         handle.beat_interval = self.policy.beat_interval()
         handle.socket_path = ""
         handle.kill_cause = ""
         handle.secret = secrets.token_hex(16)
+        handle.socket_tag = secrets.token_hex(3)
         handle.generation += 1
         try:
             proc = self.spawner(handle)
@@ -354,12 +389,8 @@ class WorkerSet:
             handle.pid = 0
             handle.change_state(WState.STARTING, reason)
             self._count(handle, "spawn failed")
-            handle.quick_failures += 1
-            if handle.quick_failures > self.policy.start_retries:
-                handle.change_state(WState.FATAL, f"spawn failed: {exc}; giving up")
-                return
-            handle.backoff_until = now + max(self.policy.backoff(handle.quick_failures), self.policy.backoff_base)
-            handle.change_state(WState.BACKOFF, f"spawn failed: {exc}")
+            # Not even at once: a spawn that failed (no memory, no pids) needs a moment.
+            self._fail(handle, now, f"spawn failed: {exc}", floor=self.policy.backoff_base)
             return
         if was is not WState.STOPPED:
             handle.restarts += 1

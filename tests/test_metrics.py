@@ -246,3 +246,28 @@ def test_worker_listener_drops_a_removed_resource() -> None:
     procs[-1].status = 0
     ws.tick(2.0)
     assert not [k for k in samples(m) if ("resource", R) in k[1] and k[0] in ("gpuvisor_worker_state", "gpuvisor_devices")]
+
+
+def test_fatal_workers_gauge_counts_resources_in_fatal() -> None:
+    """gpuvisor_workers_fatal is the number of resources whose worker is FATAL now."""
+    m = Metrics()
+    m.worker_state(R, "FATAL")
+    m.worker_state("nvidia.com/mig-1g.10gb", "FATAL")
+    assert value(m, "gpuvisor_workers_fatal") == 2.0
+    m.worker_state(R, "STARTING")
+    assert value(m, "gpuvisor_workers_fatal") == 1.0
+    m.forget_resource("nvidia.com/mig-1g.10gb")
+    assert value(m, "gpuvisor_workers_fatal") == 0.0
+
+
+def test_the_loops_own_troubles_are_counted() -> None:
+    """Failed loop steps, refused reloads, a pending reload and dropped control messages have series."""
+    m = Metrics()
+    m.housekeeping_error("reconcile")
+    m.reload_refused("reload")
+    m.set_pending_reload(True)
+    m.control_message_dropped("unbound sender")
+    assert value(m, "gpuvisor_housekeeping_errors_total", step="reconcile") == 1.0
+    assert value(m, "gpuvisor_reloads_refused_total", kind="reload") == 1.0
+    assert value(m, "gpuvisor_reload_pending") == 1.0
+    assert value(m, "gpuvisor_control_messages_dropped_total", reason="unbound sender") == 1.0

@@ -3,14 +3,16 @@ which sockets in the plugin dir gpuvisor removes."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from supervisor.rundir import RunDir, RunDirError, SocketSweeper, write_atomic
+from supervisor.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets, write_atomic
 
 
 def dead_socket(path: Path) -> None:
@@ -71,37 +73,109 @@ def test_prepare_makes_a_private_run_dir_with_its_plans_dir(tmp_path: Path) -> N
     assert os.path.isdir(rd.plans_dir) and not os.path.exists(rd.control_path)
 
 
-def test_sweeper_removes_only_dead_worker_sockets_of_the_resource(plugin_dir: Path) -> None:
-    """Dead sockets named like the resource's workers go; other resources' and foreign ones stay."""
-    for name in ("gpuvisor-gpu-0a1b2c3d.sock", "gpuvisor-gpu.shared-0a1b2c3d.sock", "other.sock"):
+def sockets(plugin_dir: Path, tmp: Path) -> WorkerSockets:
+    return WorkerSockets(str(plugin_dir), str(tmp / "sockets.json"))
+
+
+def test_only_sockets_with_a_recorded_tag_of_the_resource_are_removed(plugin_dir: Path, tmp_path: Path) -> None:
+    """Dead sockets of the recorded tag go; the same name shape with another tag, or of another
+    resource, and foreign sockets stay."""
+    for name in ("gpuvisor-gpu-a1b2c300.sock", "gpuvisor-gpu-ffffff00.sock", "gpuvisor-gpu.shared-a1b2c300.sock", "other.sock"):
         dead_socket(plugin_dir / name)
-    removed = SocketSweeper(str(plugin_dir)).sweep("nvidia.com/gpu")
-    assert removed == ["gpuvisor-gpu-0a1b2c3d.sock"]
-    assert sorted(os.listdir(plugin_dir)) == ["gpuvisor-gpu.shared-0a1b2c3d.sock", "other.sock"]
+    ws = sockets(plugin_dir, tmp_path)
+    ws.add("nvidia.com/gpu", "a1b2c3")
+    assert ws.sweep("nvidia.com/gpu", "a1b2c3") == ["gpuvisor-gpu-a1b2c300.sock"]
+    assert sorted(os.listdir(plugin_dir)) == ["gpuvisor-gpu-ffffff00.sock", "gpuvisor-gpu.shared-a1b2c300.sock", "other.sock"]
+    assert ws.tags == {}
 
 
-def test_sweeper_never_touches_a_directory_a_file_or_a_symlink(plugin_dir: Path) -> None:
-    """Entries named like worker sockets that are not sockets are never removed (nor followed)."""
-    (plugin_dir / "gpuvisor-gpu-0badc0de.sock").mkdir()
-    (plugin_dir / "gpuvisor-gpu-1badc0de.sock").write_text("a file")
-    target = plugin_dir / "elsewhere.sock"
+def test_a_directory_a_file_or_a_symlink_named_like_our_socket_is_never_touched(plugin_dir: Path, tmp_path: Path) -> None:
+    """Entries with a recorded name that are not sockets are never removed nor followed."""
+    (plugin_dir / "gpuvisor-gpu-0badc000.sock").mkdir()
+    (plugin_dir / "gpuvisor-gpu-0badc001.sock").write_text("a file")
+    target = tmp_path / "elsewhere.sock"
     dead_socket(target)
-    (plugin_dir / "gpuvisor-gpu-2badc0de.sock").symlink_to(target)
-    assert SocketSweeper(str(plugin_dir)).sweep("nvidia.com/gpu") == []
-    assert len(os.listdir(plugin_dir)) == 4
+    (plugin_dir / "gpuvisor-gpu-0badc002.sock").symlink_to(target)
+    ws = sockets(plugin_dir, tmp_path)
+    ws.add("nvidia.com/gpu", "0badc0")
+    assert ws.sweep("nvidia.com/gpu", "0badc0") == []
+    assert len(os.listdir(plugin_dir)) == 3 and target.exists()
 
 
-def test_sweeper_leaves_a_socket_someone_listens_on(plugin_dir: Path) -> None:
-    """A live server's socket is not ours to remove, whatever its name."""
+def test_a_socket_someone_listens_on_stays_and_keeps_its_tag(plugin_dir: Path, tmp_path: Path) -> None:
+    """A live server's socket is not ours to remove, whatever its name; its tag stays recorded."""
     live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        live.bind(str(plugin_dir / "gpuvisor-gpu-11112222.sock"))
+        live.bind(str(plugin_dir / "gpuvisor-gpu-11112200.sock"))
         live.listen(1)
-        assert SocketSweeper(str(plugin_dir)).sweep() == []
+        ws = sockets(plugin_dir, tmp_path)
+        ws.add("nvidia.com/gpu", "111122")
+        assert ws.sweep("nvidia.com/gpu") == []
+        assert ws.tags == {"nvidia.com/gpu": ["111122"]}
     finally:
         live.close()
 
 
-def test_sweeper_of_a_missing_dir_removes_nothing(tmp_path: Path) -> None:
-    """No plugin dir (yet): nothing to do, no error."""
-    assert SocketSweeper(str(tmp_path / "nope")).sweep() == []
+def test_the_record_lets_the_next_life_remove_what_this_one_left(plugin_dir: Path, tmp_path: Path) -> None:
+    """Tags recorded by one supervisor are read by the next, which removes their dead sockets."""
+    first = sockets(plugin_dir, tmp_path)
+    first.add("nvidia.com/gpu", "abcdef")
+    dead_socket(plugin_dir / "gpuvisor-gpu-abcdef03.sock")
+    second = sockets(plugin_dir, tmp_path)
+    second.load_earlier()
+    assert second.sweep_all() == ["gpuvisor-gpu-abcdef03.sock"]
+    assert json.loads((tmp_path / "sockets.json").read_text()) == {"tags": {}}
+
+
+@pytest.mark.parametrize("content", ["not json", '{"tags": {"r": ["../../x"]}}', '{"tags": []}', "x" * (2 << 20)])
+def test_a_record_that_is_not_ours_is_ignored(plugin_dir: Path, tmp_path: Path, content: str) -> None:
+    """A bad, foreign or oversized record removes nothing."""
+    (tmp_path / "sockets.json").write_text(content)
+    dead_socket(plugin_dir / "gpuvisor-gpu-abcdef03.sock")
+    ws = sockets(plugin_dir, tmp_path)
+    ws.load_earlier()
+    assert ws.sweep_all() == [] and os.listdir(plugin_dir) == ["gpuvisor-gpu-abcdef03.sock"]
+
+
+def test_a_record_that_cannot_be_written_never_stops_a_worker(plugin_dir: Path, tmp_path: Path) -> None:
+    """The record write failing (no run dir) is remembered, not raised; memory keeps the tag."""
+    ws = WorkerSockets(str(plugin_dir), str(tmp_path / "gone" / "sockets.json"))
+    ws.add("nvidia.com/gpu", "abcdef")
+    assert ws.tags == {"nvidia.com/gpu": ["abcdef"]} and "cannot write" in ws.save_error
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda p: p.symlink_to(p.parent / "real", target_is_directory=True), "is a symlink"),
+        (lambda p: p.write_text("x"), "not a directory"),
+        (lambda p: (p.mkdir(), p.chmod(0o777)), "writable by its group or by everyone"),
+        (lambda p: (p.mkdir(), p.chmod(0o720)), "writable by its group"),
+    ],
+)
+def test_a_run_dir_another_user_could_steer_is_refused(tmp_path: Path, make: Any, words: str) -> None:
+    """A symlink, a non-directory, or a group/world-writable run dir is refused with a clear error."""
+    (tmp_path / "real").mkdir()
+    run = tmp_path / "run"
+    make(run)
+    with pytest.raises(RunDirUntrusted, match=words):
+        RunDir(str(run)).prepare()
+    assert os.listdir(tmp_path / "real") == []
+
+
+def test_a_run_dir_of_another_owner_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run dir not owned by this process's uid is refused (seen from another uid)."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(run).st_uid + 1)
+    with pytest.raises(RunDirUntrusted, match="belongs to uid"):
+        RunDir(str(run)).prepare()
+
+
+def test_an_own_readable_run_dir_is_taken_and_tightened(tmp_path: Path) -> None:
+    """A run dir of ours that others may only read is used and made 0700."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    run.chmod(0o755)
+    RunDir(str(run)).prepare()
+    assert oct(run.stat().st_mode & 0o777) == "0o700"

@@ -7,6 +7,7 @@ assertions use generous bounds because the test machine is shared and noisy.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -116,10 +117,16 @@ def test_sigterm_stops_every_worker_and_socket_quickly() -> None:
 
 @contextmanager
 def planted_sockets(directory: str) -> Iterator[dict[str, str]]:
-    """Stale sockets of an earlier gpuvisor, a foreign one, and a live gpuvisor one."""
+    """Stale sockets of an earlier gpuvisor (tags 0a1b2c and deadbe), unrecorded ones named alike,
+    a foreign one, and a live gpuvisor one."""
     made = []
     paths = {}
-    for name in ("gpuvisor-gpu-0a1b2c3d.sock", "gpuvisor-mig-1g.10gb-deadbeef.sock", "other.sock"):
+    for name in (
+        "gpuvisor-gpu-0a1b2c3d.sock",
+        "gpuvisor-mig-1g.10gb-deadbeef.sock",
+        "gpuvisor-gpu-99999900.sock",
+        "other.sock",
+    ):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(os.path.join(directory, name))
         s.close()  # the file stays; nobody listens
@@ -139,14 +146,18 @@ def planted_sockets(directory: str) -> Iterator[dict[str, str]]:
 
 
 def test_start_removes_only_its_own_stale_sockets() -> None:
-    """At start, dead gpuvisor-*.sock go; a foreign socket, a live gpuvisor socket and regular files stay."""
+    """At start, the dead sockets the earlier life recorded go; an unrecorded look-alike, a foreign
+    socket, a live gpuvisor socket and regular files stay."""
     node = SimNode("pcie-l4")
+    os.makedirs(node.run_dir, mode=0o700)
+    with open(os.path.join(node.run_dir, "sockets.json"), "w") as fh:
+        json.dump({"tags": {GPU: ["0a1b2c", "111122"], "nvidia.com/mig-1g.10gb": ["deadbe"]}}, fh)
     with planted_sockets(node.plugin_dir), node:
         node.wait_listed([GPU])
         names = set(os.listdir(node.plugin_dir))
         assert "gpuvisor-gpu-0a1b2c3d.sock" not in names
         assert "gpuvisor-mig-1g.10gb-deadbeef.sock" not in names
-        assert {"other.sock", "gpuvisor-gpu-11112222.sock", "gpuvisor-notes.sock"} <= names
+        assert {"other.sock", "gpuvisor-gpu-11112222.sock", "gpuvisor-notes.sock", "gpuvisor-gpu-99999900.sock"} <= names
         assert "removed 2 stale socket(s)" in node.log()
 
 

@@ -28,7 +28,16 @@ from common.planning import plan_resources
 from tests import nodes
 from tests.helpers import short_tmpdir, sockets_in, wait_until
 from worker.registration import Registrar, RegState, kubelet_identity, registration_backoff
-from worker.server import OPTIONS, DeviceBook, Health, PluginServer, PluginService, error_detail, socket_name
+from worker.server import (
+    MAX_STREAMS_PER_SERVER,
+    OPTIONS,
+    DeviceBook,
+    Health,
+    PluginServer,
+    PluginService,
+    error_detail,
+    socket_name,
+)
 
 GPU = "nvidia.com/gpu"
 
@@ -74,11 +83,43 @@ def health_map(message: object) -> dict[str, str]:
     return {d.ID: d.health for d in message.devices}
 
 
-def test_socket_names_are_fresh_and_prefixed() -> None:
-    """Each server start gets a new `gpuvisor-<name>-<nonce>.sock` name."""
-    names = {socket_name("nvidia.com/mig-1g.10gb") for _ in range(50)}
-    assert len(names) == 50
-    assert all(re.fullmatch(r"gpuvisor-mig-1g\.10gb-[0-9a-f]{8}\.sock", n) for n in names)
+def test_socket_names_are_fresh_and_carry_the_workers_tag() -> None:
+    """Each server start gets a new `gpuvisor-<name>-<tag><nn>.sock` name with the process's tag."""
+    plan = plan_resources(nodes.mig_a100(), config_from_data({"version": "v1", "flags": {"migStrategy": "mixed"}}))
+    service = PluginService(DeviceBook(plan["nvidia.com/mig-1g.10gb"]))
+    service.socket_tag = "c0ffee"
+    names = [service.next_socket_name() for _ in range(50)]
+    assert len(set(names)) == 50 and names[0] == "gpuvisor-mig-1g.10gb-c0ffee00.sock"
+    assert all(re.fullmatch(r"gpuvisor-mig-1g\.10gb-c0ffee[0-9a-f]{2}\.sock", n) for n in names)
+    assert socket_name("nvidia.com/gpu", "abcdef", 255) == "gpuvisor-gpu-abcdefff.sock"
+
+
+def test_streams_beyond_the_bound_are_refused_and_extras_ending_do_not_unregister(tmpdir_short: str) -> None:
+    """A server keeps 3 streams (the first is the kubelet's); a 4th gets RESOURCE_EXHAUSTED, and an
+    extra stream that ends does not count as the kubelet letting us go."""
+    cancelled: list[PluginServer] = []
+    service = PluginService(DeviceBook(gpu_plan()), on_stream_cancelled=cancelled.append)
+    server = PluginServer(service, tmpdir_short)
+    server.start()
+    streams: list[Stream] = []
+    try:
+        for _ in range(MAX_STREAMS_PER_SERVER):
+            streams.append(Stream(server.path))
+            assert isinstance(streams[-1].next(), pb.ListAndWatchResponse)
+        extra = Stream(server.path)
+        streams.append(extra)
+        refused = extra.next()
+        assert isinstance(refused, grpc.RpcError) and refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert service.streams_refused == 1 and server.streams == MAX_STREAMS_PER_SERVER
+        streams[1].close()
+        assert wait_until(lambda: server.streams == MAX_STREAMS_PER_SERVER - 1, 10)
+        assert cancelled == [] and not server.cancelled
+        streams[0].close()
+        assert wait_until(lambda: cancelled == [server], 10)
+    finally:
+        for stream in streams:
+            stream.close()
+        server.stop()
 
 
 def test_concurrent_streams_all_get_full_lists_on_every_change(tmpdir_short: str) -> None:

@@ -185,9 +185,29 @@ def test_quick_failures_back_off_then_fatal() -> None:
         assert st(handle) is S.STARTING and len(spawner.procs) == spawns + 1
     assert delays == [0.0, 0.25, 0.5, 1.0, 2.0]
     assert handle.quick_failures == 6
-    ws.tick(now + 3600)
-    assert st(handle) is S.FATAL and len(spawner.procs) == 6, "a FATAL worker is not retried"
+    assert handle.backoff_until - now == pytest.approx(4.0) and "next try in 4.0s" in handle.reason
     assert handle.restart_causes == {"exited with status 1": 6}
+
+
+def test_fatal_is_retried_at_a_capped_interval_forever() -> None:
+    """A FATAL worker is tried again when its backoff ends, the waits capped at backoff_max, never given up."""
+    ws, spawner, handle = make()
+    now = 0.0
+    ws.tick(now)
+    waits: list[float] = []
+    for _ in range(14):
+        spawner.last.status = 1
+        now += 0.1
+        ws.tick(now)
+        if st(handle) is S.FATAL:
+            waits.append(handle.backoff_until - now)
+            ws.tick(handle.backoff_until - 0.001)
+            assert st(handle) is S.FATAL, "tried before its wait ran out"
+        now = max(now, handle.backoff_until)
+        ws.tick(now)
+        assert st(handle) is S.STARTING
+    assert waits == pytest.approx([4.0, 8.0, 16.0, 30.0, 30.0, 30.0, 30.0, 30.0, 30.0])
+    assert ws.deadlines() == [] and len(spawner.procs) == 15
 
 
 def test_first_failure_restarts_in_the_same_tick() -> None:
@@ -200,8 +220,8 @@ def test_first_failure_restarts_in_the_same_tick() -> None:
     assert handle.restart_causes == {"killed by SIGKILL": 1}
 
 
-def test_registered_then_quick_crash_still_counts_as_quick() -> None:
-    """Registering does not clear the streak: register-then-crash loops still back off."""
+def test_a_crash_right_after_registering_still_counts_as_quick() -> None:
+    """Register-then-crash within registered_grace is a crash loop: it still backs off."""
     ws, spawner, handle = make()
     until = backoffs(ws)
     now = 0.0
@@ -210,12 +230,28 @@ def test_registered_then_quick_crash_still_counts_as_quick() -> None:
         ws.heartbeat(R, spawner.last.pid, True, "s", now)
         assert st(handle) is S.RUNNING
         spawner.last.status = -signal.SIGSEGV
-        now += 1.0
+        now += 0.1
         ws.tick(now)
         assert until[-1] - now == pytest.approx(expected)
         now = until[-1]
         ws.tick(now)
         assert st(handle) is S.STARTING
+
+
+def test_a_kill_storm_of_a_registered_worker_restarts_at_once_every_time() -> None:
+    """Killed 1 s after each registration, 50 times: every restart is immediate, never a streak, never FATAL."""
+    ws, spawner, handle = make()
+    now = 0.0
+    ws.tick(now)
+    for _ in range(50):
+        ws.heartbeat(R, spawner.last.pid, True, "s", now)
+        now += 1.0
+        spawner.last.status = -signal.SIGKILL
+        spawns = len(spawner.procs)
+        ws.tick(now)
+        assert st(handle) is S.STARTING and len(spawner.procs) == spawns + 1, "not restarted in the same tick"
+        assert handle.quick_failures == 0
+    assert handle.restart_causes == {"killed by SIGKILL": 50}
 
 
 def test_a_long_life_clears_the_streak() -> None:
@@ -236,8 +272,8 @@ def test_a_long_life_clears_the_streak() -> None:
 
 
 @pytest.mark.parametrize("registered", [False, True])
-def test_config_error_exit_is_fatal_without_retries(registered: bool) -> None:
-    """Exit status 78 (the worker cannot use its plan) is FATAL at once, from STARTING or RUNNING."""
+def test_config_error_exit_is_fatal_and_retried_later(registered: bool) -> None:
+    """Exit status 78 (the worker cannot use its plan) is FATAL at once, retried after fatal_min_retry."""
     ws, spawner, handle = make()
     if registered:
         run_until_running(ws, spawner, 0.0)
@@ -245,10 +281,11 @@ def test_config_error_exit_is_fatal_without_retries(registered: bool) -> None:
         ws.tick(0.0)
     spawner.last.status = EXIT_CONFIG_ERROR
     ws.tick(20.0)
-    assert st(handle) is S.FATAL
-    ws.tick(1000.0)
+    assert st(handle) is S.FATAL and handle.backoff_until == 21.0
+    ws.tick(20.5)
     assert len(spawner.procs) == 1
-    assert handle.quick_failures == 0
+    ws.tick(21.0)
+    assert st(handle) is S.STARTING and len(spawner.procs) == 2
 
 
 def test_heartbeat_timeout_kills_once_and_records_the_cause(caplog: pytest.LogCaptureFixture) -> None:
@@ -292,19 +329,20 @@ def test_first_heartbeat_gets_the_register_timeout() -> None:
     assert spawner.last.signals == [signal.SIGKILL]
 
 
-def test_fatal_worker_comes_back_only_for_a_changed_plan() -> None:
-    """want() with the same plan leaves a FATAL worker alone; a changed plan starts it afresh."""
+def test_a_changed_plan_retries_a_fatal_worker_at_once() -> None:
+    """want() with the same plan leaves a FATAL worker to its timer; a changed plan starts it now."""
     ws, spawner, handle = make()
     ws.tick(0.0)
     spawner.last.status = EXIT_CONFIG_ERROR
     ws.tick(0.1)
     assert st(handle) is S.FATAL
     ws.want(R, "/plans/gpu.json")
-    ws.tick(50.0)
+    ws.tick(0.2)
     assert st(handle) is S.FATAL and len(spawner.procs) == 1
     ws.want(R, "/plans/gpu.json", plan_changed=True)
-    ws.tick(51.0)
+    ws.tick(0.3)
     assert st(handle) is S.STARTING and len(spawner.procs) == 2 and handle.restarts == 1
+    assert handle.quick_failures == 0
 
 
 def test_stop_terms_then_kills_after_the_timeout() -> None:

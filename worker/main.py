@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -82,7 +83,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--secret-fd", type=int, default=-1, help="an inherited pipe holding this spawn's secret (read once, closed)"
     )
+    p.add_argument(
+        "--socket-tag", type=socket_tag, default=None, help="6 hex digits in this process's socket names (the supervisor's record)"
+    )
     return p.parse_args(argv)
+
+
+def socket_tag(text: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{6}", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not 6 lower-case hex digits")
+    return text
 
 
 def read_secret(fd: int) -> str:
@@ -110,6 +120,8 @@ class Worker:
         self.book = DeviceBook(plan)
         self.service = PluginService(self.book, observe=self.stats.observe)
         self.service.on_streams_changed = self._on_streams_changed
+        if args.socket_tag:
+            self.service.socket_tag = args.socket_tag
         plugin_dir = os.path.dirname(os.path.abspath(args.kubelet_socket))
         self.registrar = Registrar(
             self.service,
@@ -321,7 +333,9 @@ class Worker:
         # The figures travel only when they changed (they are cumulative: the supervisor keeps
         # the last ones it got); an idle worker's heartbeat stays a few dozen bytes.
         # The kubelet's streams on the live server: what the supervisor's readiness waits for.
-        stats = self.stats.snapshot(streams=server.streams if server is not None else 0)
+        stats = self.stats.snapshot(
+            streams=server.streams if server is not None else 0, streams_refused=self.service.streams_refused
+        )
         if stats == self._last_stats and time.monotonic() < self._stats_refresh_at:
             stats = {}
         else:

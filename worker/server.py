@@ -8,6 +8,18 @@ fresh socket name: a restart for re-registration makes a new `PluginServer`, and
 ends its streams first, so the kubelet never sees an old stream outlive its successor's
 registration (kubernetes#121994).
 
+Streams are bounded so that they can never starve the unary calls: gRPC's sync server gives each
+RPC a thread of a pool of `RPC_THREADS` for its whole life, and a ListAndWatch stream lives as long
+as its client. A server admits `MAX_STREAMS_PER_SERVER` concurrent streams (the kubelet's, which
+is the first on the fresh socket of each registration, and a few more: a monitoring tool, a
+client reconnecting); a stream beyond that gets RESOURCE_EXHAUSTED at once and holds no thread, so
+Allocate, GetPreferredAllocation and the rest always have `RPC_THREADS - MAX_STREAMS_PER_SERVER`
+threads. `MAX_RPCS` bounds what gRPC keeps in flight or queued at all.
+
+Socket names are `gpuvisor-<resource name>-<tag><nn>.sock`: the supervisor gives each worker
+process a tag (6 hex digits) and records it, and nn counts the process's server starts, so the
+supervisor removes only sockets that its own workers made (supervisor/rundir.py).
+
 Each server serves the shared service through its own small adapter, so a stream knows which
 server it belongs to: a stream the kubelet cancels marks *that* server as cancelled (the
 registrar then registers again on a fresh server), while streams we end ourselves on stop do not.
@@ -48,6 +60,8 @@ STREAM_RECHECK_S = 5.0
 STOP_GRACE_S = 0.5
 SOCKET_PREFIX = "gpuvisor-"
 RPC_THREADS = 8  # a kubelet holds one stream and makes a few unary calls at a time
+MAX_STREAMS_PER_SERVER = 3  # the kubelet's stream and two more; the other 5 threads stay for unary calls
+MAX_RPCS = 64  # in flight and queued, per server: more get RESOURCE_EXHAUSTED from gRPC itself
 ERROR_DETAIL_BUDGET = 4000  # characters of a gRPC error message on the wire (clients cap trailers at 8 KiB)
 
 
@@ -185,6 +199,16 @@ class PluginService:
         self.on_streams_changed: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._streams = 0
+        self.streams_refused = 0
+        self.socket_tag = secrets.token_hex(3)  # the supervisor gives its own (see the module doc)
+        self._servers_started = 0
+
+    def next_socket_name(self) -> str:
+        """A fresh socket file name for one server start: `gpuvisor-<name>-<tag><nn>.sock`."""
+        with self._lock:
+            n = self._servers_started % 256
+            self._servers_started += 1
+        return socket_name(self.book.plan.resource, self.socket_tag, n)
 
     @property
     def streams(self) -> int:
@@ -222,10 +246,27 @@ class PluginService:
 
         if not context.add_callback(on_end):
             ended.set()  # the RPC is already over
+        # The first stream on a server is the kubelet's (each registration gets a fresh server);
+        # only its end means the kubelet let us go. An extra stream ending is just that.
+        first = False
+        if server is not None:
+            admitted, first = server.admit_stream()
+            if not admitted:
+                with self._lock:
+                    self.streams_refused += 1
+                    refused = self.streams_refused
+                log.log(
+                    logging.WARNING if refused == 1 else logging.DEBUG,
+                    "refused a ListAndWatch stream: %d are open on this server already (%d refused so far)",
+                    MAX_STREAMS_PER_SERVER,
+                    refused,
+                )
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"at most {MAX_STREAMS_PER_SERVER} ListAndWatch streams per device plugin socket",
+                )
         with self._lock:
             self._streams += 1
-        if server is not None:
-            server.note_stream(+1)
         self._streams_changed()
         log.debug("ListAndWatch stream opened")
         by_us = False
@@ -253,6 +294,8 @@ class PluginService:
             self._streams_changed()
             if by_us or server is None:
                 log.debug("ListAndWatch stream closed by us")
+            elif not first:
+                log.debug("an extra ListAndWatch stream ended")
             else:
                 # The kubelet never reopens a stream: only a new Register brings us back. (The
                 # registrar logs the re-registration this leads to: one line, not two.)
@@ -347,10 +390,10 @@ def to_pb(result: ContainerResponse) -> pb.ContainerAllocateResponse:
     )
 
 
-def socket_name(resource: str) -> str:
-    """A fresh socket file name for one server start: `gpuvisor-<name>-<nonce>.sock`."""
+def socket_name(resource: str, tag: str, n: int) -> str:
+    """`gpuvisor-<name>-<tag><nn>.sock`: the worker's tag (6 hex digits) and its server count."""
     name = resource.split("/", 1)[-1]
-    return f"{SOCKET_PREFIX}{name}-{secrets.token_hex(4)}.sock"
+    return f"{SOCKET_PREFIX}{name}-{tag}{n:02x}.sock"
 
 
 class PluginServer:
@@ -364,7 +407,7 @@ class PluginServer:
         # gRPC never shuts a server's pool down, so successive servers can share one: a
         # re-registration then creates no threads for its RPCs (about a third of its CPU).
         self._executor = executor
-        self.name = socket_name(service.book.plan.resource)
+        self.name = service.next_socket_name()
         self.path = os.path.join(plugin_dir, self.name)
         self.stopping = False
         self.cancelled = False  # the kubelet ended one of our streams: this server is done for
@@ -372,6 +415,7 @@ class PluginServer:
         self._inode: tuple[int, int] | None = None
         self._lock = threading.Lock()
         self._streams = 0
+        self._had_stream = False
 
     @property
     def streams(self) -> int:
@@ -382,9 +426,19 @@ class PluginServer:
         with self._lock:
             self._streams += delta
 
+    def admit_stream(self) -> tuple[bool, bool]:
+        """Count a new stream if the server has room for it: (admitted, the server's first)."""
+        with self._lock:
+            if self._streams >= MAX_STREAMS_PER_SERVER:
+                return False, False
+            self._streams += 1
+            first = not self._had_stream
+            self._had_stream = True
+            return True, first
+
     def start(self) -> None:
         executor = self._executor or futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
-        server = grpc.server(executor, options=[("grpc.so_reuseport", 0)])
+        server = grpc.server(executor, options=[("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=MAX_RPCS)
         server.add_generic_rpc_handlers((device_plugin_handler(_ServerView(self.service, self)),))
         server.add_insecure_port(unix_target(self.path))
         self.service.server = self

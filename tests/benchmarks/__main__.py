@@ -25,6 +25,7 @@ BENCHES = [
     "bench_preferred",
     "bench_kubelet_restart",
     "bench_worker_kill",
+    "bench_killstorm",
     "bench_health",
     "bench_startup",
     "bench_memory",
