@@ -29,6 +29,7 @@ BENCHES = [
     "bench_startup",
     "bench_memory",
     "bench_idle_cpu",
+    "bench_huge_config",
 ]
 PACKAGE = "tests.benchmarks"
 
