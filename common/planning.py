@@ -22,6 +22,10 @@ NVIDIA parses but ignores and gpuvisor honours: custom `resources` names, `renam
    MIG-enabled GPU is shared, and no GPU is split into more replicas than MPS allows clients on
    it (48 from compute capability 7.5 on, 16 before). The config loader checks the first two
    too; they are repeated here because a `Config` can also be built without the loader.
+4. Sizes, from counts before any replica is built: a resource whose ListAndWatch answer would
+   not fit the kubelet's 4 MiB receive limit (with a margin, see common.plansize) is refused,
+   and so is a node past MAX_PLANNED_DEVICES. NVIDIA accepts such configs and then fails at
+   the kubelet; a PlanningError here is a config error at start and a refused reload later.
 """
 
 from __future__ import annotations
@@ -32,8 +36,14 @@ from dataclasses import dataclass
 
 from common.config import RESOURCE_DOMAIN, Config, DeviceSelector, ResourcePattern
 from common.model import AllocatableDevice, AllocateSettings, Gpu, Link, MigDevice, Node, ResourcePlan
+from common.plansize import KUBELET_MAX_RECEIVE_BYTES, LIST_AND_WATCH_BUDGET, device_entry_size, replicas_size
 
 GPU_RESOURCE = f"{RESOURCE_DOMAIN}/gpu"
+# Devices one node may advertise over all its resources. Each costs about 1 KiB across the
+# supervisor and its worker (measured: 320 B for a plan's device in each process, as much again
+# for its JSON, plus the health book and the protobuf message), so 131,072 keep that near
+# 128 MiB; no real node needs more than a few thousand.
+MAX_PLANNED_DEVICES = 131_072
 
 # How many MPS clients one GPU serves: 48 from compute capability 7.5 on, 16 before (the MPS
 # server's per-device client limit). A replica is a client slot, so replicas may not exceed it.
@@ -65,9 +75,11 @@ def plan_resources(node: Node, config: Config) -> dict[str, ResourcePlan]:
     if config.sharing.strategy == "mps":
         _check_mps_config(config)
     base = _base_devices(node, config)
-    placed = _apply_sharing(base, config)
+    chosen = _choose_shared(base, config)
     if config.sharing.strategy == "mps":
-        _check_mps_devices(placed, node)
+        _check_mps_devices(base, chosen, node)
+    _check_sizes(base, chosen)  # before a single replica is built
+    placed = _expand(base, chosen)
 
     by_resource: dict[str, list[AllocatableDevice]] = defaultdict(list)
     origins: dict[str, set[str]] = defaultdict(set)
@@ -227,12 +239,12 @@ def _replicas(device: AllocatableDevice, replicas: int) -> list[AllocatableDevic
     ]
 
 
-def _apply_sharing(base: list[_Placed], config: Config) -> list[_Placed]:
+def _choose_shared(base: list[_Placed], config: Config) -> dict[str, tuple[str, int]]:
+    """Device uuid -> (resource to advertise its replicas under, replicas), entry by entry in file order."""
     sharing = config.sharing
-    if sharing.strategy == "none":
-        return base
-    # device uuid -> (resource to advertise under, replicas), filled entry by entry in file order
     chosen: dict[str, tuple[str, int]] = {}
+    if sharing.strategy == "none":
+        return chosen
     for entry in sharing.resources:
         candidates = sorted(
             (p.device for p in base if p.resource == entry.name and p.device.uuid not in chosen),
@@ -245,6 +257,41 @@ def _apply_sharing(base: list[_Placed], config: Config) -> list[_Placed]:
                     f"{device.index} ({device.uuid}) under MIG strategy {config.mig_strategy}"
                 )
             chosen[device.uuid] = (entry.rename or entry.name, entry.replicas)
+    return chosen
+
+
+def _check_sizes(base: list[_Placed], chosen: dict[str, tuple[str, int]]) -> None:
+    """Refuse a plan the kubelet could never receive, and a node past MAX_PLANNED_DEVICES, from
+    counts alone: no replica list is built for a config that asks for a billion."""
+    counts: dict[str, int] = defaultdict(int)
+    sizes: dict[str, int] = defaultdict(int)
+    for placed in base:
+        device = placed.device
+        id_bytes = len(device.id.encode())
+        pick = chosen.get(device.uuid)
+        if pick is None:
+            counts[placed.resource] += 1
+            sizes[placed.resource] += device_entry_size(id_bytes, device.numa_node)
+        else:
+            resource, replicas = pick
+            counts[resource] += replicas
+            sizes[resource] += replicas_size(id_bytes, replicas, device.numa_node)
+    for resource in sorted(counts):
+        if sizes[resource] > LIST_AND_WATCH_BUDGET:
+            raise PlanningError(
+                f"resource {resource} would have {counts[resource]} devices, a ListAndWatch answer of up to "
+                f"{sizes[resource]} bytes: over gpuvisor's limit of {LIST_AND_WATCH_BUDGET} bytes (the kubelet "
+                f"accepts at most {KUBELET_MAX_RECEIVE_BYTES}); lower its replicas"
+            )
+    total = sum(counts.values())
+    if total > MAX_PLANNED_DEVICES:
+        raise PlanningError(
+            f"the node would advertise {total} devices ({', '.join(f'{r}: {n}' for r, n in sorted(counts.items()))}): "
+            f"over gpuvisor's limit of {MAX_PLANNED_DEVICES} devices per node; lower the replicas"
+        )
+
+
+def _expand(base: list[_Placed], chosen: dict[str, tuple[str, int]]) -> list[_Placed]:
     out: list[_Placed] = []
     for placed in base:
         pick = chosen.get(placed.device.uuid)
@@ -269,30 +316,29 @@ def _check_mps_config(config: Config) -> None:
         )
 
 
-def _check_mps_devices(placed: list[_Placed], node: Node) -> None:
+def _check_mps_devices(base: list[_Placed], chosen: dict[str, tuple[str, int]], node: Node) -> None:
     """Every MPS-shared GPU: not MIG-enabled, and no more replicas than MPS clients it can serve."""
     problems: list[str] = []
-    seen: set[str] = set()
-    for item in placed:
-        device = item.device
-        if device.replicas < 2 or device.uuid in seen:
-            continue  # not shared by this strategy (a whole device), or already checked
-        seen.add(device.uuid)
-        gpu = node.gpu_by_uuid(device.gpu_uuid)
+    for placed in base:
+        pick = chosen.get(placed.device.uuid)
+        if pick is None:
+            continue  # not shared by this strategy: a whole device
+        resource, replicas = pick
+        gpu = node.gpu_by_uuid(placed.device.gpu_uuid)
         if gpu is None:
             continue
         if gpu.mig_enabled:
             problems.append(
                 f"GPU {gpu.index} ({gpu.uuid}) has MIG mode enabled: MPS cannot share a MIG-enabled GPU "
-                f"(resource {item.resource}); disable MIG on it or leave it out of sharing.mps"
+                f"(resource {resource}); disable MIG on it or leave it out of sharing.mps"
             )
             continue
         limit = mps_max_clients(gpu.compute_capability)
-        if device.replicas > limit:
+        if replicas > limit:
             major, minor = gpu.compute_capability
             problems.append(
                 f"GPU {gpu.index} ({gpu.name}, compute capability {major}.{minor}) cannot be split into "
-                f"{device.replicas} MPS replicas for {item.resource}: MPS serves at most {limit} clients per GPU "
+                f"{replicas} MPS replicas for {resource}: MPS serves at most {limit} clients per GPU "
                 f"{'from' if limit == MPS_MAX_CLIENTS_NEW else 'below'} compute capability 7.5"
             )
     if problems:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -31,12 +32,14 @@ def _check_import_root() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from common.config import add_run_arguments
+    from common.config import RunArgumentParser, add_run_arguments
 
     parser = argparse.ArgumentParser(
         prog="gpuvisor", description="A Kubernetes device plugin for NVIDIA GPUs: one supervisor, one worker per resource."
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # RunArgumentParser behaves as argparse's own until add_run_arguments makes `run` read NVIDIA's
+    # Go flag syntax (a boolean flag takes no separate value, a positional argument ends the flags).
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=RunArgumentParser)
     run = sub.add_parser("run", help="run the device plugin (the supervisor)")
     add_run_arguments(run)
 
@@ -130,6 +133,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"gpuvisor: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     logs.setup(config.log_format, config.log_level, role="supervisor")
+    for notice in config.notices:
+        logging.getLogger("gpuvisor.config").warning("%s", notice)
     try:
         return Supervisor(config, args).run()
     except StartupError as exc:

@@ -73,7 +73,8 @@ def plan(
 
 
 def allocator(p: ResourcePlan, existing: frozenset[str] = frozenset()) -> Allocator:
-    return Allocator(p, uuid_factory=lambda: FIXED_UUID, exists=lambda path: path in existing)
+    # Every IMEX channel node exists here; tests/test_imex.py covers the missing ones.
+    return Allocator(p, uuid_factory=lambda: FIXED_UUID, exists=lambda path: path in existing, imex_problem=lambda path: None)
 
 
 def strategies(*names: str) -> dict[str, Any]:
@@ -290,6 +291,39 @@ def test_mps_renamed_resource() -> None:
     assert response.mounts[0] == Mount("/mps/nvidia.com/gpu.shared/pipe", "/run/nvidia/mps/nvidia.com/gpu.shared/pipe")
 
 
+@pytest.mark.parametrize(
+    ("ids", "visible"),
+    [
+        (["GPU-0000::0", "GPU-0000::3"], "GPU-0000"),  # two replicas of one GPU: the GPU named once
+        (["GPU-0001::1", "GPU-0000::2"], "GPU-0001,GPU-0000"),  # replicas of two GPUs, request order
+    ],
+)
+def test_mps_several_replicas_without_fail_requests(ids: list[str], visible: str) -> None:
+    """MPS with failRequestsGreaterThanOne: false serves several replicas: the GPUs in NVIDIA_VISIBLE_DEVICES, the pipe and shm mounts."""
+    # NVIDIA internal/rm/rm.go:101-104 checks the flag for MPS as for time-slicing; the MPS
+    # response (internal/plugin/mps.go:74-90, server.go:335-358) does not depend on the count.
+    p = dataclasses.replace(mps_plan(), fail_requests_greater_than_one=False)
+    expected = ContainerResponse({"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "NVIDIA_VISIBLE_DEVICES": visible}, MPS_MOUNTS)
+    assert allocator(p).allocate(ids) == expected
+
+
+def test_mps_fail_requests_greater_than_one_refuses_two() -> None:
+    """MPS with failRequestsGreaterThanOne (its default) refuses two replicas with NVIDIA's text."""
+    with pytest.raises(AllocationError) as info:
+        allocator(mps_plan()).allocate(["GPU-0000::0", "GPU-0001::0"])
+    assert str(info.value) == (
+        'invalid allocation request for "nvidia.com/gpu": invalid request: maximum request size for shared resources is 1; found 2'
+    )
+
+
+def test_empty_device_list_strategies_pass_no_devices() -> None:
+    """`deviceListStrategy: []` (valid for NVIDIA) gives neither NVIDIA_VISIBLE_DEVICES nor device specs, only the feature envs."""
+    # api/config/v1/strategy.go:62-69: AllCDIEnabled() is true for no strategy at all, so
+    # internal/plugin/server.go:351-353 returns before the envvar, mounts and device specs.
+    p = plan(device_list_strategies=(), pass_device_specs=True, gds_enabled=True)
+    assert allocator(p, frozenset({"/dev/nvidiactl"})).allocate(["GPU-0000"]) == ContainerResponse({"NVIDIA_GDS": "enabled"})
+
+
 def test_mps_needs_root() -> None:
     """An MPS plan without mps_root is refused at construction with a message naming the resource."""
     with pytest.raises(ValueError, match=r"'nvidia.com/gpu': MPS sharing needs allocate.mps_root"):
@@ -452,13 +486,6 @@ ERROR_CASES: list[tuple[str, ResourcePlan, list[str], str]] = [
         plan(REPLICAS, sharing="time-slicing", fail=True),
         ["GPU-0000::0", "nope"],
         'invalid allocation request for "nvidia.com/gpu": invalid request: unknown device: nope',
-    ),
-    (
-        "MPS enforces the size whatever the flag says (as NVIDIA)",
-        dataclasses.replace(mps_plan(), fail_requests_greater_than_one=False),
-        ["GPU-0000::0", "GPU-0000::1"],
-        'invalid allocation request for "nvidia.com/gpu": invalid request: '
-        "maximum request size for shared resources is 1; found 2",
     ),
 ]
 

@@ -18,6 +18,7 @@ from common.config import (
     Config,
     ConfigError,
     DeviceSelector,
+    RunArgumentParser,
     SharedResource,
     add_run_arguments,
     config_from_data,
@@ -29,7 +30,7 @@ from common.config import (
 
 
 def parse_flags(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gpuvisor run")
+    parser = RunArgumentParser(prog="gpuvisor run")
     add_run_arguments(parser)
     return parser.parse_args(list(argv))
 
@@ -55,7 +56,7 @@ def test_every_setting_is_a_config_field() -> None:
     """The settings table and the Config dataclass name the same settings, in the same order."""
     field_names = [f.name for f in dataclasses.fields(Config)]
     assert field_names[: len(SETTINGS)] == [s.name for s in SETTINGS]
-    assert set(field_names[len(SETTINGS) :]) == {"resources", "sharing", "health", "sources", "unknown_keys"}
+    assert set(field_names[len(SETTINGS) :]) == {"resources", "sharing", "health", "sources", "unknown_keys", "notices"}
 
 
 def test_defaults() -> None:
@@ -110,7 +111,7 @@ gpuvisor:
         (("--mig-strategy", "none"), {"MIG_STRATEGY": "mixed"}, "mig_strategy", "none", "flag --mig-strategy"),
         ((), {}, "driver_root", "/file-root", "file flags.nvidiaDriverRoot"),
         ((), {"NVIDIA_DRIVER_ROOT": "/env-root"}, "driver_root", "/env-root", "env NVIDIA_DRIVER_ROOT"),
-        (("--nvidia-driver-root=/flag-root",), {"NVIDIA_DRIVER_ROOT": "/e"}, "driver_root", "/flag-root", "flag --driver-root"),
+        (("--nvidia-driver-root=/flag-root",), {"NVIDIA_DRIVER_ROOT": "/e"}, "driver_root", "/flag-root", "flag --nvidia-driver-root"),
         ((), {}, "pass_device_specs", True, "file flags.plugin.passDeviceSpecs"),
         ((), {"PASS_DEVICE_SPECS": "F"}, "pass_device_specs", False, "env PASS_DEVICE_SPECS"),
         (("--pass-device-specs",), {"PASS_DEVICE_SPECS": "false"}, "pass_device_specs", True, "flag --pass-device-specs"),
@@ -179,10 +180,12 @@ def test_bool_rejects_other_forms(text: str) -> None:
     assert str(info.value) == f'config error: env PASS_DEVICE_SPECS: invalid boolean "{text}": use true or false'
 
 
-def test_empty_env_counts_as_unset_except_metrics_address() -> None:
-    """An empty env var is unset (falls to the default), except GPUVISOR_METRICS_ADDRESS where it disables."""
-    config = load_config(None, {"MIG_STRATEGY": "", "PASS_DEVICE_SPECS": "", "GPUVISOR_METRICS_ADDRESS": ""})
-    assert config.mig_strategy == "none" and config.pass_device_specs is False
+def test_empty_env_of_gpuvisor_settings_counts_as_unset_except_metrics_address() -> None:
+    """gpuvisor's own empty env vars are unset (default), except GPUVISOR_METRICS_ADDRESS where empty disables.
+
+    (NVIDIA's settings take an empty env var as urfave/cli does: tests/test_nvidia_parity.py.)"""
+    config = load_config(None, {"GPUVISOR_LOG_LEVEL": "", "GPUVISOR_ZYGOTE": "", "GPUVISOR_METRICS_ADDRESS": ""})
+    assert config.log_level == "info" and config.zygote is True
     assert config.metrics_address == ""
 
 
@@ -195,18 +198,26 @@ def test_empty_env_counts_as_unset_except_metrics_address() -> None:
         ((), {"DEVICE_LIST_STRATEGY": "envvar,nfs"},
          'config error: env DEVICE_LIST_STRATEGY: invalid device list strategy "nfs": must be one of envvar, volume-mounts, cdi-annotations, cdi-cri'),
         (("--device-list-strategy", ","), {},
-         "config error: flag --device-list-strategy: must name at least one of envvar, volume-mounts, cdi-annotations, cdi-cri"),
+         'config error: flag --device-list-strategy: invalid device list strategy "": must be one of envvar, volume-mounts, cdi-annotations, cdi-cri'),
         ((), {"IMEX_CHANNEL_IDS": "1"}, "config error: env IMEX_CHANNEL_IDS: invalid IMEX channel IDs [1]: only [] or [0] is supported"),
-        ((), {"GPUVISOR_START_RETRIES": "-1"}, "config error: env GPUVISOR_START_RETRIES: must be >= 0, not -1"),
+        ((), {"IMEX_CHANNEL_IDS": "zero"}, 'config error: env IMEX_CHANNEL_IDS: invalid integer "zero" in "zero"'),
+        ((), {"GPUVISOR_START_RETRIES": "-1"}, "config error: env GPUVISOR_START_RETRIES: must be >= 0 and <= 1000, not -1"),
+        ((), {"GPUVISOR_START_RETRIES": "1001"}, "config error: env GPUVISOR_START_RETRIES: must be >= 0 and <= 1000, not 1001"),
         ((), {"GPUVISOR_START_RETRIES": "many"}, 'config error: env GPUVISOR_START_RETRIES: must be an integer, not "many"'),
-        (("--heartbeat-timeout", "0"), {}, 'config error: flag --heartbeat-timeout: must be a positive number of seconds, not "0"'),
-        (("--rediscovery-interval", "nan"), {}, 'config error: flag --rediscovery-interval: must be a non-negative number of seconds, not "nan"'),
+        (("--heartbeat-timeout", "0"), {},
+         'config error: flag --heartbeat-timeout: must be a positive number of seconds up to 31536000, not "0"'),
+        (("--rediscovery-interval", "nan"), {},
+         'config error: flag --rediscovery-interval: must be a non-negative number of seconds up to 31536000, not "nan"'),
+        (("--probe-interval", "1e9"), {},
+         'config error: flag --probe-interval: must be a positive number of seconds up to 31536000, not "1e9"'),
+        (("--run-dir", "x" * 4097), {}, "config error: flag --run-dir: too long: 4097 characters, at most 4096"),
         (("--metrics-address", "localhost"), {},
          'config error: flag --metrics-address: invalid address "localhost": use host:port, :port, or empty to disable'),
         ((), {"GPUVISOR_METRICS_ADDRESS": "[::1:9475"},
          'config error: env GPUVISOR_METRICS_ADDRESS: invalid address "[::1:9475": use host:port, :port, or empty to disable'),
         (("--log-format", "xml"), {}, 'config error: flag --log-format: invalid value "xml": must be one of text, json'),
-        (("--driver-root", ""), {}, "config error: flag --driver-root: must not be empty"),
+        (("--kubelet-socket", ""), {},
+         "config error: flag --kubelet-socket: must not be empty: gpuvisor serves and registers beside the kubelet's socket"),
     ],
 )  # fmt: skip
 def test_flag_and_env_errors(argv: tuple[str, ...], env: dict[str, str], expected: str) -> None:
@@ -261,7 +272,7 @@ flags:
   deviceDiscoveryStrategy: nvml
   plugin:
     passDeviceSpecs: true
-    deviceListStrategy: envvar,cdi-cri
+    deviceListStrategy: [envvar, cdi-cri]
     deviceIDStrategy: index
     cdiAnnotationPrefix: example.com/
     nvidiaCTKPath: /opt/nvidia-ctk
@@ -281,7 +292,7 @@ sharing:
       - name: gpu
         replicas: 4
       - name: nvidia.com/mig-small
-        devices: [0:1, 1:2, "3", GPU-0000, MIG-abcd]
+        devices: [0:1, 1:2, "3", GPU-00000000-0000-0000-0000-000000000000, MIG-abcdef01-0000-0000-0000-000000000000]
         replicas: 2
 imex:
   channelIDs: [0]
@@ -333,7 +344,8 @@ def test_full_file_yaml_and_json_agree(tmp_path: Path) -> None:
         SharedResource("nvidia.com/gpu", "nvidia.com/gpu.shared", DeviceSelector(all=True), 4),
         SharedResource(
             "nvidia.com/mig-small", "nvidia.com/mig-small.shared",
-            DeviceSelector(refs=("0:1", "1:2", "3", "GPU-0000", "MIG-abcd")), 2,
+            DeviceSelector(refs=("0:1", "1:2", "3", "GPU-00000000-0000-0000-0000-000000000000",
+                                 "MIG-abcdef01-0000-0000-0000-000000000000")), 2,
         ),
     )  # fmt: skip
     assert c.health.xid_actions() == {13: "ignore", 79: "until-reset", 94: "transient"}
@@ -344,18 +356,48 @@ def test_full_file_yaml_and_json_agree(tmp_path: Path) -> None:
 def test_unquoted_mig_index_stays_a_string() -> None:
     """`1:2` in YAML is the MIG index "1:2", not YAML 1.1's base-60 integer 62."""
     assert parse_config_text("devices: [1:2, 10:30, 1:2.5]", "<t>") == {"devices": ["1:2", "10:30", "1:2.5"]}
-    assert parse_config_text("n: 12\nf: 1.5\nh: 0x10", "<t>") == {"n": 12, "f": 1.5, "h": 16}
+    assert parse_config_text("i: 12\nf: 1.5\nh: 0x10", "<t>") == {"i": 12, "f": 1.5, "h": 16}
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("y", True), ("n", False), ("On", True), ("OFF", False), ("~", None), ("", None), ("1e3", 1000.0), ("08", 8.0),
+        ("0o17", 15), ("017", 15), ("0x1F", 31), ("-0b101", -5), ("1_000", 1000), (".5", 0.5), ("+.5", 0.5),
+        ("18446744073709551615", 18446744073709551615), ("1e400", "1e400"), ("yEs", "yEs"), ("0x", "0x"),
+        ("2001-2-3", "2001-02-03T00:00:00Z"), ("2001-02-03t04:05:06.50+01:00", "2001-02-03T04:05:06.5+01:00"),
+        ("2001-02-30", "2001-02-30"), ("1:2", "1:2"), ("GPU-1", "GPU-1"),
+    ],
+)  # fmt: skip
+def test_plain_scalars_resolve_as_go_yaml_v2(text: str, value: object) -> None:
+    """Plain YAML scalars mean what go-yaml v2 (NVIDIA's parser) makes of them, not PyYAML's YAML 1.1."""
+    # go.yaml.in/yaml/v2 v2.4.3 resolve.go resolve(): the map of y/n/on/off/null words, ParseInt
+    # base 0 with '_' removed, ParseUint, yamlStyleFloat, then timestamps (time.Parse layouts).
+    parsed = parse_config_text(f"k: {text}", "<t>")
+    assert isinstance(parsed, dict) and parsed["k"] == value and isinstance(parsed["k"], type(value))
+
+
+def test_keys_become_strings_and_merges_apply_in_order() -> None:
+    """Keys become strings as sigs.k8s.io/yaml makes them; a merge key overwrites the keys before it, not after."""
+    assert parse_config_text("{n: 1, 94: 2, 1.5: 3, true: 4}", "<t>") == {"false": 1, "94": 2, "1.5": 3, "true": 4}
+    base = "b: &b {p: 1, q: 2}\n"
+    merged = parse_config_text(base + "m: {p: 0, <<: *b, q: 9}", "<t>")
+    assert isinstance(merged, dict) and merged["m"] == {"p": 1, "q": 9}
+    assert parse_config_text("---\na: 1\n---\na: 2\n", "<t>") == {"a": 1}  # the first document only
+    for bad in ("{~: 1}", "{2001-01-01: 1}", "{[1]: 2}"):
+        with pytest.raises(ConfigError, match="not valid YAML or JSON"):
+            parse_config_text(bad, "<t>")
 
 
 def test_unknown_keys_are_ignored_and_reported(tmp_path: Path) -> None:
-    """Unknown keys anywhere (NVIDIA's gfd section, typos) do not fail the load but are listed."""
+    """Unknown keys anywhere (typos, keys NVIDIA does not know) do not fail the load but are listed."""
     config = load_file(
         tmp_path,
         """
 version: v1
 flags:
   migStrategy: mixed
-  gfd: {oneshot: true}
+  gfd: {oneshot: true, color: red}
   plugin: {passDeviceSpec: true}
 sharing:
   timeSlicing:
@@ -367,12 +409,12 @@ extra: 1
     )
     assert config.mig_strategy == "mixed" and config.pass_device_specs is False
     assert config.unknown_keys == (
-        "flags.gfd",
+        "extra",
+        "flags.gfd.color",
         "flags.plugin.passDeviceSpec",
-        "sharing.timeSlicing.resources[0].color",
         "gpuvisor.runDri",
         "gpuvisor.health.xid",
-        "extra",
+        "sharing.timeSlicing.resources[0].color",
     )
 
 
@@ -406,71 +448,88 @@ LONG = "x" * 60
 TS = "sharing:\n  timeSlicing:\n    resources:\n"
 
 
+BAD_NAME = (
+    "the part after nvidia.com/ must be lower-case letters, digits, '-' and '.', starting and ending with a "
+    "letter or digit (a DNS-1123 subdomain)"
+)
+
+
 @pytest.mark.parametrize(
     ("text", "key_and_reason"),
     [
         (TS + "      - {name: gpu, replicas: 1}", "sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2"),
-        (TS + "      - {name: gpu, replicas: 2}\n      - {name: gpu}",
-         "sharing.timeSlicing.resources[1].replicas: number of replicas must be >= 2"),
-        (TS + "      - {name: gpu, replicas: two}",
-         'sharing.timeSlicing.resources[0].replicas: replicas must be an integer, not "two"'),
-        (TS + "      - {name: gpu, replicas: true}",
-         "sharing.timeSlicing.resources[0].replicas: replicas must be an integer, not True"),
-        ("sharing: {timeSlicing: {resources: []}}", "sharing.timeSlicing.resources: resources must not be empty"),
-        ("sharing: {timeSlicing: {renameByDefault: true}}", "sharing.timeSlicing.resources: resources must not be empty"),
+        (TS + "      - {name: gpu, replicas: 2}\n      - {name: gpu}", "sharing.timeSlicing.resources[1].replicas: no replicas specified"),
+        (TS + "      - {name: gpu, replicas: two}", 'sharing.timeSlicing.resources[0].replicas: must be an integer, not "two"'),
+        (TS + "      - {name: gpu, replicas: true}", "sharing.timeSlicing.resources[0].replicas: must be an integer, not True"),
+        (TS + "      - {name: gpu, replicas: 2.5}", "sharing.timeSlicing.resources[0].replicas: must be an integer, not 2.5"),
+        (TS + "      - {name: gpu, replicas: 65537}",
+         "sharing.timeSlicing.resources[0].replicas: 65537 replicas is more than gpuvisor's limit of 65536: that many "
+         "devices of even one GPU cannot fit the kubelet's 4 MiB ListAndWatch message"),
+        ("sharing: {timeSlicing: {resources: []}}", "sharing.timeSlicing.resources: no resources specified"),
+        ("sharing: {timeSlicing: {renameByDefault: true}}", "sharing.timeSlicing.resources: no resources specified"),
         ("sharing: {timeSlicing: {resources: {name: gpu}}}", "sharing.timeSlicing.resources: must be a list, not a mapping"),
         (TS + f"      - {{name: {LONG}, replicas: 2}}",
          f"sharing.timeSlicing.resources[0].name: fully-qualified resource name must be at most 63 characters: nvidia.com/{LONG}"),
-        ("sharing: {timeSlicing: {renameByDefault: true, resources: [{name: " + "y" * 50 + ", replicas: 2}]}}",
-         "sharing.timeSlicing.resources[0].name: fully-qualified resource name must be at most 63 characters: "
-         "nvidia.com/" + "y" * 50 + ".shared"),
         (TS + "      - {name: gpu, rename: " + LONG + ", replicas: 2}",
          f"sharing.timeSlicing.resources[0].rename: fully-qualified resource name must be at most 63 characters: nvidia.com/{LONG}"),
         (TS + "      - {name: example.com/gpu, replicas: 2}",
-         'sharing.timeSlicing.resources[0].name: invalid resource name "example.com/gpu": the domain must be nvidia.com'),
-        (TS + "      - {name: 'gpu!', replicas: 2}",
-         "sharing.timeSlicing.resources[0].name: invalid resource name \"gpu!\": use letters, digits, '-', '_' and '.', "
-         "starting and ending with a letter or digit"),
-        (TS + "      - {replicas: 2}", "sharing.timeSlicing.resources[0].name: must be a string, not null"),
+         f'sharing.timeSlicing.resources[0].name: invalid resource name "nvidia.com/example.com/gpu": {BAD_NAME}'),
+        (TS + "      - {name: 'gpu!', replicas: 2}", f'sharing.timeSlicing.resources[0].name: invalid resource name "nvidia.com/gpu!": {BAD_NAME}'),
+        (TS + "      - {replicas: 2}", "sharing.timeSlicing.resources[0].name: no resource name specified"),
+        (TS + "      - {name: 7, replicas: 2}", "sharing.timeSlicing.resources[0].name: must be a string, not an integer"),
         (TS + "      - {name: gpu, replicas: 2, devices: 0}", "sharing.timeSlicing.resources[0].devices: device count must be > 0, not 0"),
         (TS + "      - {name: gpu, replicas: 2, devices: -3}", "sharing.timeSlicing.resources[0].devices: device count must be > 0, not -3"),
-        (TS + "      - {name: gpu, replicas: 2, devices: []}", "sharing.timeSlicing.resources[0].devices: the device list must not be empty"),
         (TS + "      - {name: gpu, replicas: 2, devices: [0, foo]}",
-         'sharing.timeSlicing.resources[0].devices[1]: invalid device reference "foo": use a GPU index, an i:j MIG index, or a GPU-/MIG- UUID'),
+         'sharing.timeSlicing.resources[0].devices[1]: invalid device reference "foo": use a GPU index, an i:j MIG index, '
+         "or a GPU-<uuid> / MIG-<uuid> UUID"),
         (TS + "      - {name: gpu, replicas: 2, devices: [-1]}",
-         "sharing.timeSlicing.resources[0].devices[0]: invalid device reference -1: use a GPU index, an i:j MIG index, or a GPU-/MIG- UUID"),
+         "sharing.timeSlicing.resources[0].devices[0]: unsupported device -1 (an integer): use a GPU index, an i:j MIG index, or a UUID"),
         (TS + "      - {name: gpu, replicas: 2, devices: some}",
-         'sharing.timeSlicing.resources[0].devices: invalid devices "some": use "all", a count > 0, or a list of device references'),
-        ("sharing:\n  timeSlicing: {resources: [{name: gpu, replicas: 2}]}\n  mps: {resources: [{name: gpu, replicas: 2}]}",
-         "sharing: timeSlicing and mps are mutually exclusive: set only one"),
+         "sharing.timeSlicing.resources[0].devices: devices set as \"some\" but the only valid string input is 'all'"),
+        (TS + "      - {name: gpu, replicas: 2, devices: true}",
+         'sharing.timeSlicing.resources[0].devices: invalid devices True: use "all", a count > 0, or a list of device references'),
         ("sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}",
          "sharing.mps: MPS sharing needs an MPS root: set flags.mpsRoot, --mps-root or MPS_ROOT"),
         ("flags: {migStrategy: mixed, mpsRoot: /m}\nsharing: {mps: {resources: [{name: gpu, replicas: 2}]}}",
          "sharing.mps: MPS sharing is not supported with the mixed MIG strategy"),
-        ("flags: {mpsRoot: /m}\nsharing: {mps: {resources: [{name: mig-1g.10gb, replicas: 2}]}}",
-         "sharing.mps.resources[0].name: MPS sharing is not supported for MIG devices"),
         ("sharing: {timeSlicing: {renameByDefault: maybe, resources: [{name: gpu, replicas: 2}]}}",
-         'sharing.timeSlicing.renameByDefault: invalid boolean "maybe": use true or false'),
+         'sharing.timeSlicing.renameByDefault: must be a boolean (true or false), not a string "maybe"'),
+        ("sharing: {timeSlicing: 5}", "sharing.timeSlicing.resources: must be a mapping, not an integer"),
         ("version: v2", 'version: unsupported config version "v2": only v1 is supported'),
+        ("version: 1", 'version: unsupported config version "1": only v1 is supported'),
         ("flags: 5", "flags: this section must be a mapping, not an integer"),
         ("flags: {plugin: [1]}", "flags.plugin: this section must be a mapping, not a list"),
         ("flags: {migStrategy: bogus}", 'flags.migStrategy: invalid value "bogus": must be one of none, single, mixed'),
-        ("flags: {failOnInitError: 3}", "flags.failOnInitError: invalid boolean 3: use true or false"),
-        ("flags: {mpsRoot: 7}", "flags.mpsRoot: must be a string, not an integer"),
-        ("flags: {plugin: {deviceListStrategy: [envvar, 3]}}", "flags.plugin.deviceListStrategy: must be a string, not an integer"),
+        ("flags: {failOnInitError: 3}", "flags.failOnInitError: must be a boolean (true or false), not an integer 3"),
+        ("flags: {plugin: {deviceListStrategy: [envvar, 3]}}", "flags.plugin.deviceListStrategy[1]: must be a string, not an integer"),
+        ("flags: {plugin: {deviceListStrategy: 3}}", "flags.plugin.deviceListStrategy: must be a string or a list of strings, not an integer"),
+        ("flags: {gfd: {sleepInterval: 5x}}",
+         'flags.gfd.sleepInterval: unknown unit \'x\' in duration \'5x\': use a duration such as 60s, 1m30s or infinite'),
         ("imex: {channelIDs: [0, 1]}", "imex.channelIDs: invalid IMEX channel IDs [0, 1]: only [] or [0] is supported"),
-        ("resources: {gpus: [{name: big}]}", "resources.gpus[0].pattern: must be a string, not null"),
-        ("resources: {mig: [{pattern: '1g*', name: ''}]}", "resources.mig[0].name: must not be empty"),
+        ("imex: {channelIDs: [0.5]}", "imex.channelIDs[0]: must be an integer, not 0.5"),
+        ("resources: {gpus: [{name: big}]}", "resources.gpus[0].pattern: resources must have a 'pattern' field set"),
+        ("resources: {gpus: [{pattern: x}]}", "resources.gpus[0].name: resources must have a 'name' field set"),
+        ("resources: {mig: [{pattern: '1g*', name: ''}]}", f'resources.mig[0].name: invalid resource name "nvidia.com/": {BAD_NAME}'),
         ("resources: {gpus: {pattern: x}}", "resources.gpus: must be a list, not a mapping"),
+        ("resources: {gpus: [{pattern: " + "y" * 257 + ", name: x}]}", "resources.gpus[0].pattern: too long: 257 characters, at most 256"),
         ("gpuvisor: {health: {xids: {94: reboot}}}",
          'gpuvisor.health.xids.94: invalid value "reboot": must be one of ignore, transient, until-reset'),
         ("gpuvisor: {health: {xids: {abc: ignore}}}", 'gpuvisor.health.xids.abc: invalid XID "abc": XIDs are integers'),
-        ("gpuvisor: {health: {xids: {'94': ignore, 94: transient}}}", "gpuvisor.health.xids.94: XID 94 is listed twice"),
+        ("gpuvisor: {health: {xids: {'094': ignore, 94: transient}}}", "gpuvisor.health.xids.94: XID 94 is listed twice"),
         ("gpuvisor: {health: {transientQuietSeconds: -1}}",
-         "gpuvisor.health.transientQuietSeconds: must be a non-negative number of seconds, not -1"),
+         "gpuvisor.health.transientQuietSeconds: must be a non-negative number of seconds up to 31536000, not -1"),
         ("gpuvisor: {startRetries: 1.5}", "gpuvisor.startRetries: must be an integer, not 1.5"),
+        ("gpuvisor: 3", "gpuvisor: this section must be a mapping, not an integer"),
         ("[1, 2]", "the config file must be a mapping, not a list"),
         ("flags: {migStrategy: [}", "not valid YAML or JSON: line 1, column 23: expected the node content, but found '}'"),
+        ("extra: .nan", "extra: holds nan, which JSON (and so NVIDIA's config reader) cannot represent"),
+        ("a: &a [1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+         "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
+         "f: [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]",
+         "too large: more than 100000 values once aliases are expanded"),
+        ("n: " + "[" * 70 + "]" * 70, "nested deeper than 64 levels"),
+        (TS + "      - {name: gpu, replicas: 2, devices: [" + ", ".join(["0"] * 1025) + "]}",
+         "sharing.timeSlicing.resources[0].devices: too many items: 1025, at most 1024"),
     ],
 )  # fmt: skip
 def test_file_errors(tmp_path: Path, text: str, key_and_reason: str) -> None:
@@ -537,19 +596,19 @@ def test_markdown_table_lists_every_setting(capsys: pytest.CaptureFixture[str]) 
     for setting, row in zip(SETTINGS, rows, strict=True):
         for name in (*setting.flags, *setting.envs, setting.file_key or "—"):
             assert name in row
-    assert "| `--dev-root` | `NVIDIA_DEV_ROOT` | `flags.nvidiaDevRoot` | the driver root |" in table
+    assert "| `--dev-root`, `--nvidia-dev-root` | `NVIDIA_DEV_ROOT` | `flags.nvidiaDevRoot` | the driver root |" in table
     assert main(["--markdown"]) == 0
     assert capsys.readouterr().out == table
 
 
 def test_argparse_help_mentions_env_and_default() -> None:
     """`gpuvisor run --help` shows each flag with its env var and default."""
-    parser = argparse.ArgumentParser(prog="gpuvisor run")
+    parser = RunArgumentParser(prog="gpuvisor run")
     add_run_arguments(parser)
     text = parser.format_help()
     assert "--mig-strategy {none,single,mixed}" in text
     assert "env MIG_STRATEGY; default none" in text
-    assert "--pass-device-specs [BOOL]" in text
+    assert "--pass-device-specs" in text and "--flag=false (never a separate value)" in " ".join(text.split())
 
 
 # --- property: any file content gives a Config or a ConfigError, never another exception ---------

@@ -124,3 +124,25 @@ def test_mps_daemon_gates_health_and_is_supervised(mps: MpsSetup) -> None:
         assert "quit" in mps.log()
         assert wait_until(lambda: not _alive(second), 10)
         assert not (mps.root / ".ready").exists()
+
+
+def test_mps_serves_several_replicas_when_fail_requests_greater_than_one_is_off(mps: MpsSetup) -> None:
+    """With failRequestsGreaterThanOne: false a real worker answers Allocate of two MPS replicas (one GPU, or two) as NVIDIA does."""
+    # NVIDIA internal/rm/rm.go:101-104: the MPS size check applies only with the flag on (its
+    # default, api/config/v1/config.go:72-76); the answer is the GPUs plus the MPS pipe and shm.
+    mps.config.write_text(CONFIG.replace("    resources:", "    failRequestsGreaterThanOne: false\n    resources:"))
+    with SimNode("pcie-l4", args=mps.args()) as node:
+        node.wait_listed([GPU])
+        ids = sorted(node.kubelet.devices(GPU))
+        node.wait_health(GPU, ids, "Healthy", timeout=30)
+        pipe = f"/mps/{GPU}/pipe"
+        mounts = {pipe: str(mps.root / GPU / "pipe"), "/dev/shm": str(mps.root / "shm")}
+        gpu0 = ids[0].split("::")[0]
+        same = node.kubelet.allocate_ids(GPU, [f"{gpu0}::0", f"{gpu0}::1"])
+        assert same.envs["NVIDIA_VISIBLE_DEVICES"] == gpu0
+        assert same.envs["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+        assert {m.container_path: m.host_path for m in same.mounts} == mounts
+        chosen, spread = node.kubelet.allocate(GPU, 2)  # the distributed policy picks two GPUs
+        gpus = [i.split("::")[0] for i in chosen]
+        assert len(set(gpus)) == 2 and sorted(spread.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(gpus)
+        assert {m.container_path: m.host_path for m in spread.mounts} == mounts

@@ -188,7 +188,7 @@ def test_partial_selection_without_rename_mixes_shared_and_whole() -> None:
 
 def test_count_larger_than_node_and_unknown_refs_are_tolerated() -> None:
     """A count beyond the node's devices takes them all, and references to absent devices are ignored."""
-    text = "sharing: {timeSlicing: {resources: [{name: gpu, devices: [9, GPU-none], replicas: 2}, {name: gpu, devices: 99, replicas: 3}]}}"
+    text = "sharing: {timeSlicing: {resources: [{name: gpu, devices: [9, GPU-00000000-0000-0000-0000-000000000000], replicas: 2}, {name: gpu, devices: 99, replicas: 3}]}}"
     plan = plan_resources(nodes.pcie_l4(), cfg(text))["nvidia.com/gpu"]
     assert per_gpu_replicas(plan) == {0: 3, 1: 3, 2: 3, 3: 3}
 

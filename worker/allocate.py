@@ -20,6 +20,10 @@ order of the steps follows NVIDIA's `getAllocateResponse`:
    protobuf default NVIDIA leaves in place);
 7. `pass_device_specs`: `rw` device nodes.
 
+IMEX channels are those of the plan whose device node exists (worker.imex, as NVIDIA's
+GetChannels): a missing one is left out with a warning, or, when `imex.required` is set, the
+Allocator cannot be built (the worker's start fails; after a plan update, Allocate is refused).
+
 Two deliberate differences. Where NVIDIA's output is not deterministic (index-strategy IDs and
 device nodes come out of a Go map, so their order is random there, and replicas of one GPU
 repeat its node) this module uses request order, first occurrence kept, one node per path.
@@ -42,6 +46,7 @@ from dataclasses import dataclass, field
 
 from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
 from common.model import AllocatableDevice, ResourcePlan
+from worker.imex import ImexChannelMissing, char_device_problem, select_channels
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"
@@ -49,7 +54,6 @@ MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNTS_HOST_PATH = "/dev/null"
 MPS_CONTAINER_ROOT = "/mps"
-IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 MIG_CAPS_DIR = "/dev/nvidia-caps"
 CDI_ANNOTATION_PLUGIN = "nvidia-device-plugin"
 # Control nodes NVIDIA passes only when they exist, in this order, before the GPU nodes.
@@ -103,7 +107,11 @@ class Allocator:
         plan: ResourcePlan,
         uuid_factory: Callable[[], uuid.UUID | str] = uuid.uuid4,
         exists: Callable[[str], bool] = os.path.exists,
+        imex_problem: Callable[[str], str | None] = char_device_problem,
+        strict_imex: bool = True,
     ) -> None:
+        """`strict_imex`: a missing required IMEX channel raises ImexChannelMissing (a worker's
+        start); without it (a plan update in a running worker) every Allocate is refused instead."""
         settings = plan.allocate
         self._plan = plan
         self._resource = plan.resource
@@ -114,21 +122,31 @@ class Allocator:
         self._entries: dict[str, _Entry] = {
             d.id: _Entry(d, d.index if self._by_index else d.uuid) for d in plan.devices
         }
-        # NVIDIA enforces the limit for MPS whatever failRequestsGreaterThanOne says (its
-        # ValidateRequest ignores the setting for MPS); for time-slicing the setting decides.
-        self._max_one = plan.sharing == "mps" or plan.fail_requests_greater_than_one
+        # NVIDIA's ValidateRequest (internal/rm/rm.go:95-104) applies failRequestsGreaterThanOne
+        # to MPS as to time-slicing; only its default differs (true for MPS, api/config/v1/config.go:73).
+        self._max_one = plan.fail_requests_greater_than_one
 
         strategies = settings.device_list_strategies
         self._cdi_annotations = "cdi-annotations" in strategies
         self._cdi_cri = "cdi-cri" in strategies
-        self._all_cdi = bool(strategies) and all(s in CDI_STRATEGIES for s in strategies)
+        # NVIDIA's AllCDIEnabled is true for an empty list too (api/config/v1/strategy.go:62-69):
+        # `deviceListStrategy: []` gives no NVIDIA_VISIBLE_DEVICES and no device specs.
+        self._all_cdi = all(s in CDI_STRATEGIES for s in strategies)
         self._envvar = "envvar" in strategies
         self._volume_mounts = "volume-mounts" in strategies
         self._pass_specs = settings.pass_device_specs
         self._annotation_key_prefix = f"{settings.cdi_annotation_prefix}{CDI_ANNOTATION_PLUGIN}_"
         self._cdi_gpu_prefix = f"{settings.cdi_vendor}/{settings.cdi_class}="
 
-        channels = tuple(str(c) for c in settings.imex_channel_ids)
+        self._imex_error = ""
+        try:
+            selected = select_channels(settings.imex_channel_ids, settings.dev_root, settings.imex_required, imex_problem)
+        except ImexChannelMissing as exc:
+            if strict_imex:
+                raise
+            self._imex_error = str(exc)
+            selected = ()
+        channels = tuple(c.id for c in selected)
         self._imex_env = ",".join(channels)
         extra_cdi = [f"{settings.cdi_vendor}/imex-channel={c}" for c in channels]
         # NVIDIA's CDI handler adds its optional modes in this order: gdrcopy, gds, mofed.
@@ -166,7 +184,7 @@ class Allocator:
         self._imex_mounts = tuple(
             Mount(posixpath.join(VOLUME_MOUNTS_ROOT, "imex", c), VOLUME_MOUNTS_HOST_PATH) for c in channels
         )
-        self._imex_specs = tuple(self._spec(f"{IMEX_CHANNEL_DIR}/channel{c}") for c in channels)
+        self._imex_specs = tuple(self._spec(c.path) for c in selected)
         self._control_specs = tuple(self._spec(p) for p in CONTROL_DEVICES)
 
         self._mig_minors_path = settings.mig_minors_path
@@ -189,6 +207,8 @@ class Allocator:
     def allocate(self, device_ids: Sequence[str]) -> ContainerResponse:
         """Build the response for one container request; raises AllocationError."""
         entries = self._validate(device_ids)
+        if self._imex_error:
+            raise AllocationError(f"failed to get allocate response: {self._imex_error}")
         list_ids = list(dict.fromkeys(e.list_id for e in entries))
 
         envs: dict[str, str] = {}

@@ -49,6 +49,7 @@ from common.messages import (
 from common.model import ResourcePlan
 from common.procutil import Mailbox, set_parent_death_signal
 from worker.healthcopy import ApplyOutcome, ApplyResult, HealthApplier
+from worker.imex import ImexChannelMissing
 from worker.registration import SOCKET_CHECK_S, Registrar, RegState
 from worker.server import DeviceBook, Health, PluginService
 from worker.stats import Stats
@@ -386,7 +387,13 @@ def main(argv: list[str] | None = None, secret: str | None = None) -> int:
     if plan.resource != args.resource:
         log.error("plan %s is for %s, not %s", args.plan, plan.resource, args.resource)
         return EXIT_CONFIG_ERROR
-    return Worker(args, plan, secret).run()
+    try:
+        worker = Worker(args, plan, secret)
+    except ImexChannelMissing as exc:
+        # NVIDIA fails its start here (internal/imex/imex.go:53-56); so does this worker.
+        log.error("cannot serve %s: %s (imex.required is set)", plan.resource, exc)
+        return EXIT_CONFIG_ERROR
+    return worker.run()
 
 
 if __name__ == "__main__":

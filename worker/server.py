@@ -219,7 +219,9 @@ class PluginService:
     def _policies(self) -> tuple[Allocator, PreferredPolicy]:
         plan = self.book.plan
         if plan is not self._plan_seen:  # a reload swapped the plan: rebuild the lookup tables once
-            self._allocator = Allocator(plan)
+            # Not strict: a required IMEX channel missing now refuses Allocate (it says why)
+            # rather than failing the RPC that noticed the new plan.
+            self._allocator = Allocator(plan, strict_imex=False)
             self._preferred = PreferredPolicy(plan)
             self._plan_seen = plan
         return self._allocator, self._preferred

@@ -31,6 +31,7 @@ BENCHES = [
     "bench_memory",
     "bench_idle_cpu",
     "bench_realnvml",
+    "bench_huge_config",
 ]
 PACKAGE = "tests.benchmarks"
 

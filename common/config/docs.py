@@ -1,0 +1,49 @@
+"""The README's settings table, generated from `SETTINGS` (`python -m common.config --markdown`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from common.config.settings import SETTINGS
+
+
+def settings_markdown() -> str:
+    """The settings table for the README, generated from SETTINGS."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = [
+        "| Flag | Env var | Config file key | Default | Description |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for s in SETTINGS:
+        flags = ", ".join(f"`{f}`" for f in s.flags) or "—"
+        envs = ", ".join(f"`{e}`" for e in s.envs) or "—"
+        key = f"`{s.file_key}`" if s.file_key else "—"
+        default = s.default_text()
+        default = default if default.startswith("(") or " " in default else f"`{default}`"
+        description = s.help + (f" One of: {', '.join(f'`{c}`' for c in s.choices)}." if s.choices else "")
+        lines.append(f"| {flags} | {envs} | {key} | {cell(default)} | {cell(description)} |")
+    lines.append("")
+    lines.append(
+        "Precedence: flag > env var > config file > default. Flags follow Go's syntax, as NVIDIA's: a boolean "
+        "flag takes no separate value (`--pass-device-specs=false`, not `--pass-device-specs false`), and "
+        "arguments from the first non-flag one on are ignored. Only in the config file: `resources.gpus`, "
+        "`resources.mig`, `sharing.timeSlicing` / `sharing.mps`, and `gpuvisor.health` "
+        "(`xids: {\"<xid>\": ignore|transient|until-reset}`, `transientQuietSeconds`)."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m common.config", description="gpuvisor configuration")
+    parser.add_argument("--markdown", action="store_true", help="print the settings table as Markdown")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        sys.stdout.write(settings_markdown())
+        return 0
+    parser.print_help()
+    return 0
