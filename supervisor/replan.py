@@ -108,6 +108,8 @@ class Replanner:
         except (ConfigError, PolicyError) as exc:
             return self._refuse(trigger, "reload", str(exc))
         self.reconciler.refusal = ""  # a valid config arrived: the last refusal is history
+        for notice in config.notices:  # inputs taken as NVIDIA takes them, worth saying
+            log.warning("%s", notice, extra={"trigger": trigger})
         if not self.nvml.up:
             self.adopt_config(config)
             log.info("reload (%s): config taken; it applies once NVML is up", trigger)

@@ -29,6 +29,7 @@ SOCKET_PREFIX = "gpuvisor-"
 UNIX_PATH_MAX = 107  # bytes of a unix socket path, without the trailing NUL
 RECORD_MAX_BYTES = 1 << 20  # the socket record of an earlier life: more is not ours
 TAG = re.compile(r"[0-9a-f]{6}")
+SOCKET_NAME = re.compile(rf"{re.escape(SOCKET_PREFIX)}(.+)-([0-9a-f]{{6}})[0-9a-f]{{2}}\.sock")
 
 
 class RunDirError(Exception):
@@ -164,7 +165,8 @@ class WorkerSockets:
     """The one rule for which sockets in the plugin dir gpuvisor removes.
 
     Each worker process gets a tag (6 hex digits, `WorkerHandle.socket_tag`) and names its
-    sockets `gpuvisor-<resource name>-<tag><nn>.sock`; the tag is recorded here (and in
+    sockets `gpuvisor-<resource name>-<tag><nn>.sock` (the name cut short if the path would not
+    fit a socket address); the tag is recorded here (and in
     `<run dir>/sockets.json`, written atomically) before the process starts. A socket is removed
     only if its name carries a recorded tag of its resource, `lstat` says it is a unix socket
     (never a directory, a regular file or a symlink, whatever its name), and nobody accepts on
@@ -182,9 +184,13 @@ class WorkerSockets:
         self.save_error = ""
 
     @staticmethod
-    def pattern(resource: str, tag: str) -> re.Pattern[str]:
-        name = re.escape(resource.split("/", 1)[-1])
-        return re.compile(rf"{re.escape(SOCKET_PREFIX)}{name}-{re.escape(tag)}[0-9a-f]{{2}}\.sock")
+    def made_by(name: str, resource: str, tag: str) -> bool:
+        """Is `name` a socket name the worker of `resource` with `tag` would bind?"""
+        m = SOCKET_NAME.fullmatch(name)
+        if m is None:
+            return False
+        # The worker cuts a long resource name short to fit the socket address: a prefix counts.
+        return m.group(2) == tag and resource.split("/", 1)[-1].startswith(m.group(1))
 
     def load_earlier(self) -> None:
         """Take over the record an earlier supervisor left in the run dir (bad or missing: none)."""
@@ -230,9 +236,8 @@ class WorkerSockets:
             names = []
         removed: list[str] = []
         for t in chosen:
-            pattern = self.pattern(resource, t)
             left = False
-            for name in (n for n in names if pattern.fullmatch(n)):
+            for name in (n for n in names if self.made_by(n, resource, t)):
                 path = os.path.join(self.plugin_dir, name)
                 if self._removable(path):
                     with contextlib.suppress(FileNotFoundError):

@@ -38,7 +38,8 @@ NAMESPACE = "gpuvisor"
 METRICS_PORT = 9475
 CONFIG_MOUNT = "/etc/gpuvisor"
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
-RUN_DIR = "/run/gpuvisor"
+RUN_VOLUME = "/run/gpuvisor"  # an emptyDir: mode 0777
+RUN_DIR = "/run/gpuvisor/state"  # gpuvisor makes it 0700 inside the volume
 MPS_ROOT = "/run/nvidia/mps"
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 FEATURES_D = "/etc/kubernetes/node-feature-discovery/features.d"  # NFD's local feature files
@@ -255,8 +256,10 @@ def test_volumes_reach_the_kubelet_and_the_config_directory(kustomization: str) 
     assert volumes[plugins["name"]]["hostPath"]["path"] == DEVICE_PLUGINS
     assert not plugins.get("readOnly", False)
 
-    assert "emptyDir" in volumes[mounts[RUN_DIR]["name"]]
+    assert "emptyDir" in volumes[mounts[RUN_VOLUME]["name"]]
     assert _env(container)["GPUVISOR_RUN_DIR"] == RUN_DIR
+    # Strictly inside the emptyDir (which is 0777): gpuvisor creates the run dir itself, 0700.
+    assert os.path.dirname(RUN_DIR) == RUN_VOLUME
 
     pod_resources = mounts[POD_RESOURCES]
     assert pod_resources["readOnly"] is True

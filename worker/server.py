@@ -59,6 +59,7 @@ STREAM_RECHECK_S = 5.0
 # ended by our own flag before gRPC's stop, so a stop normally returns in about a millisecond.
 STOP_GRACE_S = 0.5
 SOCKET_PREFIX = "gpuvisor-"
+UNIX_PATH_MAX = 107  # bytes of a unix socket address, without the trailing NUL
 RPC_THREADS = 8  # a kubelet holds one stream and makes a few unary calls at a time
 MAX_STREAMS_PER_SERVER = 3  # the kubelet's stream and two more; the other 5 threads stay for unary calls
 MAX_RPCS = 64  # in flight and queued, per server: more get RESOURCE_EXHAUSTED from gRPC itself
@@ -203,12 +204,12 @@ class PluginService:
         self.socket_tag = secrets.token_hex(3)  # the supervisor gives its own (see the module doc)
         self._servers_started = 0
 
-    def next_socket_name(self) -> str:
+    def next_socket_name(self, plugin_dir: str = "") -> str:
         """A fresh socket file name for one server start: `gpuvisor-<name>-<tag><nn>.sock`."""
         with self._lock:
             n = self._servers_started % 256
             self._servers_started += 1
-        return socket_name(self.book.plan.resource, self.socket_tag, n)
+        return socket_name(self.book.plan.resource, self.socket_tag, n, plugin_dir)
 
     @property
     def streams(self) -> int:
@@ -392,10 +393,18 @@ def to_pb(result: ContainerResponse) -> pb.ContainerAllocateResponse:
     )
 
 
-def socket_name(resource: str, tag: str, n: int) -> str:
-    """`gpuvisor-<name>-<tag><nn>.sock`: the worker's tag (6 hex digits) and its server count."""
+def socket_name(resource: str, tag: str, n: int, plugin_dir: str = "") -> str:
+    """`gpuvisor-<name>-<tag><nn>.sock`: the worker's tag (6 hex digits) and its server count.
+
+    The resource name is cut short when the whole path would not fit a unix socket address
+    (107 bytes): a 63-character name renamed to `<name>.shared` in the kubelet's usual dir would.
+    """
     name = resource.split("/", 1)[-1]
-    return f"{SOCKET_PREFIX}{name}-{tag}{n:02x}.sock"
+    suffix = f"-{tag}{n:02x}.sock"
+    room = UNIX_PATH_MAX - len(os.path.join(plugin_dir, "").encode()) - len(SOCKET_PREFIX) - len(suffix)
+    if len(name.encode()) > room:
+        name = name.encode()[: max(room, 1)].decode("utf-8", "ignore") or "r"
+    return f"{SOCKET_PREFIX}{name}{suffix}"
 
 
 class PluginServer:
@@ -409,7 +418,7 @@ class PluginServer:
         # gRPC never shuts a server's pool down, so successive servers can share one: a
         # re-registration then creates no threads for its RPCs (about a third of its CPU).
         self._executor = executor
-        self.name = service.next_socket_name()
+        self.name = service.next_socket_name(plugin_dir)
         self.path = os.path.join(plugin_dir, self.name)
         self.stopping = False
         self.cancelled = False  # the kubelet ended one of our streams: this server is done for
