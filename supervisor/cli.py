@@ -19,14 +19,16 @@ DEFAULT_RUN_DIR = "/run/gpuvisor"
 
 def _check_import_root() -> None:
     """`supervisor`, `worker` and `common` are top-level names (the design card's folders): make
-    sure they are ours and not another distribution's (Supervisor ships a `supervisor` package)."""
-    import common
-    import worker
+    sure they are ours and not another distribution's (Supervisor ships a `supervisor` package).
+    Found without importing them: the CLI must not pull the worker's modules in."""
+    import importlib.util
 
-    for mod in (common, worker):
-        if not os.path.exists(os.path.join(os.path.dirname(mod.__file__ or ""), "py.typed")):
+    for name in ("common", "worker"):
+        spec = importlib.util.find_spec(name)
+        origin = spec.origin if spec is not None else None
+        if not origin or not os.path.exists(os.path.join(os.path.dirname(origin), "py.typed")):
             raise SystemExit(
-                f"gpuvisor: the module {mod.__name__!r} at {mod.__file__} is not gpuvisor's; "
+                f"gpuvisor: the module {name!r} at {origin} is not gpuvisor's; "
                 "install gpuvisor into its own virtual environment (see the README)"
             )
 

@@ -7,8 +7,9 @@ The config file is watched through its *directory*, not the file: a Kubernetes C
 updates by writing a new timestamped dir, pointing a new `..data_tmp` symlink at it and renaming
 that over `..data` (the file itself is a symlink `config.yaml -> ..data/config.yaml`), so the
 file's inode never changes and an inotify watch on it would see nothing. Editors that save by
-rename do much the same. Every event in the directory is reported; the supervisor debounces the
-burst and compares the file's content, so spurious events cost one read.
+rename do much the same. Events on the file's name and on the ConfigMap's `..`-named entries are
+reported; the supervisor debounces a burst and compares the file's content, so spurious events
+cost one read.
 """
 
 from __future__ import annotations
@@ -64,14 +65,22 @@ class KubeletWatch:
         self._observer.join(timeout=5)
 
 
-class _AnyEventHandler(FileSystemEventHandler):
-    def __init__(self, on_event: Callable[[], None]) -> None:
+class _ConfigEventHandler(FileSystemEventHandler):
+    """Events that can change what the config file's path reads: the file itself (written, or
+    renamed over by an editor) and a ConfigMap's `..data` machinery. Other files in the same
+    directory (a log, an editor's swap file) are not the config's business: a steady stream of
+    them must not keep a debounced check from ever running."""
+
+    def __init__(self, name: str, on_event: Callable[[], None]) -> None:
+        self._name = name
         self._on_event = on_event
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return  # reads (ours included) change nothing
-        self._on_event()
+        names = {_basename(event.src_path), _basename(getattr(event, "dest_path", "") or "")}
+        if self._name in names or any(n.startswith("..") for n in names):
+            self._on_event()
 
 
 class ConfigWatch:
@@ -82,7 +91,7 @@ class ConfigWatch:
 
     def __init__(self, config_file: str, on_event: Callable[[], None]) -> None:
         self.directory = os.path.dirname(os.path.abspath(config_file))
-        self._handler = _AnyEventHandler(on_event)
+        self._handler = _ConfigEventHandler(os.path.basename(config_file), on_event)
         self._observer = Observer()
         self._observer.daemon = True
 

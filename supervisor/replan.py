@@ -133,8 +133,11 @@ class Replanner:
             self.timers.cancel("rediscovery")
 
     def config_event(self) -> None:
-        """Something changed beside the config file: look at it once the burst is over."""
-        self.timers.call_later("config-check", CONFIG_DEBOUNCE_S, self._check_config_file)
+        """Something changed at the config file: look at it shortly. The first event of a burst
+        arms the check and later ones do not push it back, so a steady trickle of events can
+        never postpone it forever; an event after the check arms a new one."""
+        if self.timers.when("config-check") is None:
+            self.timers.call_later("config-check", CONFIG_DEBOUNCE_S, self._check_config_file)
 
     # ------------------------------------------------------------------ internals
     def _check_config_file(self) -> None:

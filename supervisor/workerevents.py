@@ -72,6 +72,8 @@ class WorkerEvents:
         if handle is not None and beat.stats:  # empty: unchanged since the worker's last report
             handle.stats = dict(beat.stats)
             self.metrics.worker_stats(beat.resource, beat.stats, pid=beat.pid)
+            if beat.registered and beat.stats.get("gauge:streams", 0) >= 1:
+                self.workers.served(beat.resource, beat.pid)
 
     def on_status_report(self, report: StatusReport) -> None:
         log.debug("worker %s: %s (%s)", report.resource, report.event, report.detail)

@@ -11,11 +11,13 @@ hang: SIGSTOP in the tests). The clock is a parameter, so tests drive it by hand
 process is made is the `Spawner`'s business.
 
 Restart rules with memory (supervisord's startsecs/startretries, the kubelet's CrashLoopBackOff):
-- a worker that registered with the kubelet and served for `registered_grace` proved itself:
-  however it dies (an OOM kill, a chaos tool, a kill storm), it is restarted at once and its
-  failure streak is cleared;
-- a death before registration within `start_seconds` of the start, or within `registered_grace`
-  of registering (a crash loop that gets as far as Register), is a *quick* failure; quick
+- a worker that served the kubelet (its ListAndWatch stream opened: `WorkerSet.served`) or
+  stayed registered for `registered_grace` proved itself: however it dies (an OOM kill, a chaos
+  tool, a kill storm right after each recovery), it is restarted at once and its failure streak
+  is cleared;
+- a death before registration within `start_seconds` of the start, or after registering but
+  before serving and within `registered_grace` (a crash loop that gets as far as Register),
+  is a *quick* failure; quick
   failures in a row grow the delay (0 for the first, then base, doubling, capped at
   `backoff_max`: `common.backoff.Backoff` of the streak's length); a death before registration
   after a longer life restarts at once;
@@ -120,6 +122,7 @@ class WorkerHandle:
     registered: bool = False
     registered_since: float = 0.0  # wall clock, for status
     registered_at: float | None = None  # the WorkerSet clock when this process first registered
+    served: bool = False  # this process's stream to the kubelet opened: it did its job
     socket_path: str = ""
     secret: str = ""  # this spawn's proof of identity on the control socket (see spawner.py)
     socket_tag: str = ""  # 6 hex digits in this spawn's socket names (supervisor/rundir.py)
@@ -299,8 +302,16 @@ class WorkerSet:
             self._fail(handle, now, cause)
 
     def _proved(self, handle: WorkerHandle, now: float) -> bool:
-        """Registered, and served for a moment: a death now is no failure of the worker's own."""
+        """Served the kubelet, or registered for a moment: a death now is no failure of its own."""
+        if handle.served:
+            return True
         return handle.registered_at is not None and now - handle.registered_at >= self.policy.registered_grace
+
+    def served(self, resource: str, pid: int) -> None:
+        """The kubelet's ListAndWatch stream opened on this worker process: it proved itself."""
+        handle = self.workers.get(resource)
+        if handle is not None and handle.proc is not None and handle.pid == pid and handle.registered:
+            handle.served = True
 
     def _fail(self, handle: WorkerHandle, now: float, cause: str, fatal: bool = False, floor: float = 0.0) -> None:
         """A quick failure: back off, or FATAL past start_retries (retried when the backoff ends)."""
@@ -376,6 +387,7 @@ class WorkerSet:
         handle.heartbeats = 0
         handle.registered = False
         handle.registered_at = None
+        handle.served = False
         handle.stats = {}  # the figures of the previous process are not this one's
         handle.beat_interval = self.policy.beat_interval()
         handle.socket_path = ""

@@ -16,13 +16,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
 import psutil
 
 from common.kubelet_standin import KubeletStandin
+from common.kubeletapi import pb
+from common.kubeletapi.rpc import DevicePluginClient, unix_target
 from supervisor.commands import send_command
 from tests.helpers import REPO, wait_until
 
@@ -153,3 +157,29 @@ class SimNode:
 
     def elapsed(self, since: float) -> float:
         return time.monotonic() - since
+
+
+class ExtraStreams:
+    """ListAndWatch streams opened on a worker's socket by someone other than the kubelet."""
+
+    def __init__(self, socket_path: str, count: int) -> None:
+        self.channels = [grpc.insecure_channel(unix_target(socket_path)) for _ in range(count)]
+        self.calls = [DevicePluginClient(ch).ListAndWatch(pb.Empty()) for ch in self.channels]
+        self.outcomes: list[str] = []
+        self.threads = [threading.Thread(target=self._read, args=(c,), daemon=True) for c in self.calls]
+        for t in self.threads:
+            t.start()
+
+    def _read(self, call: Any) -> None:
+        try:
+            for _ in call:
+                pass
+            self.outcomes.append("ended")
+        except grpc.RpcError as exc:
+            self.outcomes.append(exc.code().name)
+
+    def close(self) -> None:
+        for ch in self.channels:
+            ch.close()
+        for t in self.threads:
+            t.join(10)

@@ -24,6 +24,21 @@ from tests.helpers import REPO, short_tmpdir, wait_until
 GPU = "nvidia.com/gpu"
 RSS_LIMIT_KIB = 200 * 1024
 
+# Linux carries the peak RSS of the process that forks into the child across exec, so wait4 from
+# a big pytest process reports pytest's size. A small launcher forks the supervisor instead and
+# writes the child's own peak RSS (KiB) to the file named first.
+LAUNCHER = """
+import os, sys
+out, argv = sys.argv[1], sys.argv[2:]
+pid = os.fork()
+if pid == 0:
+    os.execv(argv[0], argv)
+_, status, usage = os.wait4(pid, 0)
+with open(out, "w") as fh:
+    fh.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
 
 def time_slicing(replicas: int) -> str:
     return f"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
@@ -42,21 +57,17 @@ def run_to_exit(config: str) -> tuple[int, str, int, float]:
             "--metrics-address", "",
         ]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
+        rss_file = os.path.join(base, "rss")
         start = time.monotonic()
         with open(os.path.join(base, "out"), "w+b") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-                                    env={**env, "PYTHONPATH": REPO})  # fmt: skip
-            try:
-                # wait4 gives this child's own peak RSS (getrusage(RUSAGE_CHILDREN) would mix in others).
-                _, status, usage = os.wait4(proc.pid, 0)
-            except BaseException:
-                proc.kill()
-                raise
-            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: tell Popen
+            proc = subprocess.run([sys.executable, "-c", LAUNCHER, rss_file, *argv], stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, cwd=REPO, env={**env, "PYTHONPATH": REPO}, timeout=120)  # fmt: skip
             elapsed = time.monotonic() - start
             out.seek(0)
             text = out.read().decode(errors="replace")
-        return proc.returncode, text, usage.ru_maxrss, elapsed
+        with open(rss_file, encoding="utf-8") as fh:
+            rss_kib = int(fh.read())
+        return proc.returncode, text, rss_kib, elapsed
 
 
 @pytest.mark.parametrize(

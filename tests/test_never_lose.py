@@ -3,11 +3,20 @@ stand-in: kill storms, a worker that cannot start for a while, stray entries in 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import pytest
+import zmq
+
+from common.messages import Heartbeat, Hello, Shutdown, StatusReport, decode, encode
 from tests.benchmarks.bench_killstorm import storm
-from tests.harness import SimNode
+from tests.harness import ExtraStreams, SimNode
 from tests.helpers import wait_until
 
 GPU = "nvidia.com/gpu"
@@ -59,3 +68,140 @@ def test_a_worker_that_cannot_start_is_retried_while_fatal_and_comes_back() -> N
         node.wait_listed([GPU])
         assert node.kubelet.allocatable(GPU) == 4
         assert metric(node, "gpuvisor_workers_fatal") == 0.0
+
+
+def test_extra_streams_never_starve_allocate_nor_cut_the_kubelets_stream() -> None:
+    """16 extra ListAndWatch streams on the worker: Allocate keeps answering at once, extras beyond
+    the bound are refused, and the kubelet's stream still carries health changes."""
+    with SimNode("pcie-l4") as node:
+        node.wait_listed([GPU])
+        extras = ExtraStreams(node.kubelet.endpoint_socket(GPU), 16)
+        try:
+            assert wait_until(lambda: extras.outcomes.count("RESOURCE_EXHAUSTED") == 14, 20), extras.outcomes
+            ids = sorted(node.kubelet.devices(GPU))
+            for i in range(40):
+                started = time.monotonic()
+                response = node.kubelet.allocate_ids(GPU, [ids[i % len(ids)]])
+                assert time.monotonic() - started < 2.0 and response.envs["NVIDIA_VISIBLE_DEVICES"]
+            node.sim("xid", device=ids[1], xid=48)  # the kubelet's own stream still carries news
+            node.wait_health(GPU, [ids[1]], "Unhealthy")
+            assert node.kubelet.connected(GPU) and len(node.kubelet.registrations) == 1
+        finally:
+            extras.close()
+
+
+def test_stray_entries_named_like_worker_sockets_survive_and_the_supervisor_too() -> None:
+    """A directory, a regular file and a symlink named like the worker's sockets (its own tag
+    included), then the worker killed twice: nothing of them is removed, the supervisor lives."""
+    with SimNode("pcie-l4") as node:
+        node.wait_listed([GPU])
+        live = os.path.basename(node.kubelet.endpoint_socket(GPU))
+        tag = live[len("gpuvisor-gpu-") : len("gpuvisor-gpu-") + 6]
+        target = os.path.join(node.base, "victim")
+        with open(target, "w") as fh:
+            fh.write("must survive")
+        strays = {
+            f"gpuvisor-gpu-{tag}f0.sock": "dir",
+            f"gpuvisor-gpu-{tag}f1.sock": "file",
+            f"gpuvisor-gpu-{tag}f2.sock": "link",
+            "gpuvisor-gpu-0badc0de.sock": "dir",
+        }
+        for name, kind in strays.items():
+            path = os.path.join(node.plugin_dir, name)
+            if kind == "dir":
+                os.mkdir(path)
+            elif kind == "file":
+                with open(path, "w") as fh:
+                    fh.write("not a socket")
+            else:
+                os.symlink(target, path)
+        for _ in range(2):
+            before = node.kubelet.endpoint_socket(GPU)
+            os.kill(node.worker_pid(GPU), signal.SIGKILL)
+
+            def back(before: str = before) -> bool:
+                return node.kubelet.endpoint_socket(GPU) not in ("", before) and node.kubelet.connected(GPU)
+
+            assert wait_until(back, 20)
+        assert node.proc is not None and node.proc.poll() is None
+        assert set(strays) <= set(os.listdir(node.plugin_dir))
+        with open(target) as fh:
+            assert fh.read() == "must survive"
+        assert "housekeeping" not in node.log() and "Traceback" not in node.log()
+
+
+def test_a_forged_control_message_is_dropped_and_counted() -> None:
+    """A process on the control socket claiming to be the worker (wrong secret) changes nothing;
+    its messages are dropped and counted, and the real worker keeps serving."""
+    with SimNode("pcie-l4") as node:
+        node.wait_listed([GPU])
+        pid = node.worker_pid(GPU)
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(f"ipc://{os.path.join(node.run_dir, 'control.sock')}")
+            sock.send_multipart(encode(Hello(resource=GPU, pid=pid, secret="0" * 32), seq=1))
+            sock.send_multipart(encode(StatusReport(resource=GPU, event="stopped", detail="forged"), seq=2))
+            sock.send_multipart(encode(Heartbeat(GPU, pid, "stopped", False, "/nowhere.sock", {}), seq=3))
+            assert sock.poll(10_000), "the forged heartbeat got no Shutdown"
+            assert isinstance(decode(sock.recv_multipart()).message, Shutdown)
+        finally:
+            sock.close(0)
+        status = node.command("status")
+        assert status["control"]["dropped"] == {"hello refused": 1, "unbound sender": 2}
+        [worker] = status["workers"]
+        assert worker["state"] == "RUNNING" and worker["registered"] and worker["pid"] == pid
+        assert node.worker_pid(GPU) == pid and node.kubelet.allocatable(GPU) == 4
+
+
+@contextmanager
+def small_tmpfs(path: str, size: str = "256k") -> Iterator[None]:
+    """A tmpfs of `size` at `path` (made 0700), unmounted after; skips where mounting is not allowed."""
+    os.makedirs(path, mode=0o700)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        os.rmdir(path)
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", path], check=False)
+
+
+def fill(directory: str) -> str:
+    """Fill the filesystem of `directory` to the last byte; returns the filler's path."""
+    path = os.path.join(directory, "filler")
+    with open(path, "wb", buffering=0) as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(b"\0" * 4096)
+            fh.flush()
+    return path
+
+
+def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there_is_room() -> None:
+    """SIGHUP while the run dir is full: the running plan keeps serving, status and metrics show
+    the pending reload and why, and it is applied by itself once space is freed."""
+    node = SimNode("pcie-l4", args=["--metrics-address", "127.0.0.1:0"])
+    config = os.path.join(node.base, "config.yaml")
+    with open(config, "w") as fh:
+        fh.write("version: v1\n")
+    node.args += ["--config-file", config]
+    with small_tmpfs(node.run_dir), node:
+        node.wait_listed([GPU])
+        filler = fill(node.run_dir)
+        with open(config, "w") as fh:
+            fh.write("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n")
+        assert node.proc is not None
+        os.kill(node.proc.pid, signal.SIGHUP)
+        assert wait_until(lambda: node.command("status")["reconcile"]["pending"], 15), node.log()[-2000:]
+        pending = node.command("status")["reconcile"]["pending"]
+        assert "No space left on device" in pending["reason"] and pending["trigger"] == "SIGHUP"
+        assert metric(node, "gpuvisor_reload_pending") == 1.0
+        assert node.kubelet.capacity(GPU) == 4 and node.kubelet.allocatable(GPU) == 4  # the running plan serves
+        os.unlink(filler)
+        assert wait_until(lambda: node.kubelet.capacity(GPU) == 8, 60), node.log()[-2000:]
+        assert node.command("status")["reconcile"]["pending"] is None
+        assert metric(node, "gpuvisor_reload_pending") == 0.0

@@ -196,3 +196,25 @@ def test_mps_wiring_drops_a_replaced_daemon_supervisors_late_reports() -> None:
     assert f"mps:{GPU}" in hub.external_holders()
     wiring.adopt(sim_config(MPS_ROOT="/run/nvidia/mps", GPUVISOR_MPS_CONTROL="/opt/mps-control"))
     assert wiring.generation == 2 and not wiring.started
+
+
+# ---------------------------------------------------------------------------------------- config watch
+
+
+def test_config_watch_reports_the_file_and_configmap_swaps_but_not_its_neighbours() -> None:
+    """Writes to the config file, a rename onto it and ConfigMap `..data` swaps count; a log file
+    written beside it does not (a steady stream of those must not hold the check back)."""
+    from watchdog.events import FileClosedEvent, FileModifiedEvent, FileMovedEvent, FileOpenedEvent
+
+    from supervisor.kubeletwatch import _ConfigEventHandler
+
+    seen: list[int] = []
+    handler = _ConfigEventHandler("config.yaml", lambda: seen.append(1))
+    handler.on_any_event(FileModifiedEvent("/etc/gv/supervisor.log"))
+    handler.on_any_event(FileOpenedEvent("/etc/gv/config.yaml"))
+    assert seen == []
+    handler.on_any_event(FileModifiedEvent("/etc/gv/config.yaml"))
+    handler.on_any_event(FileMovedEvent("/etc/gv/.config.yaml.swp", "/etc/gv/config.yaml"))
+    handler.on_any_event(FileMovedEvent("/etc/gv/..data_tmp", "/etc/gv/..data"))
+    handler.on_any_event(FileClosedEvent("/etc/gv/config.yaml"))
+    assert len(seen) == 4

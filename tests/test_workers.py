@@ -429,3 +429,30 @@ def test_lowered_heartbeat_timeout_spares_a_worker_beating_at_its_start_interval
     assert st(handle) is WState.RUNNING and signal.SIGKILL not in spawner.last.signals
     ws.tick(6.0)  # 6 s of silence: more than two of its beats missed
     assert signal.SIGKILL in spawner.procs[0].signals
+
+
+def test_a_worker_that_served_is_restarted_at_once_even_killed_right_away() -> None:
+    """Killed milliseconds after its stream opened, over and over: served means proved, never a streak."""
+    ws, spawner, handle = make()
+    now = 0.0
+    ws.tick(now)
+    for _ in range(20):
+        ws.heartbeat(R, spawner.last.pid, True, "s", now)
+        ws.served(R, spawner.last.pid)
+        now += 0.01
+        spawner.last.status = -signal.SIGKILL
+        ws.tick(now)
+        assert st(handle) is S.STARTING and handle.quick_failures == 0
+
+
+def test_served_is_only_taken_from_the_current_registered_process() -> None:
+    """A stale pid, or a process not registered yet, cannot mark the worker as having served."""
+    ws, spawner, handle = make()
+    ws.tick(0.0)
+    ws.served(R, spawner.last.pid)  # not registered yet
+    ws.heartbeat(R, spawner.last.pid, True, "s", 0.0)
+    ws.served(R, spawner.last.pid + 1)
+    assert not handle.served
+    spawner.last.status = -signal.SIGKILL
+    ws.tick(0.1)
+    assert handle.quick_failures == 1

@@ -26,6 +26,7 @@ BENCHES = [
     "bench_kubelet_restart",
     "bench_worker_kill",
     "bench_killstorm",
+    "bench_streams",
     "bench_health",
     "bench_startup",
     "bench_memory",

@@ -25,6 +25,7 @@ def storm(node: SimNode, kills: int, gap: float) -> list[float]:
     node.wait_listed([RESOURCE], 60)
     recoveries: list[float] = []
     for _ in range(kills):
+        time.sleep(gap)  # the storm's rhythm: each kill comes `gap` after the last recovery
         wait_until(lambda: node.worker_pid(RESOURCE) > 0, 10)
         pid = node.worker_pid(RESOURCE)
         if pid <= 0:  # never signal 0 or a negative PID: that would hit the whole group
@@ -41,7 +42,6 @@ def storm(node: SimNode, kills: int, gap: float) -> list[float]:
         if not node.kubelet.wait_for(back, 60):
             break
         recoveries.append((time.perf_counter() - t0) * 1000)
-        time.sleep(gap)  # the storm's own rhythm: the next kill comes `gap` after the recovery
     return recoveries
 
 

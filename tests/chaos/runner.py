@@ -8,7 +8,15 @@ passes:
 2. the health each resource reports to the kubelet equals the supervisor's health state;
 3. no orphan process (every gpuvisor process is the supervisor or its descendant), no stale
    socket, no growth in the supervisor's file descriptors or threads (beyond a small slack);
-4. Allocate and GetPreferredAllocation answer correctly for every resource with a free device.
+4. Allocate and GetPreferredAllocation answer correctly for every resource with a free device;
+5. no worker is FATAL, and stray entries planted in the kubelet dir are still there.
+
+The "never lose a resource" kinds: `killstorm` SIGKILLs one worker again and again right after
+each recovery; `stray` plants a directory, a regular file and a symlink named like a worker's
+sockets (with its own tag) and then kills that worker; `reload-full` fills the run dir (a small
+tmpfs the run mounts when it may; without one the kind is left out, and the report says so),
+reloads a changed config, checks that it is pending while the running config serves, then frees
+the space and the reload must apply by itself.
 
 Everything is seeded: the same `--seed` and `--faults` replay the same run, and a failure
 prints the command that does.
@@ -16,10 +24,12 @@ prints the command that does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import textwrap
 import time
@@ -33,22 +43,6 @@ import psutil
 from common.kubelet_standin import KubeletStandin
 from tests.harness import SimNode
 from tests.helpers import sockets_in
-
-FAULT_KINDS = (
-    "worker-kill",
-    "worker-hang",
-    "supervisor-kill",
-    "kubelet-restart",
-    "kubelet-burst",
-    "xid",
-    "ecc",
-    "lose",
-    "restore",
-    "reset",
-    "reload-good",
-    "reload-bad",
-    "mig-change",
-)
 
 # Relative weights: health faults are cheap and common, process kills less so.
 WEIGHTS = {
@@ -65,7 +59,11 @@ WEIGHTS = {
     "reload-good": 1,
     "reload-bad": 1,
     "mig-change": 1,
+    "killstorm": 1,
+    "stray": 1,
+    "reload-full": 1,
 }
+RUN_DIR_TMPFS = "1m"  # the run dir's size when the run may mount a tmpfs (reload-full)
 
 CONFIG_A = """\
 version: v1
@@ -109,6 +107,10 @@ class ChaosReport:
     end: dict[str, float] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     replay: str = ""
+    fatal_left: int = 0  # workers FATAL at the end
+    resources_lost: int = 0  # planned resources the kubelet has no live stream of at the end
+    left_out: list[str] = field(default_factory=list)  # kinds this run could not do, and why
+    log_tail: str = ""  # the supervisor's last log lines when an invariant broke
 
     def ok(self) -> bool:
         return not self.violations
@@ -143,6 +145,9 @@ class ChaosReport:
             "end": self.end,
             "violations": self.violations,
             "replay": self.replay,
+            "fatal_left": self.fatal_left,
+            "resources_lost": self.resources_lost,
+            "left_out": self.left_out,
             "records": [f.__dict__ for f in self.faults],
         }
 
@@ -156,6 +161,9 @@ class ChaosReport:
         lines.append("")
         for key in ("rss_mib", "fds", "threads"):
             lines.append(f"supervisor {key}: start {self.start.get(key, '-')}  end {self.end.get(key, '-')}")
+        lines.append(f"FATAL workers left: {self.fatal_left}; resources lost: {self.resources_lost}")
+        for note in self.left_out:
+            lines.append(f"left out: {note}")
         lines.append(f"result: {'OK' if self.ok() else 'FAILED'} ({len(self.faults)} faults, seed {self.seed})")
         return "\n".join(lines)
 
@@ -179,6 +187,10 @@ class Chaos:
         self.config_path = ""
         self.baseline: dict[str, float] = {}
         self.lost: set[str] = set()
+        self.strays: list[str] = []  # planted in the kubelet dir: must outlive every fault
+        self.tmpfs = False  # the run dir is a tmpfs of our own (reload-full can fill it)
+        self.weights = dict(WEIGHTS)
+        self.left_out: list[str] = []
 
     # ------------------------------------------------------------------ setup
     def __enter__(self) -> Chaos:
@@ -190,6 +202,10 @@ class Chaos:
         with open(self.config_path, "w") as fh:
             fh.write(CONFIG_A)
         self.node.args += ["--config-file", self.config_path]
+        self.tmpfs = self._mount_run_dir()
+        if not self.tmpfs:
+            self.weights.pop("reload-full")
+            self.left_out.append("reload-full (no tmpfs could be mounted for the run dir: needs root)")
         self.node.__enter__()
         self.check(time.monotonic() + 60)
         self.baseline = self.sample()
@@ -197,7 +213,20 @@ class Chaos:
 
     def __exit__(self, *exc: object) -> None:
         if self.node is not None:
-            self.node.close()
+            try:
+                self.node.close()
+            finally:
+                if self.tmpfs:
+                    subprocess.run(["umount", "-l", self.node.run_dir], check=False, capture_output=True)
+
+    def _mount_run_dir(self) -> bool:
+        assert self.node is not None
+        os.makedirs(self.node.run_dir, mode=0o700)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={RUN_DIR_TMPFS},mode=0700", "tmpfs", self.node.run_dir],
+            capture_output=True,
+        )
+        return done.returncode == 0
 
     @property
     def kubelet(self) -> KubeletStandin:
@@ -215,8 +244,8 @@ class Chaos:
 
     # ------------------------------------------------------------------ faults
     def random_fault(self) -> str:
-        kinds = list(WEIGHTS)
-        return self.rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
+        kinds = list(self.weights)
+        return self.rng.choices(kinds, weights=[self.weights[k] for k in kinds])[0]
 
     def inject(self, kind: str) -> str:
         node = self.node
@@ -281,13 +310,87 @@ class Chaos:
                 time.sleep(0.3)
                 with open(self.config_path, "w") as fh:
                     fh.write(CONFIG_A)
+                os.kill(node.proc.pid, signal.SIGHUP)  # taken now, not at the file watch's leisure
             return "bad config refused" if kind == "reload-bad" else "config swapped"
+        if kind == "killstorm":
+            w = self.rng.choice(workers)
+            kills = self.rng.randint(3, 6)
+            for i in range(kills):
+                pid = self._worker_pid(str(w["resource"]))
+                os.kill(pid, signal.SIGKILL)
+                if i < kills - 1:
+                    self.check(time.monotonic() + self.deadline)  # back, then killed again at once
+            return f"{w['resource']}: {kills} kills, each right after its recovery"
+        if kind == "stray":
+            w = self.rng.choice(workers)
+            self._plant_strays(str(w["resource"]), str(w.get("socket") or ""))
+            os.kill(int(w["pid"]), signal.SIGKILL)
+            return f"{w['resource']}: a dir, a file and a symlink named like its sockets, then SIGKILL"
+        if kind == "reload-full":
+            return self._reload_full()
         if kind == "mig-change":
             gpu = self.rng.randint(0, 3)
             layout = self.rng.choice(MIG_LAYOUTS)
             self._sim("mig", gpu=gpu, layout=layout)
             return f"GPU {gpu} -> {','.join(layout)}"
         raise ValueError(kind)
+
+    def _worker_pid(self, resource: str) -> int:
+        for w in self.status()["workers"]:
+            if w["resource"] == resource and w.get("pid"):
+                return int(w["pid"])
+        raise LookupError(f"no worker for {resource}")
+
+    def _plant_strays(self, resource: str, socket: str) -> None:
+        assert self.node is not None
+        base = os.path.basename(socket)  # gpuvisor-<name>-<tag><nn>.sock: the sweep's own kind
+        stem = base[: -len("00.sock")] if base.endswith(".sock") else f"gpuvisor-{resource.split('/')[-1]}-0badc0"
+        n = len(self.strays)
+        target = os.path.join(self.node.base, "stray-target")
+        if not os.path.exists(target):
+            with open(target, "w") as fh:
+                fh.write("a stray symlink points here")
+        for kind in ("dir", "file", "link"):
+            path = os.path.join(self.node.plugin_dir, f"{stem}{(0xF0 + n % 16):02x}.sock")
+            n += 1
+            if os.path.lexists(path):
+                continue
+            if kind == "dir":
+                os.mkdir(path)
+            elif kind == "file":
+                with open(path, "w") as fh:
+                    fh.write("not a socket")
+            else:
+                os.symlink(target, path)
+            self.strays.append(path)
+
+    def _reload_full(self) -> str:
+        node = self.node
+        assert node is not None and node.proc is not None
+        filler = os.path.join(node.run_dir, "filler")
+        with open(filler, "wb", buffering=0) as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        try:
+            with open(self.config_path) as fh:
+                current = fh.read()
+            with open(self.config_path, "w") as fh:
+                fh.write(CONFIG_B if current == CONFIG_A else CONFIG_A)
+            os.kill(node.proc.pid, signal.SIGHUP)
+            deadline = time.monotonic() + self.deadline
+            while not (self.status().get("reconcile") or {}).get("pending"):
+                if time.monotonic() > deadline:
+                    raise Violation("a reload into a full run dir did not become pending")
+                time.sleep(0.02)
+            self._invariants()  # the running config still serves every resource
+        finally:
+            os.unlink(filler)
+        while (self.status().get("reconcile") or {}).get("pending"):  # room again: it applies by itself
+            if time.monotonic() > deadline:
+                raise Violation("a pending reload did not apply once the run dir had room again")
+            time.sleep(0.02)
+        return "reload pending while the run dir was full, then applied"
 
     def _sim(self, action: str, **args: Any) -> None:
         assert self.node is not None
@@ -356,6 +459,11 @@ class Chaos:
                     pass
         worker_pids = {int(w["pid"]) for w in status["workers"] if w.get("pid")}
         assert worker_pids <= tree, f"worker pids {worker_pids - tree} are not the supervisor's descendants"
+        # 5. never FATAL, strays untouched
+        fatal = [w["resource"] for w in status["workers"] if w["state"] == "FATAL"]
+        assert not fatal, f"FATAL: {fatal}"
+        gone = [p for p in self.strays if not os.path.lexists(p)]
+        assert not gone, f"stray entries removed: {gone}"
         # 4. allocation works where a device is free
         for resource in planned:
             healthy = [i for i, d in self.kubelet.devices(resource).items() if d.health == "Healthy"]
@@ -378,13 +486,16 @@ class Chaos:
             i += 1
             kind = self.random_fault()
             t0 = time.monotonic()
-            detail = self.inject(kind)
+            detail = ""
             try:
+                detail = self.inject(kind)
                 t1 = self.check(t0 + self.deadline)
                 record = FaultRecord(i, kind, detail, True, t1 - t0)
             except Violation as exc:
                 record = FaultRecord(i, kind, detail, False, time.monotonic() - t0, str(exc))
                 report.violations.append(f"fault {i} ({kind} {detail}): {exc}")
+                if self.node is not None:
+                    report.log_tail = self.node.log()[-8000:]
             report.faults.append(record)
             self.say(f"  {i:>4} {kind:<16} {record.seconds * 1000:8.1f} ms  {'ok' if record.recovered else 'VIOLATION'}  {detail}")
             if not record.recovered:
@@ -392,6 +503,11 @@ class Chaos:
             if kind == "supervisor-kill":
                 self.baseline = self.sample()  # a new supervisor: a new baseline for growth
         report.end = self.sample() if self.node and self.node.proc and self.node.proc.poll() is None else {}
+        report.left_out = list(self.left_out)
+        if report.end:
+            status = self.status()
+            report.fatal_left = sum(1 for w in status["workers"] if w["state"] == "FATAL")
+            report.resources_lost = sum(1 for r in status["resources"] if not self.kubelet.connected(r))
         if report.end and report.start:
             # Growth is judged against the last supervisor's own start, with slack for lazily
             # created threads and sockets (gRPC channels per allocation check, etc.).
@@ -400,6 +516,8 @@ class Chaos:
                 report.violations.append(f"file descriptors grew from {base['fds']} to {report.end['fds']}")
             if report.end["threads"] > base["threads"] + 16:
                 report.violations.append(f"threads grew from {base['threads']} to {report.end['threads']}")
+            if report.end["rss_mib"] > base["rss_mib"] * 1.5 + 16:
+                report.violations.append(f"RSS grew from {base['rss_mib']} MiB to {report.end['rss_mib']} MiB")
         return report
 
 
@@ -426,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", default=None, help="run for this long instead (e.g. 90s, 30m, 2h)")
     p.add_argument("--deadline", type=float, default=20.0, help="seconds each recovery may take")
     p.add_argument("--json", default="", help="also write the JSON report here")
+    p.add_argument("--keep-log", default="", help="copy the supervisor's whole log here at the end")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
     duration = parse_duration(args.duration) if args.duration else None
@@ -433,7 +552,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos: seed {seed}; replay with: {replay}", flush=True)
     try:
         with Chaos(seed, args.deadline, log=lambda s: print(s, flush=True)) as chaos:
-            report = chaos.run(args.faults, duration)
+            try:
+                report = chaos.run(args.faults, duration)
+            finally:
+                if args.keep_log and chaos.node is not None:
+                    with open(args.keep_log, "w") as fh:
+                        fh.write(chaos.node.log())
     except Violation as exc:
         print(f"chaos: the node never became healthy at start: {exc}", file=sys.stderr)
         return 2
@@ -447,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(doc, fh, indent=2, sort_keys=True)
     if not report.ok():
         print("\nINVARIANT VIOLATED:\n  " + "\n  ".join(report.violations), file=sys.stderr)
+        print("\nthe supervisor's log, last lines:\n" + report.log_tail, file=sys.stderr)
         print(f"replay: {replay}", file=sys.stderr)
         return 1
     counts = Counter(f.kind for f in report.faults)
