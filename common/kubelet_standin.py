@@ -113,12 +113,31 @@ class KubeletStandin:
     """The kubelet's device manager, in-process, on a real unix socket in `plugin_dir`."""
 
     def __init__(
-        self, plugin_dir: str, *, legacy_keying: bool = True, seed: int = 0, dial_timeout: float = DIAL_TIMEOUT_S
+        self,
+        plugin_dir: str,
+        *,
+        legacy_keying: bool = True,
+        run_client: bool = False,
+        drop_fresh: int = 0,
+        stream_end_delay: float = 0.0,
+        seed: int = 0,
+        dial_timeout: float = DIAL_TIMEOUT_S,
     ) -> None:
+        """`legacy_keying`: an older endpoint's stream ending disconnects the newer one (kubelets up
+        to 1.35 key clients by resource name, kubernetes#121994). `run_client`: do exactly what
+        the v1.32 kubelet's `runClient` does: a new registration leaves the old client running,
+        and when any client's stream ends the client registered *now* for that resource is
+        disconnected, whichever it is. `drop_fresh`: drop this many freshly registered endpoints
+        before their ListAndWatch starts (the kubelet lost them), so no stream ever opens.
+        `stream_end_delay`: the kubelet notices a stream's end this much later (a busy kubelet),
+        which with `run_client` lets an old stream's end land after the next registration."""
         self.dial_timeout = dial_timeout
         self.plugin_dir = os.path.abspath(plugin_dir)
         self.socket_path = os.path.join(self.plugin_dir, KUBELET_SOCKET_NAME)
-        self.legacy_keying = legacy_keying
+        self.legacy_keying = legacy_keying or run_client
+        self.run_client = run_client
+        self.drop_fresh = drop_fresh
+        self.stream_end_delay = stream_end_delay
         self._cond = threading.Condition()
         self._resources: dict[str, Resource] = {}
         self._server: grpc.Server | None = None
@@ -242,9 +261,15 @@ class KubeletStandin:
             res = self._resources.setdefault(endpoint.resource, Resource(endpoint.resource))
             old = res.endpoint
             res.endpoint = endpoint
+            drop = self.drop_fresh > 0
+            if drop:
+                self.drop_fresh -= 1
             self._cond.notify_all()
-        if old is not None and old is not endpoint:
-            self._close_endpoint(old)
+        if old is not None and old is not endpoint and not self.run_client:
+            self._close_endpoint(old)  # (the real kubelet leaves the old client to its stream)
+        if drop:
+            log.info("%s: dropping the freshly registered endpoint %s", endpoint.resource, endpoint.socket_path)
+            self._close_endpoint(endpoint)
         thread = threading.Thread(
             target=self._watch, args=(endpoint,), name=f"law-{endpoint.resource}", daemon=True
         )
@@ -272,6 +297,8 @@ class KubeletStandin:
             reason = f"ListAndWatch failed: {exc!r}"
             log.warning("%s: %s", endpoint.resource, reason)
         finally:
+            if self.stream_end_delay:
+                time.sleep(self.stream_end_delay)  # a kubelet busy elsewhere: the end is seen late
             self._disconnect(endpoint, reason)
 
     def _apply(self, endpoint: Endpoint, response: pb.ListAndWatchResponse) -> None:
@@ -289,17 +316,23 @@ class KubeletStandin:
             listener(endpoint.resource, devices)
 
     def _disconnect(self, endpoint: Endpoint, reason: str) -> None:
+        victim: Endpoint | None = None
         with self._cond:
             endpoint.connected = False
             res = self._resources.get(endpoint.resource)
             newer = res.endpoint if res is not None else None
             if newer is not None and newer is not endpoint:  # noqa: SIM102 - the comment belongs to the inner test
                 if self.legacy_keying and endpoint.generation < newer.generation:
-                    # kubernetes#121994: the old instance's stream ending disconnects the new one.
+                    # kubernetes#121994: the old instance's stream ending disconnects the new one,
+                    # as runClient does it: the current client's connection is closed, so its
+                    # stream ends (or, not started yet, never starts).
                     log.warning("%s: old endpoint's stream ended after re-registration", endpoint.resource)
                     newer.connected = False
+                    victim = newer
             self._cond.notify_all()
         endpoint.channel.close()
+        if victim is not None:
+            self._close_endpoint(victim)
         log.info("%s: ListAndWatch ended (%s)", endpoint.resource, reason)
 
     def _close_endpoint(self, endpoint: Endpoint) -> None:

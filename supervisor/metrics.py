@@ -58,8 +58,12 @@ def registration_trigger(reason: str) -> str:
         return "kubelet-restart"
     if "socket" in text and "deleted" in text:
         return "socket-deleted"
+    if "no listandwatch stream" in text:
+        return "no-stream"
     if "stream" in text and "cancel" in text:
         return "stream-cancelled"
+    if "ended our listandwatch stream" in text:
+        return "stream-ended"
     if "plan" in text:
         return "plan-update"
     return "other"

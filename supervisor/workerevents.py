@@ -81,6 +81,7 @@ class WorkerEvents:
         if handle is None or handle.proc is None:
             return
         self._count_registration(handle, report.event, report.detail)
+        handle.registration = f"{report.event} ({report.detail})" if report.detail else report.event
         if report.event == "registered":
             self.workers.heartbeat(
                 report.resource, handle.pid, True, handle.socket_path, self.clock.monotonic()

@@ -124,6 +124,7 @@ class WorkerHandle:
     registered_at: float | None = None  # the WorkerSet clock when this process first registered
     served: bool = False  # this process's stream to the kubelet opened: it did its job
     socket_path: str = ""
+    registration: str = ""  # the worker's last registration report: "<state> (<why>)"
     secret: str = ""  # this spawn's proof of identity on the control socket (see spawner.py)
     socket_tag: str = ""  # 6 hex digits in this spawn's socket names (supervisor/rundir.py)
     generation: int = 0  # spawns of this resource so far: the current process's number
@@ -391,6 +392,7 @@ class WorkerSet:
         handle.stats = {}  # the figures of the previous process are not this one's
         handle.beat_interval = self.policy.beat_interval()
         handle.socket_path = ""
+        handle.registration = ""
         handle.kill_cause = ""
         handle.secret = secrets.token_hex(16)
         handle.socket_tag = secrets.token_hex(3)

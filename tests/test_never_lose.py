@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -157,7 +158,9 @@ def test_a_forged_control_message_is_dropped_and_counted() -> None:
 
 @contextmanager
 def small_tmpfs(path: str, size: str = "256k") -> Iterator[None]:
-    """A tmpfs of `size` at `path` (made 0700), unmounted after; skips where mounting is not allowed."""
+    """A tmpfs of `size` at `path` (made 0700), unmounted after, and the dir holding `path`
+    removed (the node's temp dir, which its close() could not remove while mounted); skips where
+    mounting is not allowed."""
     os.makedirs(path, mode=0o700)
     result = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path], capture_output=True, text=True
@@ -169,6 +172,7 @@ def small_tmpfs(path: str, size: str = "256k") -> Iterator[None]:
         yield
     finally:
         subprocess.run(["umount", "-l", path], check=False)
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # the node's temp dir, left for the mount
 
 
 def fill(directory: str) -> str:

@@ -16,6 +16,15 @@ only makes the registrar look *now* instead of at its next periodic check. So se
 for one kubelet restart coalesce into one re-registration, and a late trigger for an event that
 was already handled costs nothing.
 
+A registration is only good once the kubelet's ListAndWatch stream opens: the kubelet can drop
+a freshly registered endpoint before its stream starts (its `runClient` disconnects whatever
+client is current when an older stream ends), and then nothing would ever tell the worker. So a
+registration that has no stream within `STREAM_DEADLINE_S` counts as lost and is made again.
+When the same kubelet (kubelet.sock unchanged) keeps dropping registrations soon after they
+were made (no stream, or a stream ended within `STABLE_S`), each further attempt first waits
+out the backoff, cut short only by a new kubelet.sock: a kubelet that processes an old stream's
+end late (the race above) would otherwise drop every new registration in turn.
+
 A re-registration stops the old server first (its streams end before the new Register:
 kubernetes#121994), then starts a new server on a new socket name, in-process. While a Register
 is in flight the registrar keeps checking that our socket is still there and that kubelet.sock
@@ -49,6 +58,9 @@ BACKOFF_MAX_S = 5.0
 SOCKET_CHECK_S = 2.0  # default period of the self-check (our socket, kubelet.sock's identity)
 INFLIGHT_CHECK_S = 0.02  # how often an in-flight Register re-checks our socket and kubelet.sock
 KUBELET_POLL_START_S = 0.005  # first poll for a missing kubelet.sock; doubles up to the check period
+STREAM_DEADLINE_S = 2.0  # registered, and no ListAndWatch stream from the kubelet by then: lost
+STABLE_S = 5.0  # a registration whose stream lasted this long was no drop of the kubelet's
+NO_STREAM = "no ListAndWatch stream from the kubelet"
 
 KubeletId = tuple[int, int, int]
 
@@ -101,6 +113,10 @@ class Registrar:
         self.state = RegState.STARTING
         self.registered_at = 0.0
         self.registrations = 0
+        self.no_stream_reregistrations = 0  # registrations the kubelet never opened a stream on
+        self.stream_deadline = STREAM_DEADLINE_S
+        self._registered_mono = 0.0
+        self._drop_streak = 0  # registrations the same kubelet dropped soon after, in a row
         self.failed: BaseException | None = None  # set if the thread died of a bug
         self._on_state = on_state or (lambda state, detail: None)
         self._cond = threading.Condition()
@@ -192,10 +208,15 @@ class Registrar:
                 if not problem:
                     if hint:
                         log.debug("still registered, nothing to do (%s)", hint)
-                    self._wait(self.check_interval)
+                    self._wait(self._next_check())
                     continue
+                dropped = self._dropped(problem)
                 self._registered_with = None
                 self._set(RegState.REGISTERING, problem)
+                if problem.startswith(NO_STREAM):
+                    self.no_stream_reregistrations += 1
+                if dropped and self._drop_streak > 1:  # the same kubelet keeps dropping us: wait
+                    self._wait_for_new_kubelet(self._backoff.next())
             if not self._ensure_server():
                 continue
             kid = kubelet_identity(self.kubelet_socket)
@@ -211,8 +232,10 @@ class Registrar:
             if outcome is _Outcome.OK:
                 self._registered_with = kid
                 self.registered_at = time.time()
+                self._registered_mono = time.monotonic()
                 self.registrations += 1
-                self._backoff.reset()
+                if not self._drop_streak:
+                    self._backoff.reset()
                 self._set(RegState.REGISTERED, f"endpoint {self._server_name()}")
             elif outcome is _Outcome.FAILED:
                 self._set(RegState.RETRYING, detail)
@@ -220,6 +243,39 @@ class Registrar:
                     self._backoff.reset()
             else:
                 log.debug("Register abandoned: %s", detail)
+
+    def _dropped(self, problem: str) -> bool:
+        """Was the live registration dropped soon after it was made by the same kubelet? Counts it."""
+        lost = problem.startswith(NO_STREAM) or problem.startswith("the kubelet ended our")
+        same_kubelet = kubelet_identity(self.kubelet_socket) == self._registered_with
+        if lost and same_kubelet and time.monotonic() - self._registered_mono < STABLE_S + self.stream_deadline:
+            self._drop_streak += 1
+            return True
+        self._drop_streak = 0
+        return False
+
+    def _wait_for_new_kubelet(self, delay: float) -> None:
+        """Sleep `delay`, cut short by stop or a new kubelet.sock only (not by our own triggers:
+        the kubelet ending our stream is what got us here)."""
+        kid = kubelet_identity(self.kubelet_socket)
+        deadline = time.monotonic() + delay
+        log.info("the kubelet dropped %d registrations in a row: registering again in %.2fs", self._drop_streak, delay)
+        while True:
+            with self._cond:
+                left = deadline - time.monotonic()
+                if self._stop or left <= 0:
+                    return
+                self._cond.wait(min(left, INFLIGHT_CHECK_S * 5))
+            if kubelet_identity(self.kubelet_socket) != kid:
+                return
+
+    def _next_check(self) -> float:
+        """How long to wait for the next look: sooner while the kubelet's stream is awaited."""
+        server = self.server
+        if server is not None and not server.had_stream:
+            left = self._registered_mono + self.stream_deadline - time.monotonic()
+            return max(0.01, min(self.check_interval, left))
+        return self.check_interval
 
     def _server_name(self) -> str:
         return self.server.name if self.server is not None else "?"
@@ -231,6 +287,11 @@ class Registrar:
             return "no server"
         if server.cancelled:
             return "the kubelet ended our ListAndWatch stream"
+        if server.had_stream:
+            if self._drop_streak and time.monotonic() - self._registered_mono >= STABLE_S:
+                self._drop_streak = 0  # it held: whatever dropped us before has settled
+        elif time.monotonic() - self._registered_mono >= self.stream_deadline:
+            return f"{NO_STREAM} within {self.stream_deadline:g}s of registering"
         if not server.socket_present():
             return f"our socket {server.name} was deleted"
         kid = kubelet_identity(self.kubelet_socket)

@@ -433,6 +433,12 @@ class PluginServer:
         with self._lock:
             return self._streams
 
+    @property
+    def had_stream(self) -> bool:
+        """Did a ListAndWatch stream (the kubelet's, being the first) ever open on this server?"""
+        with self._lock:
+            return self._had_stream
+
     def note_stream(self, delta: int) -> None:
         with self._lock:
             self._streams += delta

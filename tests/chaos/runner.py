@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -217,7 +218,9 @@ class Chaos:
                 self.node.close()
             finally:
                 if self.tmpfs:
+                    # The mount point outlived close()'s removal of the temp dir: unmount, remove.
                     subprocess.run(["umount", "-l", self.node.run_dir], check=False, capture_output=True)
+                    shutil.rmtree(self.node.base, ignore_errors=True)
 
     def _mount_run_dir(self) -> bool:
         assert self.node is not None
