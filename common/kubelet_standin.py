@@ -123,11 +123,11 @@ class KubeletStandin:
         seed: int = 0,
         dial_timeout: float = DIAL_TIMEOUT_S,
     ) -> None:
-        """`legacy_keying`: an older endpoint's stream ending disconnects the newer one (kubelets up
-        to 1.35 key clients by resource name, kubernetes#121994). `run_client`: do exactly what
-        the v1.32 kubelet's `runClient` does: a new registration leaves the old client running,
-        and when any client's stream ends the client registered *now* for that resource is
-        disconnected, whichever it is. `drop_fresh`: drop this many freshly registered endpoints
+        """As the v1.32 kubelet, a new registration leaves the old client running until its stream
+        ends. `legacy_keying` (the kubelet's `runClient`, up to 1.35; `run_client` says the same):
+        when a client's stream ends, the client registered *now* for that resource is
+        disconnected, whichever it is: an older stream ending after a re-registration closes the
+        new client's connection (kubernetes#121994). `drop_fresh`: drop this many freshly registered endpoints
         before their ListAndWatch starts (the kubelet lost them), so no stream ever opens.
         `stream_end_delay`: the kubelet notices a stream's end this much later (a busy kubelet),
         which with `run_client` lets an old stream's end land after the next registration."""
@@ -259,14 +259,11 @@ class KubeletStandin:
                 endpoint.channel.close()
                 return False
             res = self._resources.setdefault(endpoint.resource, Resource(endpoint.resource))
-            old = res.endpoint
-            res.endpoint = endpoint
+            res.endpoint = endpoint  # the old client, if any, runs on until its stream ends
             drop = self.drop_fresh > 0
             if drop:
                 self.drop_fresh -= 1
             self._cond.notify_all()
-        if old is not None and old is not endpoint and not self.run_client:
-            self._close_endpoint(old)  # (the real kubelet leaves the old client to its stream)
         if drop:
             log.info("%s: dropping the freshly registered endpoint %s", endpoint.resource, endpoint.socket_path)
             self._close_endpoint(endpoint)
