@@ -20,6 +20,7 @@ MPS daemons and CDI spec (`mpswiring`, `cdisync`), and the status document (`sta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import TYPE_CHECKING
 
+import psutil
 import zmq
 
 from common.config import Config
@@ -69,6 +71,13 @@ TICK_S = 1.0  # the longest the loop sleeps; timers wake it sooner
 BEACON_S = 2.0
 SHUTDOWN_GRACE_S = 4.0  # SIGTERM to workers, then SIGKILL: the whole stop stays under 5 s
 HEALTH_SETTINGS = ("disable_healthchecks", "enable_healthchecks", "health")
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
 
 
 class Supervisor:
@@ -183,9 +192,22 @@ class Supervisor:
             raise StartupError(str(exc), EXIT_IN_USE) from None
         os.makedirs(self.plugin_dir, exist_ok=True)
         self.sockets.load_earlier()
+        self._end_stale_workers()
         removed = self.sockets.sweep_all()
         if removed:
             log.info("removed %d stale socket(s) of an earlier run: %s", len(removed), ", ".join(removed))
+
+    def _end_stale_workers(self) -> None:
+        """Workers of an earlier life that never noticed their supervisor died (stopped, hung):
+        SIGKILL them by PID (their recorded tag on their command line says they are ours) before
+        new workers register, so their streams end first."""
+        stale = self.sockets.stale_workers()
+        for pid in stale:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if stale:
+            log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
+            psutil.wait_procs([p for p in (_process(pid) for pid in stale) if p is not None], timeout=2)
 
     def start(self) -> None:
         """HTTP, sockets and watches first (status answers even if NVML fails), then NVML."""

@@ -20,6 +20,8 @@ import os
 import re
 import stat
 
+import psutil
+
 from common.model import ResourcePlan
 from common.procutil import unix_socket_listening
 
@@ -254,6 +256,26 @@ class WorkerSockets:
 
     def sweep_all(self) -> list[str]:
         return [name for resource in sorted(self.tags) for name in self.sweep(resource)]
+
+    def stale_workers(self) -> list[int]:
+        """PIDs of worker processes an earlier supervisor life left running: its recorded tags on
+        their command lines (`--resource R ... --socket-tag T`). Their supervisor is gone, so a
+        worker that was stopped or hung when it died never noticed and still holds its stream."""
+        wanted = {(r, t) for r, ts in self.tags.items() for t in ts}
+        if not wanted:
+            return []
+        stale = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            argv = proc.info.get("cmdline") or []
+            if "worker" not in argv or "--socket-tag" not in argv or "--resource" not in argv:
+                continue
+            try:
+                key = (argv[argv.index("--resource") + 1], argv[argv.index("--socket-tag") + 1])
+            except IndexError:
+                continue
+            if key in wanted and proc.info["pid"] != os.getpid():
+                stale.append(int(proc.info["pid"]))
+        return sorted(stale)
 
     @staticmethod
     def _removable(path: str) -> bool:

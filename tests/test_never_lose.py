@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psutil
 import pytest
 import zmq
 
@@ -209,3 +210,18 @@ def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there
         assert wait_until(lambda: node.kubelet.capacity(GPU) == 8, 60), node.log()[-2000:]
         assert node.command("status")["reconcile"]["pending"] is None
         assert metric(node, "gpuvisor_reload_pending") == 0.0
+
+
+def test_a_stopped_worker_left_by_a_killed_supervisor_is_ended_by_the_next() -> None:
+    """SIGSTOP a worker, SIGKILL its supervisor: the stopped worker never notices (it still holds
+    its stream); the next supervisor on the same run dir ends it by PID before serving anew."""
+    with SimNode("pcie-l4") as node:
+        node.wait_listed([GPU])
+        stale = node.worker_pid(GPU)
+        os.kill(stale, signal.SIGSTOP)
+        node.stop_supervisor(signal.SIGKILL)
+        assert psutil.pid_exists(stale) and psutil.Process(stale).status() == psutil.STATUS_STOPPED
+        node.start_supervisor()
+        assert wait_until(lambda: not psutil.pid_exists(stale), 20)
+        assert wait_until(lambda: node.worker_pid(GPU) not in (0, stale) and node.kubelet.connected(GPU), 30), node.log()[-3000:]
+        assert "ended 1 worker(s) an earlier run left behind" in node.log()
