@@ -50,6 +50,7 @@ from supervisor.kubeletwatch import Watches
 from supervisor.metrics import Metrics
 from supervisor.mps import MpsError
 from supervisor.mpswiring import MpsWiring
+from supervisor.nodelabels import NodeLabels
 from supervisor.reconcile import Desired, Reconciler
 from supervisor.replan import Replanner, health_policy_for
 from supervisor.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
@@ -114,6 +115,7 @@ class Supervisor:
         self.workers = WorkerSet(self.spawner, self._worker_policy(config))
         self.mps = MpsWiring(config, self.environ, self.nvml.module, self.hub, self.mailbox.post)
         self.cdi = CdiSync(config, self.timers)
+        self.labels = NodeLabels(self.nvml.module, self.nvml.simulator is not None, self.timers)
         self.reconciler = Reconciler(
             self.rundir, self.workers, self._tell_plan, self, self.timers, self.metrics.set_pending_reload
         )
@@ -353,6 +355,7 @@ class Supervisor:
         if not first:
             self.mps.apply(desired.plans)
         self.hub.update_gauges()
+        self.labels.refresh(desired.config)  # the node labels follow what is advertised, at once
 
     def _adopt_config(self, config: Config) -> None:
         old, self.config = self.config, config
@@ -433,6 +436,7 @@ class Supervisor:
                 "conditions": self.hub.conditions_view(),
                 "mps": self.mps.status(),
                 "cdi": self.cdi.status(),
+                "labels": self.labels.status(),
                 "control": self.control.status(),
             },
             self.replan.status(),

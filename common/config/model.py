@@ -124,6 +124,7 @@ class Config:
     start_seconds: float
     zygote: bool
     probe_interval: float
+    labels_output_file: str
     disable_healthchecks: tuple[str, ...]
     enable_healthchecks: tuple[str, ...]
     resources: ResourcesConfig = ResourcesConfig()

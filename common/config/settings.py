@@ -335,6 +335,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        10.0, seconds(positive=True),
        "Seconds between NVML health probes of every GPU (they catch what sends no event, and transient "
        "faults recover only after a passing probe).", gpuvisor=True),
+    _s("labels_output_file", ("--labels-output-file",), ("GPUVISOR_LABELS_OUTPUT_FILE",), "gpuvisor.labelsOutputFile",
+       "string", "", own_string, "Keep GPU Feature Discovery's node labels in this features.d file, rewritten as "
+       "soon as the devices or the config change (an extension; empty: off).", default_doc="(off)", gpuvisor=True),
     _s("disable_healthchecks", (), ("DP_DISABLE_HEALTHCHECKS",), None, "string", (), token_list,
        "NVIDIA's health-check switch: all, xids, or a comma list of XIDs to ignore.", gpuvisor=True),
     _s("enable_healthchecks", (), ("DP_ENABLE_HEALTHCHECKS",), None, "string", (), token_list,

@@ -1,0 +1,87 @@
+"""GPU Feature Discovery's node labels, kept current by the supervisor itself (an extension).
+
+With `--labels-output-file PATH` (off by default) the supervisor writes the labels that
+`gpuvisor labels` (and NVIDIA's GFD) would write to PATH, NFD's features.d file, and rewrites it
+as soon as what it advertises changes: after every plan it applies (the first one, a reload that
+adds replicas, a MIG reconfiguration found by rediscovery), so labels never lag the resources by
+GFD's sleep interval. The labels are computed by the labeller's own rules over the NVML the
+supervisor already holds; the file is written atomically and only when its content changes. It
+carries no `gfd.timestamp` (as `--no-timestamp`): a label that changed on every write would make
+every write a change.
+
+A failure (an NVML call, a full disk) is logged once per distinct error and retried with the
+backoff; it never stops the supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from common.backoff import Backoff
+from common.config import Config
+from common.messages import Json
+from common.nvml import Nvml
+from supervisor.labels import LabelConfig, LabelFile, SharingView, compute_labels
+from supervisor.labels.host import read_machine_type, scan_vgpu
+from supervisor.scheduler import Scheduler
+
+log = logging.getLogger("gpuvisor.supervisor")
+
+MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"  # GFD's default --machine-type-file
+SYSFS = "/sys"
+TIMER = "labels-retry"
+
+
+class NodeLabels:
+    def __init__(self, nvml_module: Any, simulated: bool, timers: Scheduler) -> None:
+        self.module = nvml_module
+        self.simulated = simulated  # no sysfs of ours to read: machine type unknown, no vGPU
+        self.timers = timers
+        self.file: LabelFile | None = None
+        self.error = ""
+        self.writes = 0
+        self.backoff = Backoff(1.0, 60.0, jitter=0.2)
+        self._config: Config | None = None
+
+    def refresh(self, config: Config) -> None:
+        """Compute the labels for `config` now and write them if they changed (retried on failure)."""
+        self._config = config
+        path = config.labels_output_file
+        if not path:
+            self.file = None
+            return
+        if self.file is None or self.file.path != path:
+            self.file = LabelFile(path)
+        self.timers.cancel(TIMER)
+        try:
+            facts = Nvml(self.module, None if self.simulated else SYSFS).node_facts()
+            labels = compute_labels(
+                facts,
+                LabelConfig(config.mig_strategy, SharingView.from_config(config.sharing)),
+                machine_type=read_machine_type("" if self.simulated else MACHINE_TYPE_FILE),
+                vgpu=scan_vgpu(None if self.simulated else SYSFS),
+                timestamp=None,
+            )
+            if self.file.write_if_changed(labels):
+                self.writes += 1
+                log.info("node labels written to %s (%d labels)", path, len(labels))
+        except Exception as exc:  # NVML, LabelError, OutputError...: never ends the loop; retried
+            text = f"{type(exc).__name__}: {exc}"
+            delay = self.backoff.next()
+            if text != self.error:
+                log.error("node labels could not be written to %s (retrying with backoff): %s", path, text)
+            self.error = text
+            self.timers.call_later(TIMER, delay, self._retry)
+            return
+        if self.error:
+            log.info("node labels are written again")
+        self.error = ""
+        self.backoff.reset()
+
+    def _retry(self) -> None:
+        if self._config is not None:
+            self.refresh(self._config)
+
+    def status(self) -> dict[str, Json]:
+        return {"file": self.file.path if self.file is not None else None, "writes": self.writes, "error": self.error or None}
