@@ -119,7 +119,6 @@ class AllocateSettings:
     pass_device_specs: bool = False
     driver_root: str = "/"
     dev_root: str = "/"
-    container_driver_root: str = "/driver-root"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     cdi_vendor: str = "k8s.device-plugin.nvidia.com"
     cdi_class: str = "gpu"

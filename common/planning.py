@@ -373,7 +373,6 @@ def _plan(resource: str, devices: tuple[AllocatableDevice, ...], node: Node, con
         pass_device_specs=config.pass_device_specs,
         driver_root=config.driver_root,
         dev_root=config.dev_root,
-        container_driver_root=config.driver_root_ctr_path,
         cdi_annotation_prefix=config.cdi_annotation_prefix,
         nvidia_ctk_path=config.nvidia_cdi_hook_path,
         gds_enabled=config.gds_enabled,

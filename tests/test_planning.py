@@ -288,7 +288,6 @@ def test_allocate_settings_come_from_config() -> None:
         pass_device_specs=True,
         driver_root="/run/nvidia/driver",
         dev_root="/",
-        container_driver_root="/host-driver",
         cdi_annotation_prefix="cdi.example/",
         nvidia_ctk_path="/opt/ctk",
         gds_enabled=True,
