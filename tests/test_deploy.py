@@ -614,3 +614,9 @@ def test_install_builds_a_dedicated_venv(tmp_path: Path) -> None:
     )
     assert help_text.returncode == 0, help_text.stderr
     assert "--metrics-address" in help_text.stdout
+
+
+def test_mig_overlay_asks_the_runtime_for_the_mig_monitor_devices() -> None:
+    """mig: NVIDIA_MIG_MONITOR_DEVICES=all, as NVIDIA's chart sets it on MIG nodes; not elsewhere."""
+    assert _env(_container(_render("overlays/mig"))).get("NVIDIA_MIG_MONITOR_DEVICES") == "all"
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in _env(_container(_render("overlays/default")))

@@ -402,6 +402,12 @@ def test_image_is_gpuvisor_at_the_app_version_unless_set() -> None:
             "nvidia_cdi_hook_path",
             "/usr/local/bin/nvidia-cdi-hook",
         ),
+        (
+            {"cdi": {"featureFlags": "disable-gds,enable-hooks"}},
+            {"CDI_FEATURE_FLAGS": "disable-gds,enable-hooks"},
+            "cdi_feature_flags",
+            ("disable-gds", "enable-hooks"),
+        ),
         ({"gpuvisor": {"logLevel": "debug"}}, {"GPUVISOR_LOG_LEVEL": "debug"}, "log_level", "debug"),
         (
             {"gpuvisor": {"metrics": {"host": "127.0.0.1", "port": 9100}}},
@@ -582,7 +588,6 @@ def test_external_config_map_is_mounted_with_its_default() -> None:
             NAMESPACE,
             "is NVIDIA's image",
         ),
-        ({"cdi": {"featureFlags": "disable-gds"}}, NAMESPACE, "cdi.featureFlags"),
         (
             {"gpuvisor": {"extraEnv": [{"name": "MIG_STRATEGY", "value": "x"}]}},
             NAMESPACE,

@@ -279,9 +279,6 @@ unprivileged containers: NVIDIA #856), exactly when NVIDIA's chart adds it.
 {{- if hasPrefix "nvcr.io/nvidia/" (toString $v.image.repository) -}}
   {{- fail (printf "gpuvisor chart: image.repository %q is NVIDIA's image; this chart runs `gpuvisor run`: set image.repository (and image.tag) to your gpuvisor image" $v.image.repository) -}}
 {{- end -}}
-{{- if $v.cdi.featureFlags -}}
-  {{- fail (printf "gpuvisor chart: cdi.featureFlags (%v, NVIDIA's CDI_FEATURE_FLAGS) has no equivalent in gpuvisor, whose CDI spec is its own (or nvidia-ctk's with gpuvisor.cdiNvidiaCtk): remove it" $v.cdi.featureFlags) -}}
-{{- end -}}
 {{- if not (hasPrefix "/" (toString $v.mps.root)) -}}
   {{- fail (printf "gpuvisor chart: mps.root %q must be an absolute host path" (toString $v.mps.root)) -}}
 {{- end -}}
