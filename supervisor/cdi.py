@@ -37,12 +37,14 @@ from typing import Any
 import yaml
 
 from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
+from common.imex import ImexChannel, char_device_problem, select_channels
 from common.model import AllocatableDevice, ResourcePlan
 
 log = logging.getLogger("gpuvisor.cdi")
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 CDI_CLASS = "gpu"
+IMEX_CLASS = "imex-channel"
 # 0.5.0 is the first CDI version with `hostPath` on device nodes, which a dev root needs.
 CDI_VERSION = "0.5.0"
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
@@ -144,6 +146,32 @@ def build_spec(
         "kind": f"{CDI_VENDOR}/{CDI_CLASS}",
         "devices": [{"name": name, "containerEdits": {"deviceNodes": nodes}} for name, nodes in devices.items()],
         "containerEdits": edits,
+    }
+
+
+def build_imex_spec(
+    plans: Mapping[str, ResourcePlan], problem: Callable[[str], str | None] = char_device_problem
+) -> dict[str, Any] | None:
+    """The `imex-channel` CDI spec NVIDIA writes beside the GPU one (internal/cdi/imex.go): one
+    device per configured channel whose node exists (common.imex), named by its ID, with its node.
+    None when no CDI plan has an IMEX channel: Allocate then names no imex-channel device."""
+    wanted = [p for p in plans.values() if CDI_STRATEGIES.intersection(p.allocate.device_list_strategies)]
+    channels: dict[str, ImexChannel] = {}
+    for plan in wanted:
+        settings = plan.allocate
+        for channel in select_channels(settings.imex_channel_ids, settings.dev_root, False, problem):
+            channels.setdefault(channel.id, channel)
+    if not channels:
+        return None
+    dev_root = wanted[0].allocate.dev_root
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": f"{CDI_VENDOR}/{IMEX_CLASS}",
+        "devices": [
+            # As NVIDIA's: path and host path only (the CDI default permissions).
+            {"name": c.id, "containerEdits": {"deviceNodes": [{"path": c.path, "hostPath": host_path(dev_root, c.path)}]}}
+            for c in channels.values()
+        ],
     }
 
 
@@ -300,15 +328,15 @@ def validate_spec(spec: object, source: str = "CDI spec") -> None:
 # --- files ----------------------------------------------------------------------------------------
 
 
-def spec_basename() -> str:
-    return f"{CDI_VENDOR}-{CDI_CLASS}"
+def spec_basename(cdi_class: str = CDI_CLASS) -> str:
+    return f"{CDI_VENDOR}-{cdi_class}"
 
 
-def spec_path(spec_dir: str, fmt: str = "json") -> str:
-    """Where our spec lives: `<dir>/k8s.device-plugin.nvidia.com-gpu.<json|yaml>`."""
+def spec_path(spec_dir: str, fmt: str = "json", cdi_class: str = CDI_CLASS) -> str:
+    """Where our spec of a class lives: `<dir>/k8s.device-plugin.nvidia.com-<class>.<json|yaml>`."""
     if fmt not in FORMATS:
         raise CdiError(f"unknown CDI spec format {fmt!r}: use json or yaml")
-    return os.path.join(spec_dir, f"{spec_basename()}.{fmt}")
+    return os.path.join(spec_dir, f"{spec_basename(cdi_class)}.{fmt}")
 
 
 def render_spec(spec: Mapping[str, Any], fmt: str) -> str:
@@ -317,19 +345,19 @@ def render_spec(spec: Mapping[str, Any], fmt: str) -> str:
     return json.dumps(spec, indent=2) + "\n"
 
 
-def _install(tmp: str, final: str, spec_dir: str, fmt: str) -> None:
+def _install(tmp: str, final: str, spec_dir: str, fmt: str, cdi_class: str) -> None:
     os.chmod(tmp, 0o644)
     os.replace(tmp, final)
     # Two files of one kind make the runtime refuse the kind: drop ours in the other format.
     for other in FORMATS:
         if other != fmt:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(spec_path(spec_dir, other))
+                os.unlink(spec_path(spec_dir, other, cdi_class))
 
 
-def _temp_in(spec_dir: str) -> str:
+def _temp_in(spec_dir: str, cdi_class: str) -> str:
     # A dot name: the CDI registry only reads *.json / *.yaml, so a half-written file is never loaded.
-    fd, tmp = tempfile.mkstemp(prefix=f".{spec_basename()}.", suffix=".tmp", dir=spec_dir)
+    fd, tmp = tempfile.mkstemp(prefix=f".{spec_basename(cdi_class)}.", suffix=".tmp", dir=spec_dir)
     os.close(fd)
     return tmp
 
@@ -344,19 +372,21 @@ def _make_dir(spec_dir: str) -> None:
 def write_spec(spec: Mapping[str, Any], spec_dir: str, fmt: str = "json") -> str:
     """Validate and write `spec` atomically (temp file in the same dir, fsync, rename; mode 0644).
 
-    Returns the path. A reader sees the old file or the new one, never a partial one.
+    Returns the path, named by the spec's class. A reader sees the old file or the new one, never
+    a partial one.
     """
     validate_spec(spec)
-    final = spec_path(spec_dir, fmt)
+    cdi_class = str(spec["kind"]).partition("/")[2] or CDI_CLASS
+    final = spec_path(spec_dir, fmt, cdi_class)
     _make_dir(spec_dir)
     text = render_spec(spec, fmt)
-    tmp = _temp_in(spec_dir)
+    tmp = _temp_in(spec_dir, cdi_class)
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        _install(tmp, final, spec_dir, fmt)
+        _install(tmp, final, spec_dir, fmt, cdi_class)
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -433,7 +463,7 @@ def generate_with_nvidia_ctk(
         if missing:
             raise CdiError(f"the CDI spec from {ctk} lacks device(s) {', '.join(missing)} that Allocate hands out")
         try:
-            _install(tmp, final, spec_dir, fmt)
+            _install(tmp, final, spec_dir, fmt, CDI_CLASS)
         except OSError as exc:
             raise CdiError(f"cannot write the CDI spec {final}: {exc.strerror or exc}") from None
     finally:
@@ -474,6 +504,7 @@ class CdiSpecWriter:
         self._exists = exists
         self._minors_reader = minors_reader
         self.last_text: str | None = None  # what we last wrote ourselves (to skip identical rewrites)
+        self.imex_text: str | None = None  # likewise for the imex-channel spec
         self.source = ""  # "gpuvisor" or "nvidia-ctk": who wrote the current file
 
     def sync(self, plans: Mapping[str, ResourcePlan]) -> str | None:
@@ -484,6 +515,7 @@ class CdiSpecWriter:
         """
         if not cdi_needed(plans):
             return None
+        self._sync_imex(plans)
         first = next(p for p in plans.values() if CDI_STRATEGIES.intersection(p.allocate.device_list_strategies))
         if self.use_nvidia_ctk:
             ctk = find_nvidia_ctk(first.allocate.nvidia_ctk_path)
@@ -518,6 +550,19 @@ class CdiSpecWriter:
         self.source, self.last_text = "gpuvisor", text
         log.info("CDI spec written: %s (%d device(s))", path, len(spec["devices"]))
         return path
+
+
+    def _sync_imex(self, plans: Mapping[str, ResourcePlan]) -> None:
+        """The imex-channel spec, when a CDI plan injects IMEX channels (ours whatever writes the GPU one)."""
+        spec = build_imex_spec(plans)
+        if spec is None:
+            return
+        text = render_spec(spec, self.fmt)
+        if text == self.imex_text and os.path.exists(spec_path(self.spec_dir, self.fmt, IMEX_CLASS)):
+            return
+        path = write_spec(spec, self.spec_dir, self.fmt)
+        self.imex_text = text
+        log.info("CDI spec written: %s (%d IMEX channel(s))", path, len(spec["devices"]))
 
 
 def cdi_names(plans: Mapping[str, ResourcePlan]) -> Sequence[str]:

@@ -453,3 +453,20 @@ def test_own_spec_is_deep_copy_safe(tmp_path: Path) -> None:
     second = copy.deepcopy(first)
     first["devices"].clear()
     assert cdi.build_spec(plans) == second
+
+
+def test_imex_channels_get_their_own_cdi_spec_as_nvidia_writes_it(tmp_path: Path) -> None:
+    """With CDI and an IMEX channel whose node exists, an imex-channel spec names it by its ID with
+    its device node (NVIDIA internal/cdi/imex.go), so Allocate's imex-channel=0 name resolves."""
+    config = config_from_data(
+        {"version": "v1", "flags": {"plugin": {"deviceListStrategy": ["cdi-cri"]}}, "imex": {"channelIDs": [0]}}
+    )
+    plans = plan_resources(nodes.pcie_l4(), config)
+    spec = cdi.build_imex_spec(plans, problem=lambda path: None)
+    assert spec is not None and spec["kind"] == "k8s.device-plugin.nvidia.com/imex-channel"
+    assert spec["devices"] == [
+        {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia-caps-imex-channels/channel0", "hostPath": "/dev/nvidia-caps-imex-channels/channel0"}]}}
+    ]
+    path = cdi.write_spec(spec, str(tmp_path))
+    assert path.endswith("k8s.device-plugin.nvidia.com-imex-channel.json")
+    assert cdi.build_imex_spec(plans, problem=lambda path: f"{path} does not exist") is None  # missing: none

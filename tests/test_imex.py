@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from common.config import config_from_data
+from common.imex import ImexChannel, ImexChannelMissing, char_device_problem, select_channels
 from common.model import ResourcePlan
 from common.planning import plan_resources
 from tests import nodes
 from tests.helpers import REPO
 from worker.allocate import AllocationError, Allocator, DeviceSpec, Mount
-from worker.imex import ImexChannel, ImexChannelMissing, char_device_problem, select_channels
 
 CHANNEL0 = "/dev/nvidia-caps-imex-channels/channel0"
 BARE_CHANNEL0_EXISTS = os.path.exists(CHANNEL0)

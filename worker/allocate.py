@@ -20,7 +20,7 @@ order of the steps follows NVIDIA's `getAllocateResponse`:
    protobuf default NVIDIA leaves in place);
 7. `pass_device_specs`: `rw` device nodes.
 
-IMEX channels are those of the plan whose device node exists (worker.imex, as NVIDIA's
+IMEX channels are those of the plan whose device node exists (common.imex, as NVIDIA's
 GetChannels): a missing one is left out with a warning, or, when `imex.required` is set, the
 Allocator cannot be built (the worker's start fails; after a plan update, Allocate is refused).
 
@@ -45,8 +45,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
+from common.imex import ImexChannelMissing, char_device_problem, select_channels
 from common.model import AllocatableDevice, ResourcePlan
-from worker.imex import ImexChannelMissing, char_device_problem, select_channels
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from common import logs
+from common.imex import ImexChannelMissing
 from common.messages import (
     DeviceHealth,
     HealthBeacon,
@@ -49,7 +50,6 @@ from common.messages import (
 from common.model import ResourcePlan
 from common.procutil import Mailbox, set_parent_death_signal
 from worker.healthcopy import ApplyOutcome, ApplyResult, HealthApplier
-from worker.imex import ImexChannelMissing
 from worker.registration import SOCKET_CHECK_S, Registrar, RegState
 from worker.server import DeviceBook, Health, PluginService
 from worker.stats import Stats

@@ -1,12 +1,12 @@
-"""Which configured IMEX channels a worker injects: those whose device node exists.
+"""Which configured IMEX channels are injected: those whose device node exists.
 
 NVIDIA v0.20.0 (`internal/imex/imex.go` GetChannels) looks for each configured channel's node,
 `/dev/nvidia-caps-imex-channels/channel<N>`, when its plugins start: a channel whose node is
 missing (or is not a character device) is skipped with a warning, unless `imex.required` is set,
 in which case the start fails. It checks the node under its device root and at the bare path.
 gpuvisor does the same when a worker builds its Allocate tables (at start and when its plan
-changes): under the dev root first, then the bare path, so the DaemonSet's view of /dev and a
-host install both find it.
+changes), and when the supervisor writes the imex-channel CDI spec: under the dev root first,
+then the bare path, so the DaemonSet's view of /dev and a host install both find it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from common.devnodes import host_path
 
-log = logging.getLogger("gpuvisor.worker")
+log = logging.getLogger("gpuvisor.imex")
 
 IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
 
