@@ -259,6 +259,7 @@ class Chaos:
         if kind in ("worker-kill", "worker-hang"):
             w = self.rng.choice(workers)
             os.kill(int(w["pid"]), signal.SIGKILL if kind == "worker-kill" else signal.SIGSTOP)
+            self._await_replaced(str(w["resource"]), int(w["pid"]))
             return f"{w['resource']} pid {w['pid']}"
         if kind == "supervisor-kill":
             pids = [node.proc.pid] + [p.pid for p in node.workers()]
@@ -321,6 +322,7 @@ class Chaos:
             for i in range(kills):
                 pid = self._worker_pid(str(w["resource"]))
                 os.kill(pid, signal.SIGKILL)
+                self._await_replaced(str(w["resource"]), pid)
                 if i < kills - 1:
                     self.check(time.monotonic() + self.deadline)  # back, then killed again at once
             return f"{w['resource']}: {kills} kills, each right after its recovery"
@@ -328,6 +330,7 @@ class Chaos:
             w = self.rng.choice(workers)
             self._plant_strays(str(w["resource"]), str(w.get("socket") or ""))
             os.kill(int(w["pid"]), signal.SIGKILL)
+            self._await_replaced(str(w["resource"]), int(w["pid"]))
             return f"{w['resource']}: a dir, a file and a symlink named like its sockets, then SIGKILL"
         if kind == "reload-full":
             return self._reload_full()
@@ -337,6 +340,15 @@ class Chaos:
             self._sim("mig", gpu=gpu, layout=layout)
             return f"GPU {gpu} -> {','.join(layout)}"
         raise ValueError(kind)
+
+    def _await_replaced(self, resource: str, pid: int) -> None:
+        """Until the supervisor no longer shows `pid` for `resource` (it noticed the fault): the
+        invariants checked before that would only see the state from before the fault."""
+        deadline = time.monotonic() + self.deadline
+        while any(w["resource"] == resource and w.get("pid") == pid for w in self.status()["workers"]):
+            if time.monotonic() > deadline:
+                raise Violation(f"{resource}: the supervisor still shows pid {pid} as its worker")
+            time.sleep(0.01)
 
     def _worker_pid(self, resource: str) -> int:
         for w in self.status()["workers"]:
@@ -386,7 +398,7 @@ class Chaos:
                 if time.monotonic() > deadline:
                     raise Violation("a reload into a full run dir did not become pending")
                 time.sleep(0.02)
-            self._invariants()  # the running config still serves every resource
+            self.check(deadline)  # the running config still serves every resource
         finally:
             os.unlink(filler)
         while (self.status().get("reconcile") or {}).get("pending"):  # room again: it applies by itself
