@@ -214,6 +214,7 @@ class Nvml:
         self.module = module
         self._sysfs = None if sysfs_root is None else Path(sysfs_root)
         self._initialized = False
+        self._lost: set[int] = set()  # GPU indexes discovery already reported lost (said once)
 
     # ------------------------------------------------------------ calls
 
@@ -271,7 +272,11 @@ class Nvml:
             except NvmlCallError as exc:
                 if not exc.gpu_lost:
                     raise
-                log.warning("GPU %d is lost; leaving it out of discovery", i, extra={"device": str(i)})
+                level = logging.DEBUG if i in self._lost else logging.WARNING  # once, not every rediscovery
+                log.log(level, "GPU %d is lost; leaving it out of discovery", i, extra={"device": str(i)})
+                self._lost.add(i)
+                continue
+            self._lost.discard(i)
         return Node(
             gpus=tuple(gpus),
             links=self._links(gpus, handles),

@@ -112,6 +112,7 @@ class NvmlLink:
         on_error: Callable[[str, int], None] | None = None,
     ) -> None:
         self.module, self.simulator = open_nvml(config, dict(os.environ) if environ is None else environ)
+        self.nvml = Nvml(self.module)  # one for the process's life: it remembers what it reported
         self.on_error = on_error or (lambda function, code: None)
         self.up = False
         self.error = ""
@@ -120,7 +121,7 @@ class NvmlLink:
         self.kept_gpus: tuple[str, ...] = ()
 
     def discover(self) -> Node:
-        return Nvml(self.module).discover()
+        return self.nvml.discover()
 
     def attempt(self, fail_on_init_error: bool) -> tuple[Node | None, float]:
         """One try at NVML init and first discovery: (the node, 0) or (None, seconds to the next try).
@@ -129,7 +130,7 @@ class NvmlLink:
         """
         self.attempts += 1
         try:
-            Nvml(self.module).init()
+            self.nvml.init()
             node = self.discover()
         except Exception as exc:  # any NVML failure at start: the message says what to check
             if isinstance(exc, NvmlCallError):

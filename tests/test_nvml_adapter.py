@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -455,3 +456,22 @@ def test_real_nvml() -> None:
             watch.wait(10)
     finally:
         nvml.shutdown()
+
+
+def test_a_lost_gpu_is_reported_once_not_at_every_rediscovery(caplog: pytest.LogCaptureFixture) -> None:
+    """Discovery leaves a lost GPU out with one warning; later rediscoveries say nothing more, and
+    after it came back and was lost again, it is said again."""
+    sim = load_simulator("pcie-l4")
+    nvml = Nvml(sim)
+    nvml.init()
+    lost = nvml.discover().gpus[1].uuid
+    sim.lose(lost)
+    with caplog.at_level(logging.WARNING, logger="common.nvml"):
+        for _ in range(3):
+            assert len(nvml.discover().gpus) == 3
+        assert sum("is lost" in r.getMessage() for r in caplog.records) == 1
+        sim.restore(lost)
+        assert len(nvml.discover().gpus) == 4
+        sim.lose(lost)
+        nvml.discover()
+        assert sum("is lost" in r.getMessage() for r in caplog.records) == 2
