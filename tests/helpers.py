@@ -57,3 +57,25 @@ def gone(pids: list[int]) -> bool:
         except psutil.NoSuchProcess:
             continue
     return True
+
+
+def plant_stray(path: str, kind: str, target: str) -> None:
+    """A non-socket entry at `path`, named like a socket: a "dir", a regular "file", or a "link" to `target`."""
+    if kind == "dir":
+        os.mkdir(path)
+    elif kind == "file":
+        with open(path, "w") as fh:
+            fh.write("not a socket")
+    else:
+        os.symlink(target, path)
+
+
+def fill_filesystem(directory: str) -> str:
+    """Fill the filesystem of `directory` to the last byte; returns the filler file's path."""
+    import contextlib
+
+    path = os.path.join(directory, "filler")
+    with open(path, "wb", buffering=0) as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(b"\0" * 65536)
+    return path

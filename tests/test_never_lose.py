@@ -3,7 +3,6 @@ stand-in: kill storms, a worker that cannot start for a while, stray entries in 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -19,7 +18,7 @@ import zmq
 from common.messages import Heartbeat, Hello, Shutdown, StatusReport, decode, encode
 from tests.benchmarks.bench_killstorm import storm
 from tests.harness import ExtraStreams, SimNode
-from tests.helpers import wait_until
+from tests.helpers import fill_filesystem, plant_stray, wait_until
 
 GPU = "nvidia.com/gpu"
 
@@ -109,14 +108,7 @@ def test_stray_entries_named_like_worker_sockets_survive_and_the_supervisor_too(
             "gpuvisor-gpu-0badc0de.sock": "dir",
         }
         for name, kind in strays.items():
-            path = os.path.join(node.plugin_dir, name)
-            if kind == "dir":
-                os.mkdir(path)
-            elif kind == "file":
-                with open(path, "w") as fh:
-                    fh.write("not a socket")
-            else:
-                os.symlink(target, path)
+            plant_stray(os.path.join(node.plugin_dir, name), kind, target)
         for _ in range(2):
             before = node.kubelet.endpoint_socket(GPU)
             os.kill(node.worker_pid(GPU), signal.SIGKILL)
@@ -176,16 +168,6 @@ def small_tmpfs(path: str, size: str = "256k") -> Iterator[None]:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # the node's temp dir, left for the mount
 
 
-def fill(directory: str) -> str:
-    """Fill the filesystem of `directory` to the last byte; returns the filler's path."""
-    path = os.path.join(directory, "filler")
-    with open(path, "wb", buffering=0) as fh, contextlib.suppress(OSError):
-        while True:
-            fh.write(b"\0" * 4096)
-            fh.flush()
-    return path
-
-
 def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there_is_room() -> None:
     """SIGHUP while the run dir is full: the running plan keeps serving, status and metrics show
     the pending reload and why, and it is applied by itself once space is freed."""
@@ -196,7 +178,7 @@ def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there
     node.args += ["--config-file", config]
     with small_tmpfs(node.run_dir), node:
         node.wait_listed([GPU])
-        filler = fill(node.run_dir)
+        filler = fill_filesystem(node.run_dir)
         with open(config, "w") as fh:
             fh.write("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n")
         assert node.proc is not None

@@ -24,7 +24,6 @@ prints the command that does.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -43,7 +42,7 @@ import psutil
 
 from common.kubelet_standin import KubeletStandin
 from tests.harness import SimNode
-from tests.helpers import sockets_in
+from tests.helpers import fill_filesystem, plant_stray, sockets_in
 
 # Relative weights: health faults are cheap and common, process kills less so.
 WEIGHTS = {
@@ -370,23 +369,13 @@ class Chaos:
             n += 1
             if os.path.lexists(path):
                 continue
-            if kind == "dir":
-                os.mkdir(path)
-            elif kind == "file":
-                with open(path, "w") as fh:
-                    fh.write("not a socket")
-            else:
-                os.symlink(target, path)
+            plant_stray(path, kind, target)
             self.strays.append(path)
 
     def _reload_full(self) -> str:
         node = self.node
         assert node is not None and node.proc is not None
-        filler = os.path.join(node.run_dir, "filler")
-        with open(filler, "wb", buffering=0) as fh, contextlib.suppress(OSError):
-            while True:
-                fh.write(b"\0" * 65536)
-                fh.flush()
+        filler = fill_filesystem(node.run_dir)
         try:
             with open(self.config_path) as fh:
                 current = fh.read()
