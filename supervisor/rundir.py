@@ -19,15 +19,16 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Mapping
 
 import psutil
 
-from common.model import ResourcePlan
 from common.procutil import unix_socket_listening
 
 log = logging.getLogger("gpuvisor.supervisor")
 
 SOCKET_PREFIX = "gpuvisor-"
+TEMP_PREFIX = ".gv-"  # temp files of atomic writes: `.gv-<name>.<pid>.tmp`
 UNIX_PATH_MAX = 107  # bytes of a unix socket path, without the trailing NUL
 RECORD_MAX_BYTES = 1 << 20  # the socket record of an earlier life: more is not ours
 TAG = re.compile(r"[0-9a-f]{6}")
@@ -94,17 +95,33 @@ class RunDir:
             for path in (self.control_path, self.health_path):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+            for directory in (self.path, self.plans_dir):  # what a killed supervisor was writing
+                remove_temp_files(directory)
         except OSError as exc:
             raise RunDirError(f"cannot prepare {exc.filename or self.path}: {exc.strerror}") from None
 
     def plan_path(self, resource: str) -> str:
         return os.path.join(self.plans_dir, f"{resource.replace('/', '_')}.json")
 
-    def write_plan(self, plan: ResourcePlan, text: str | None = None) -> str:
-        """Write a worker's plan file atomically; returns its path. Raises OSError."""
-        path = self.plan_path(plan.resource)
-        write_atomic(path, plan.to_json() if text is None else text)
-        return path
+    def write_plans(self, texts: Mapping[str, str]) -> None:
+        """Write these plan files (resource -> plan JSON), all or none. Raises OSError.
+
+        Every file is written to a temp file beside it and fsync'd first; only when all of them
+        exist are they renamed into place (a rename needs no space). So a full or read-only run
+        dir leaves every plan file as it was: a worker that restarts meanwhile reads the plan
+        that is running, never half of a refused reload.
+        """
+        staged: list[tuple[str, str]] = []
+        try:
+            for resource, text in texts.items():
+                path = self.plan_path(resource)
+                staged.append((stage_atomic(path, text), path))
+            for tmp, path in staged:
+                os.replace(tmp, path)
+        finally:
+            for tmp, _path in staged:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
 
     def secure_sockets(self) -> None:
         """Only the supervisor's user may talk to the control and health sockets."""
@@ -140,14 +157,15 @@ def trusted_dir(path: str) -> None:
         os.chmod(path, 0o700)
 
 
-def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
-    """Replace `path` with `text`: temp file beside it, fsync, rename. Raises OSError.
+def stage_atomic(path: str, text: str, mode: int = 0o600) -> str:
+    """Write `text` to a temp file beside `path`, fsync'd; returns the temp file (rename it into
+    place, or unlink it). Raises OSError, leaving no temp file.
 
     The temp file is created exclusively and never through a symlink; the rename replaces a
     symlink at `path` itself rather than writing where it points.
     """
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    tmp = os.path.join(directory, f"{TEMP_PREFIX}{os.path.basename(path)}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # a leftover of a crash of this very pid number
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
@@ -156,11 +174,34 @@ def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
+    """Replace `path` with `text`: temp file beside it, fsync, rename. Raises OSError."""
+    tmp = stage_atomic(path, text, mode)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def remove_temp_files(directory: str) -> list[str]:
+    """Temp files a killed supervisor left in `directory` (ours by name, regular files): removed."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if entry.name.startswith(TEMP_PREFIX) and entry.name.endswith(".tmp") and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    removed.append(entry.name)
+    return removed
 
 
 class WorkerSockets:

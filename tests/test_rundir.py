@@ -194,3 +194,31 @@ def test_a_long_resource_name_cut_short_by_the_worker_is_still_recognised(tmp_pa
         ws = sockets(Path(short), tmp_path)
         ws.add(resource, "abcdef")
         assert ws.sweep(resource, "abcdef") == [name]
+
+
+def test_plans_are_written_all_or_none(tmp_path: Path) -> None:
+    """When one plan cannot be written, none is: every file keeps the plan that was running, and
+    no temp file is left (a worker restarting meanwhile never reads half of a refused reload)."""
+    rd = RunDir(str(tmp_path / "r"))
+    rd.prepare()
+    rd.write_plans({"nvidia.com/gpu": "old-a", "nvidia.com/mig-1g.10gb": "old-b"})
+    blocker = os.path.join(rd.plans_dir, f".gv-nvidia.com_mig-1g.10gb.json.{os.getpid()}.tmp")
+    os.mkdir(blocker)  # the second temp file cannot be made
+    with pytest.raises(OSError):
+        rd.write_plans({"nvidia.com/gpu": "new-a", "nvidia.com/mig-1g.10gb": "new-b"})
+    assert Path(rd.plan_path("nvidia.com/gpu")).read_text() == "old-a"
+    assert Path(rd.plan_path("nvidia.com/mig-1g.10gb")).read_text() == "old-b"
+    assert sorted(os.listdir(rd.plans_dir)) == sorted(["nvidia.com_gpu.json", "nvidia.com_mig-1g.10gb.json", os.path.basename(blocker)])
+    os.rmdir(blocker)
+    rd.write_plans({"nvidia.com/gpu": "new-a", "nvidia.com/mig-1g.10gb": "new-b"})
+    assert Path(rd.plan_path("nvidia.com/mig-1g.10gb")).read_text() == "new-b"
+
+
+def test_prepare_removes_temp_files_a_killed_supervisor_left(tmp_path: Path) -> None:
+    """Temp files of an interrupted atomic write are removed at the next start; other files stay."""
+    rd = RunDir(str(tmp_path / "r"))
+    rd.prepare()
+    for name in (".gv-nvidia.com_gpu.json.123.tmp", "nvidia.com_gpu.json", "notes.tmp"):
+        Path(rd.plans_dir, name).write_text("x")
+    rd.prepare()
+    assert sorted(os.listdir(rd.plans_dir)) == ["notes.tmp", "nvidia.com_gpu.json"]
