@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -35,7 +35,7 @@ import zmq
 
 from common.config import Config
 from common.messages import Command, Json, PlanUpdate, Reply
-from common.model import Node, ResourcePlan
+from common.model import Node
 from common.planning import PlanningError, plan_resources
 from common.procutil import Mailbox
 from supervisor import status
@@ -117,7 +117,13 @@ class Supervisor:
         self.cdi = CdiSync(config, self.timers)
         self.labels = NodeLabels(self.nvml.module, self.nvml.simulator is not None, self.timers)
         self.reconciler = Reconciler(
-            self.rundir, self.workers, self._tell_plan, self, self.timers, self.metrics.set_pending_reload
+            self.rundir,
+            self.workers,
+            self._tell_plan,
+            self,
+            self.timers,
+            self.metrics.set_pending_reload,
+            self.metrics.housekeeping_error,
         )
         self.events = WorkerEvents(
             self.workers, self.metrics, self.hub, self.reconciler, self.clock, self._command
@@ -149,6 +155,8 @@ class Supervisor:
             self._adopt_config,
         )
         self._was_ready = False
+        self._brought_up = False  # health and MPS started for the first plans
+        self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
 
     @property
     def simulator(self) -> Simulator | None:
@@ -175,6 +183,8 @@ class Supervisor:
                 self.turn()
         finally:
             self.shutdown()
+        if self.exit_error is not None:
+            raise self.exit_error
         return 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -322,7 +332,7 @@ class Supervisor:
     def try_nvml(self) -> None:
         node, delay = self.nvml.attempt(self.config.fail_on_init_error)
         if node is None:
-            self.timers.call_later("nvml-retry", delay, self.try_nvml)
+            self.timers.call_later("nvml-retry", delay, self._retry_nvml)
             return
         try:
             plans = plan_resources(node, self.config)
@@ -337,9 +347,18 @@ class Supervisor:
         self.reconciler.want(Desired(self.config, node, plans, "start"))
         self.replan.schedule_rediscovery(self.config)
 
-    def adopt(self, desired: Desired, old_plans: Mapping[str, ResourcePlan]) -> None:
+    def _retry_nvml(self) -> None:
+        """A later try: NVML may come up to a config that cannot be planned. That ends the process
+        as it would at start (exit 78), rather than leaving it up with nothing planned."""
+        try:
+            self.try_nvml()
+        except StartupError as exc:
+            self.exit_error = exc
+            self.stopping = True
+
+    def adopt(self, desired: Desired) -> None:
         """ReconcileHooks: the plan files are written; config, health, CDI and MPS follow first."""
-        first = self.hub.book is None
+        first = not self._brought_up
         self._adopt_config(desired.config)
         if desired.node != self.node:
             self.node = desired.node
@@ -349,6 +368,7 @@ class Supervisor:
                 self.nvml.module, desired.node, desired.plans, self.mailbox.post, self.config.probe_interval
             )
             self.mps.start(desired.plans)
+            self._brought_up = True
         else:
             self.hub.set_plans(desired.plans)
         self.cdi.sync(desired.plans)  # before the workers: none may hand out a CDI name the spec lacks

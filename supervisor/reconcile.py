@@ -20,7 +20,6 @@ refusal is kept for status until a valid config arrives.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ log = logging.getLogger("gpuvisor.supervisor")
 RETRY_START_S = 0.5
 RETRY_MAX_S = 30.0
 TIMER = "pending-reload"
+ADOPT_TIMER = "adopt-retry"
 
 
 class ActionKind(Enum):
@@ -90,11 +90,13 @@ class PlanFiles(Protocol):
 
     def plan_path(self, resource: str) -> str: ...
 
-    def write_plan(self, plan: ResourcePlan, text: str | None = None) -> str: ...
+    def write_plans(self, texts: Mapping[str, str]) -> None:
+        """resource -> plan JSON, all or none; raises OSError."""
+        ...
 
 
 class ReconcileHooks(Protocol):
-    def adopt(self, desired: Desired, old_plans: Mapping[str, ResourcePlan]) -> None:
+    def adopt(self, desired: Desired) -> None:
         """The plan files are written: bring config, health, CDI and MPS in step, before workers."""
         ...
 
@@ -108,6 +110,7 @@ class Reconciler:
         hooks: ReconcileHooks,
         timers: Scheduler,
         on_pending: Callable[[bool], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.rundir = rundir
         self.workers = workers
@@ -115,6 +118,7 @@ class Reconciler:
         self.hooks = hooks
         self.timers = timers
         self.on_pending = on_pending or (lambda pending: None)
+        self.on_error = on_error or (lambda step: None)
         self.plans: dict[str, ResourcePlan] = {}
         self.plan_json: dict[str, str] = {}
         self.worker_plan: dict[str, str] = {}  # resource -> plan JSON its current worker has
@@ -123,8 +127,8 @@ class Reconciler:
         self.pending_since = 0.0
         self.refusal = ""  # the last refused config, until a valid one arrives
         self.refused = 0
-        self.applied = 0
         self.backoff = Backoff(RETRY_START_S, RETRY_MAX_S, jitter=0.2)
+        self.adopt_backoff = Backoff(RETRY_START_S, RETRY_MAX_S, jitter=0.2)
 
     # ------------------------------------------------------------------ desired state
     def want(self, desired: Desired) -> bool:
@@ -176,17 +180,10 @@ class Reconciler:
 
     # ------------------------------------------------------------------ internals
     def _write(self, resources: list[str], desired: Desired) -> str:
-        """Write these plan files; on a failure put back what was written and say why."""
-        written: list[str] = []
+        """Write these plan files, all or none; why not, or "" when written."""
         try:
-            for resource in resources:
-                self.rundir.write_plan(desired.plans[resource], desired.plan_json[resource])
-                written.append(resource)
+            self.rundir.write_plans({r: desired.plan_json[r] for r in resources})
         except OSError as exc:
-            for resource in written:  # best effort: a restarting worker must read the running plan
-                if resource in self.plans:
-                    with contextlib.suppress(OSError):
-                        self.rundir.write_plan(self.plans[resource], self.plan_json[resource])
             return f"cannot write {exc.filename or self.rundir.plans_dir}: {exc.strerror or exc}"
         return ""
 
@@ -209,10 +206,32 @@ class Reconciler:
         old = self.plans
         self.plans = dict(desired.plans)
         self.plan_json = dict(desired.plan_json)
-        self.applied += 1
-        self.hooks.adopt(desired, old)
+        try:
+            self._adopt(desired)
+        finally:  # the workers follow the written plans whatever became of the rest
+            self._act(desired, actions, quiet=not old)
+
+    def _adopt(self, desired: Desired) -> None:
+        """The hooks, retried with the backoff until they go through (a thread that could not
+        start, a spec dir that failed): a supervisor half in step is never left that way."""
+        self.timers.cancel(ADOPT_TIMER)
+        try:
+            self.hooks.adopt(desired)
+        except Exception:
+            delay = self.adopt_backoff.next()
+            log.exception("%s: bringing the supervisor in step with the new plans failed; retrying in %.1fs", desired.trigger, delay)
+            self.on_error("adopt")
+            self.timers.call_later(ADOPT_TIMER, delay, lambda: self._readopt(desired))
+            return
+        self.adopt_backoff.reset()
+
+    def _readopt(self, desired: Desired) -> None:
+        if self.plan_json == desired.plan_json:  # else a newer state was applied (and adopted) since
+            self._adopt(desired)
+
+    def _act(self, desired: Desired, actions: list[Action], quiet: bool) -> None:
+        """Start, update in place and stop workers (`quiet`: the first plans, named elsewhere)."""
         now = self.timers.clock.monotonic()
-        quiet = not old  # the first plans: the supervisor's "discovered ..." line names them
         for action in actions:
             resource, plan = action.resource, self.plans.get(action.resource)
             if action.kind is ActionKind.STOP:

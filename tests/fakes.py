@@ -79,13 +79,12 @@ class FakeRunDir:
     def plan_path(self, resource: str) -> str:
         return f"{self.plans_dir}/{resource.replace('/', '_')}.json"
 
-    def write_plan(self, plan: ResourcePlan, text: str | None = None) -> str:
+    def write_plans(self, texts: Mapping[str, str]) -> None:
         if self.broken:
-            raise OSError(28, "No space left on device", self.plan_path(plan.resource))
-        self.writes += 1
-        path = self.plan_path(plan.resource)
-        self.files[path] = plan.to_json() if text is None else text
-        return path
+            raise OSError(28, "No space left on device", self.plans_dir)
+        for resource, text in texts.items():
+            self.writes += 1
+            self.files[self.plan_path(resource)] = text
 
 
 def sim_config(profile: str = "pcie-l4", **env: str) -> Config:

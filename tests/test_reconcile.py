@@ -3,11 +3,9 @@ state with a fake run dir, real WorkerSet bookkeeping over fake processes, and a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from common.config import config_from_data
 from common.messages import PlanUpdate
-from common.model import Node, ResourcePlan
+from common.model import Node
 from common.planning import plan_resources
 from supervisor.reconcile import Action, ActionKind, Desired, Reconciler, plan_actions
 from supervisor.scheduler import Scheduler
@@ -33,10 +31,14 @@ def sliced(replicas: int, rename: bool = False) -> dict[str, object]:
 
 class Hooks:
     def __init__(self) -> None:
-        self.adopted: list[tuple[str, tuple[str, ...]]] = []
+        self.adopted: list[str] = []
+        self.fail = 0
 
-    def adopt(self, d: Desired, old_plans: Mapping[str, ResourcePlan]) -> None:
-        self.adopted.append((d.trigger, tuple(sorted(old_plans))))
+    def adopt(self, d: Desired) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("can't start new thread")
+        self.adopted.append(d.trigger)
 
 
 class Setup:
@@ -82,7 +84,7 @@ def test_the_first_desired_state_writes_plans_adopts_then_starts_workers() -> No
     s = Setup()
     assert s.rec.want(desired(nodes.pcie_l4(), trigger="start"))
     assert list(s.rundir.files) == [s.rundir.plan_path(GPU)]
-    assert s.hooks.adopted == [("start", ())]
+    assert s.hooks.adopted == ["start"]
     s.workers.tick(s.clock.now)
     assert s.workers.workers[GPU].state is WState.STARTING
     assert s.rec.pending is None and s.pending_flags == []
@@ -147,7 +149,7 @@ def test_a_newer_desired_state_replaces_a_pending_one() -> None:
     s.rec.want(desired(node, sliced(4), trigger="second"))
     s.rundir.broken = False
     assert s.rec.retry()
-    assert s.hooks.adopted[-1][0] == "second" and "::3" in s.rec.plan_json[GPU]
+    assert s.hooks.adopted[-1] == "second" and "::3" in s.rec.plan_json[GPU]
 
 
 def test_a_refusal_is_kept_for_status_until_cleared() -> None:
@@ -170,3 +172,18 @@ def test_a_worker_that_said_hello_late_catches_up_on_the_plan() -> None:
     s.rec.catch_up(GPU)
     s.rec.catch_up(GPU)  # only once: the worker has it now
     assert len(s.told) == 1
+
+
+def test_a_failed_adopt_still_starts_the_workers_and_is_retried() -> None:
+    """The hooks raising (a thread that cannot start) neither loses the new resource's worker nor
+    leaves the supervisor half in step: the workers follow the plans, and adopt is tried again."""
+    s = Setup()
+    s.hooks.fail = 1
+    errors: list[str] = []
+    s.rec.on_error = errors.append
+    assert s.rec.want(desired(nodes.pcie_l4(), trigger="start"))
+    s.workers.tick(s.clock.now)
+    assert s.workers.workers[GPU].state is WState.STARTING and s.hooks.adopted == [] and errors == ["adopt"]
+    s.clock.advance(60)
+    s.timers.run_due()
+    assert s.hooks.adopted == ["start"] and s.timers.when("adopt-retry") is None

@@ -49,7 +49,7 @@ class Setup:
             self.adopt_config,
         )
 
-    def adopt(self, desired: Desired, old_plans: object) -> None:
+    def adopt(self, desired: Desired) -> None:
         self.config, self.node = desired.config, desired.node
 
     def adopt_config(self, config: Config) -> None:

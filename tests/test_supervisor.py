@@ -245,6 +245,25 @@ def test_nvml_init_failure_without_fail_on_init_error_retries_not_ready() -> Non
         assert "Traceback" not in log
 
 
+def test_nvml_up_late_to_a_config_it_cannot_plan_exits_78() -> None:
+    """fail-on-init-error=false: when NVML comes up on a later try and the config cannot be planned
+    for the node found (too many devices for one ListAndWatch answer), the process exits 78 with the
+    one-line reason, as it would at start, instead of staying up with nothing advertised."""
+    config = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 10000\n"
+    with short_tmpdir() as tmp:
+        path = os.path.join(tmp, "config.yaml")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(config)
+        args = ["--simulate", "dgx-h100", "--fail-on-init-error=false", "--config-file", path]
+        result = run_supervisor(tmp, args, {"GPUVISOR_SIM_FAIL_INIT": "1"})
+        assert result.returncode == 78, result.stderr[-3000:]
+        assert "NVML could not be initialised" in result.stderr  # the first try did fail
+        last = result.stderr.strip().splitlines()[-1]
+        assert "resource nvidia.com/gpu would have 80000 devices" in last, last
+        assert "Traceback" not in result.stderr
+        assert sockets_in(os.path.join(tmp, "r")) == []
+
+
 YAML_BAD_REPLICAS = """version: v1
 sharing:
   timeSlicing:
