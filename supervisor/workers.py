@@ -341,6 +341,8 @@ class WorkerSet:
             if handle.proc is not None and now >= handle.stop_deadline:
                 with contextlib.suppress(ProcessLookupError):
                     handle.proc.send_signal(signal.SIGKILL)
+                # Not again on every turn: a process in uninterruptible sleep outlives SIGKILL.
+                handle.stop_deadline = now + max(1.0, self.policy.stop_timeout)
             return
         if not handle.wanted:
             return

@@ -47,13 +47,14 @@ class FakeProc:
     status: int | None = None
     signals: list[int] = field(default_factory=list)
     obeys_term: bool = True
+    killable: bool = True  # False: in uninterruptible sleep, SIGKILL does not end it yet
 
     def poll(self) -> int | None:
         return self.status
 
     def send_signal(self, sig: int) -> None:
         self.signals.append(sig)
-        if sig == signal.SIGKILL or (sig == signal.SIGTERM and self.obeys_term):
+        if (sig == signal.SIGKILL and self.killable) or (sig == signal.SIGTERM and self.obeys_term):
             self.status = -sig
 
 
@@ -362,6 +363,27 @@ def test_stop_terms_then_kills_after_the_timeout() -> None:
     ws.tick(100.0)
     assert len(spawner.procs) == 1
     assert handle.restart_causes == {}, "a requested stop is not a restart cause"
+
+
+def test_a_process_that_outlives_sigkill_is_killed_again_at_an_interval_not_every_turn() -> None:
+    """A stopping worker stuck in uninterruptible sleep keeps its STOPPING state; SIGKILL is sent
+    again at most once a second (stop_timeout, at least 1 s), not on every turn of the loop, and the
+    next tick wakes at that time rather than at once."""
+    ws, spawner, handle = make(Policy(stop_timeout=0.5))
+    run_until_running(ws, spawner, 0.0)
+    proc = spawner.last
+    proc.obeys_term = False
+    ws.unwant(R, 1.0)
+    proc.killable = False
+    for i in range(100):
+        ws.tick(1.6 + i * 0.01)  # a busy loop for one second
+    assert proc.signals.count(signal.SIGKILL) == 1 and st(handle) is S.STOPPING
+    assert min(ws.deadlines()) >= 2.5
+    ws.tick(2.7)
+    assert proc.signals.count(signal.SIGKILL) == 2
+    proc.status = -signal.SIGKILL
+    ws.tick(2.8)
+    assert st(handle) is S.STOPPED
 
 
 @pytest.mark.parametrize("state", [S.BACKOFF, S.FATAL])
