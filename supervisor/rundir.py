@@ -283,8 +283,14 @@ class WorkerSockets:
             for name in (n for n in names if self.made_by(n, resource, t)):
                 path = os.path.join(self.plugin_dir, name)
                 if self._removable(path):
-                    with contextlib.suppress(FileNotFoundError):
+                    try:
                         os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as exc:  # a read-only or vanished dir: kept, tried at the next sweep
+                        log.warning("could not remove dead socket %s: %s", path, exc)
+                        left = True
+                        continue
                     removed.append(name)
                 elif _is_socket(path):
                     left = True  # someone serves on it: not ours to take away

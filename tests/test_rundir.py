@@ -138,6 +138,27 @@ def test_a_record_that_is_not_ours_is_ignored(plugin_dir: Path, tmp_path: Path, 
     assert ws.sweep_all() == [] and os.listdir(plugin_dir) == ["gpuvisor-gpu-abcdef03.sock"]
 
 
+def test_a_socket_that_cannot_be_removed_keeps_its_tag_for_the_next_sweep(
+    plugin_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """unlink failing (a read-only plugin dir) is logged, not raised; the tag is kept, so a later
+    sweep removes the socket once it can."""
+    dead_socket(plugin_dir / "gpuvisor-gpu-a1b2c300.sock")
+    ws = sockets(plugin_dir, tmp_path)
+    ws.add("nvidia.com/gpu", "a1b2c3")
+    real_unlink = os.unlink
+
+    def refuse(path: Any, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError(30, "Read-only file system", str(path))
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    assert ws.sweep("nvidia.com/gpu") == []
+    assert ws.tags == {"nvidia.com/gpu": ["a1b2c3"]}
+    assert "could not remove dead socket" in caplog.text and "Read-only file system" in caplog.text
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert ws.sweep("nvidia.com/gpu") == ["gpuvisor-gpu-a1b2c300.sock"] and ws.tags == {}
+
+
 def test_a_record_that_cannot_be_written_never_stops_a_worker(plugin_dir: Path, tmp_path: Path) -> None:
     """The record write failing (no run dir) is remembered, not raised; memory keeps the tag."""
     ws = WorkerSockets(str(plugin_dir), str(tmp_path / "gone" / "sockets.json"))
