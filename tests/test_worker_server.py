@@ -95,12 +95,13 @@ def test_socket_names_are_fresh_and_carry_the_workers_tag() -> None:
 
 
 def test_streams_beyond_the_bound_are_refused_and_extras_ending_do_not_unregister(tmpdir_short: str) -> None:
-    """A server keeps 3 streams (the first is the kubelet's); a 4th gets RESOURCE_EXHAUSTED, and an
-    extra stream that ends does not count as the kubelet letting us go."""
+    """A server keeps 3 streams (the first after the offer is the kubelet's); a 4th gets
+    RESOURCE_EXHAUSTED, and an extra stream that ends does not count as the kubelet letting us go."""
     cancelled: list[PluginServer] = []
     service = PluginService(DeviceBook(gpu_plan()), on_stream_cancelled=cancelled.append)
     server = PluginServer(service, tmpdir_short)
     server.start()
+    server.offer()
     streams: list[Stream] = []
     try:
         for _ in range(MAX_STREAMS_PER_SERVER):
@@ -111,10 +112,47 @@ def test_streams_beyond_the_bound_are_refused_and_extras_ending_do_not_unregiste
         refused = extra.next()
         assert isinstance(refused, grpc.RpcError) and refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert service.streams_refused == 1 and server.streams == MAX_STREAMS_PER_SERVER
+        assert server.kubelet_streams == 1
         streams[1].close()
         assert wait_until(lambda: server.streams == MAX_STREAMS_PER_SERVER - 1, 10)
-        assert cancelled == [] and not server.cancelled
+        assert cancelled == [] and not server.cancelled and server.kubelet_streams == 1
         streams[0].close()
+        assert wait_until(lambda: cancelled == [server], 10)
+        assert server.kubelet_streams == 0
+    finally:
+        for stream in streams:
+            stream.close()
+        server.stop()
+
+
+def test_streams_that_race_ahead_of_the_kubelet_neither_lock_it_out_nor_pass_for_it(tmpdir_short: str) -> None:
+    """Streams opened on a fresh socket before the server is offered in a Register are extras: at
+    most MAX_STREAMS_PER_SERVER - 1 of them, they do not count as the kubelet's stream (no
+    had_stream, no readiness), and the kubelet's stream after the offer still gets in and is the
+    one whose end unregisters."""
+    cancelled: list[PluginServer] = []
+    service = PluginService(DeviceBook(gpu_plan()), on_stream_cancelled=cancelled.append)
+    server = PluginServer(service, tmpdir_short)
+    server.start()
+    streams: list[Stream] = []
+    try:
+        for _ in range(MAX_STREAMS_PER_SERVER - 1):
+            streams.append(Stream(server.path))
+            assert isinstance(streams[-1].next(), pb.ListAndWatchResponse)
+        squatter = Stream(server.path)
+        streams.append(squatter)
+        refused = squatter.next()
+        assert isinstance(refused, grpc.RpcError) and refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert not server.had_stream and server.kubelet_streams == 0
+        server.offer()
+        kubelet = Stream(server.path)
+        streams.append(kubelet)
+        assert isinstance(kubelet.next(), pb.ListAndWatchResponse)
+        assert server.had_stream and server.kubelet_streams == 1 and server.streams == MAX_STREAMS_PER_SERVER
+        streams[0].close()
+        assert wait_until(lambda: server.streams == MAX_STREAMS_PER_SERVER - 1, 10)
+        assert cancelled == []
+        kubelet.close()
         assert wait_until(lambda: cancelled == [server], 10)
     finally:
         for stream in streams:
@@ -204,6 +242,7 @@ def test_client_cancel_marks_server_and_calls_back(tmpdir_short: str) -> None:
     service = PluginService(DeviceBook(gpu_plan()), on_stream_cancelled=cancelled.append)
     server = PluginServer(service, tmpdir_short)
     server.start()
+    server.offer()
     try:
         stream = Stream(server.path)
         assert isinstance(stream.next(), pb.ListAndWatchResponse)

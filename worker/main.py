@@ -335,7 +335,7 @@ class Worker:
         # the last ones it got); an idle worker's heartbeat stays a few dozen bytes.
         # The kubelet's streams on the live server: what the supervisor's readiness waits for.
         stats = self.stats.snapshot(
-            streams=server.streams if server is not None else 0,
+            streams=server.kubelet_streams if server is not None else 0,
             streams_refused=self.service.streams_refused,
             no_stream_reregistrations=self.registrar.no_stream_reregistrations,
         )

@@ -19,7 +19,10 @@ was already handled costs nothing.
 A registration is only good once the kubelet's ListAndWatch stream opens: the kubelet can drop
 a freshly registered endpoint before its stream starts (its `runClient` disconnects whatever
 client is current when an older stream ends), and then nothing would ever tell the worker. So a
-registration that has no stream within `STREAM_DEADLINE_S` counts as lost and is made again.
+registration that has no stream within `STREAM_DEADLINE_S` counts as lost and is made again;
+each further registration in a row without a stream waits twice as long (up to
+`STREAM_DEADLINE_MAX_S`), so a kubelet that is merely slow to open streams (a loaded node) gets
+the time it needs instead of a re-registration every 2 s.
 When the same kubelet (kubelet.sock unchanged) keeps dropping registrations soon after they
 were made (no stream, or a stream ended within `STABLE_S`), each further attempt first waits
 out the backoff, cut short only by a new kubelet.sock: a kubelet that processes an old stream's
@@ -59,6 +62,7 @@ SOCKET_CHECK_S = 2.0  # default period of the self-check (our socket, kubelet.so
 INFLIGHT_CHECK_S = 0.02  # how often an in-flight Register re-checks our socket and kubelet.sock
 KUBELET_POLL_START_S = 0.005  # first poll for a missing kubelet.sock; doubles up to the check period
 STREAM_DEADLINE_S = 2.0  # registered, and no ListAndWatch stream from the kubelet by then: lost
+STREAM_DEADLINE_MAX_S = 30.0  # the deadline after several registrations in a row without a stream
 STABLE_S = 5.0  # a registration whose stream lasted this long was no drop of the kubelet's
 NO_STREAM = "no ListAndWatch stream from the kubelet"
 
@@ -114,7 +118,8 @@ class Registrar:
         self.registered_at = 0.0
         self.registrations = 0
         self.no_stream_reregistrations = 0  # registrations the kubelet never opened a stream on
-        self.stream_deadline = STREAM_DEADLINE_S
+        self.stream_deadline = STREAM_DEADLINE_S  # the first; doubled per registration in a row without a stream
+        self._no_stream_streak = 0
         self._registered_mono = 0.0
         self._drop_streak = 0  # registrations the same kubelet dropped soon after, in a row
         self.failed: BaseException | None = None  # set if the thread died of a bug
@@ -129,6 +134,12 @@ class Registrar:
         self._backoff = registration_backoff()
         self._executor = futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
         service.on_stream_cancelled = self._stream_cancelled
+
+    @property
+    def current_stream_deadline(self) -> float:
+        """How long the live registration may go without the kubelet's stream."""
+        grown = self.stream_deadline * (1 << min(self._no_stream_streak, 8))
+        return max(self.stream_deadline, min(STREAM_DEADLINE_MAX_S, grown))
 
     @property
     def resource(self) -> str:
@@ -215,6 +226,7 @@ class Registrar:
                 self._set(RegState.REGISTERING, problem)
                 if problem.startswith(NO_STREAM):
                     self.no_stream_reregistrations += 1
+                    self._no_stream_streak += 1
                 if dropped and self._drop_streak > 1:  # the same kubelet keeps dropping us: wait
                     self._wait_for_new_kubelet(self._backoff.next())
             if not self._ensure_server():
@@ -248,7 +260,7 @@ class Registrar:
         """Was the live registration dropped soon after it was made by the same kubelet? Counts it."""
         lost = problem.startswith(NO_STREAM) or problem.startswith("the kubelet ended our")
         same_kubelet = kubelet_identity(self.kubelet_socket) == self._registered_with
-        if lost and same_kubelet and time.monotonic() - self._registered_mono < STABLE_S + self.stream_deadline:
+        if lost and same_kubelet and time.monotonic() - self._registered_mono < STABLE_S + self.current_stream_deadline:
             self._drop_streak += 1
             return True
         self._drop_streak = 0
@@ -273,7 +285,7 @@ class Registrar:
         """How long to wait for the next look: sooner while the kubelet's stream is awaited."""
         server = self.server
         if server is not None and not server.had_stream:
-            left = self._registered_mono + self.stream_deadline - time.monotonic()
+            left = self._registered_mono + self.current_stream_deadline - time.monotonic()
             return max(0.01, min(self.check_interval, left))
         return self.check_interval
 
@@ -288,10 +300,13 @@ class Registrar:
         if server.cancelled:
             return "the kubelet ended our ListAndWatch stream"
         if server.had_stream:
+            self._no_stream_streak = 0
             if self._drop_streak and time.monotonic() - self._registered_mono >= STABLE_S:
                 self._drop_streak = 0  # it held: whatever dropped us before has settled
-        elif time.monotonic() - self._registered_mono >= self.stream_deadline:
-            return f"{NO_STREAM} within {self.stream_deadline:g}s of registering"
+        else:
+            deadline = self.current_stream_deadline
+            if time.monotonic() - self._registered_mono >= deadline:
+                return f"{NO_STREAM} within {deadline:g}s of registering"
         if not server.socket_present():
             return f"our socket {server.name} was deleted"
         kid = kubelet_identity(self.kubelet_socket)
@@ -345,6 +360,10 @@ class Registrar:
         assert server is not None
         request = pb.RegisterRequest(version=VERSION, endpoint=server.name, resource_name=self.resource, options=OPTIONS)
         channel = grpc.insecure_channel(unix_target(self.kubelet_socket))
+        # The kubelet may open its stream before Register returns: from here on the next stream
+        # is its own, and whatever happens to this Register, the next one gets a fresh server.
+        server.offer()
+        self._used = True
         try:
             future: grpc.Future[pb.Empty] = RegistrationClient(channel).Register.future(
                 request, timeout=REGISTER_TIMEOUT_S
@@ -368,18 +387,13 @@ class Registrar:
                     why = "kubelet.sock changed"
             if why:
                 future.cancel()
-                self._used = True  # the kubelet may still act on it: never offer this server again
                 return _Outcome.ABANDONED, why
             try:
                 future.result()
             except grpc.RpcError as exc:
-                if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-                    self._used = True  # the kubelet may have got it: a fresh server next time
                 return _Outcome.FAILED, f"Register: {exc.details() or exc.code().name}"
             except grpc.FutureCancelledError:
-                self._used = True
                 return _Outcome.ABANDONED, "cancelled"
-            self._used = True
             return _Outcome.OK, ""
         finally:
             with self._cond:

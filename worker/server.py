@@ -10,11 +10,14 @@ registration (kubernetes#121994).
 
 Streams are bounded so that they can never starve the unary calls: gRPC's sync server gives each
 RPC a thread of a pool of `RPC_THREADS` for its whole life, and a ListAndWatch stream lives as long
-as its client. A server admits `MAX_STREAMS_PER_SERVER` concurrent streams (the kubelet's, which
-is the first on the fresh socket of each registration, and a few more: a monitoring tool, a
-client reconnecting); a stream beyond that gets RESOURCE_EXHAUSTED at once and holds no thread, so
-Allocate, GetPreferredAllocation and the rest always have `RPC_THREADS - MAX_STREAMS_PER_SERVER`
-threads. `MAX_RPCS` bounds what gRPC keeps in flight or queued at all.
+as its client. A server admits `MAX_STREAMS_PER_SERVER` concurrent streams: the kubelet's, which
+is the first to open after the registrar offers the server in a Register (each registration gets a
+fresh server), and a few more (a monitoring tool, a client reconnecting), which may never take
+the kubelet's slot: a stream that opens before the offer, or an extra beyond
+`MAX_STREAMS_PER_SERVER - 1`, gets RESOURCE_EXHAUSTED at once and holds no thread. So Allocate,
+GetPreferredAllocation and the rest always have `RPC_THREADS - MAX_STREAMS_PER_SERVER` threads,
+and streams that race ahead of the kubelet neither lock it out nor pass for it. `MAX_RPCS`
+bounds what gRPC keeps in flight or queued at all.
 
 Socket names are `gpuvisor-<resource name>-<tag><nn>.sock`: the supervisor gives each worker
 process a tag (6 hex digits) and records it, and nn counts the process's server starts, so the
@@ -249,24 +252,27 @@ class PluginService:
 
         if not context.add_callback(on_end):
             ended.set()  # the RPC is already over
-        # The first stream on a server is the kubelet's (each registration gets a fresh server);
-        # only its end means the kubelet let us go. An extra stream ending is just that.
-        first = False
+        # The first stream after the server was offered in a Register is the kubelet's (each
+        # registration gets a fresh server); only its end means the kubelet let us go. An extra
+        # stream ending is just that.
+        kubelet = False
         if server is not None:
-            admitted, first = server.admit_stream()
+            admitted, kubelet = server.admit_stream()
             if not admitted:
                 with self._lock:
                     self.streams_refused += 1
                     refused = self.streams_refused
                 log.log(
                     logging.WARNING if refused == 1 else logging.DEBUG,
-                    "refused a ListAndWatch stream: %d are open on this server already (%d refused so far)",
-                    MAX_STREAMS_PER_SERVER,
+                    "refused a ListAndWatch stream: %d extra streams are open on this server already, the "
+                    "other slot is kept for the kubelet (%d refused so far)",
+                    MAX_STREAMS_PER_SERVER - 1,
                     refused,
                 )
                 context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"at most {MAX_STREAMS_PER_SERVER} ListAndWatch streams per device plugin socket",
+                    f"at most {MAX_STREAMS_PER_SERVER} ListAndWatch streams per device plugin socket, "
+                    "one of them kept for the kubelet",
                 )
         with self._lock:
             self._streams += 1
@@ -293,11 +299,11 @@ class PluginService:
             with self._lock:
                 self._streams -= 1
             if server is not None:
-                server.note_stream(-1)
+                server.end_stream(kubelet)
             self._streams_changed()
             if by_us or server is None:
                 log.debug("ListAndWatch stream closed by us")
-            elif not first:
+            elif not kubelet:
                 log.debug("an extra ListAndWatch stream ended")
             else:
                 # The kubelet never reopens a stream: only a new Register brings us back. (The
@@ -425,33 +431,54 @@ class PluginServer:
         self._server: grpc.Server | None = None
         self._inode: tuple[int, int] | None = None
         self._lock = threading.Lock()
-        self._streams = 0
-        self._had_stream = False
+        self._offered = False  # the registrar offered this server to a kubelet in a Register
+        self._had_stream = False  # the kubelet's stream opened (it may have ended since)
+        self._kubelet_open = False
+        self._extras = 0  # other streams open right now
 
     @property
     def streams(self) -> int:
+        """ListAndWatch streams open on this server right now, the kubelet's and extras."""
         with self._lock:
-            return self._streams
+            return self._extras + int(self._kubelet_open)
+
+    @property
+    def kubelet_streams(self) -> int:
+        """1 while the kubelet's stream is open, else 0: what readiness waits for."""
+        with self._lock:
+            return int(self._kubelet_open)
 
     @property
     def had_stream(self) -> bool:
-        """Did a ListAndWatch stream (the kubelet's, being the first) ever open on this server?"""
+        """Did the kubelet's stream (the first after the offer) ever open on this server?"""
         with self._lock:
             return self._had_stream
 
-    def note_stream(self, delta: int) -> None:
+    def offer(self) -> None:
+        """The registrar is about to name this server in a Register: the next stream is the kubelet's."""
         with self._lock:
-            self._streams += delta
+            self._offered = True
 
     def admit_stream(self) -> tuple[bool, bool]:
-        """Count a new stream if the server has room for it: (admitted, the server's first)."""
+        """Count a new stream if it may open: (admitted, it is the kubelet's).
+
+        The kubelet's slot is never given to an extra: extras get `MAX_STREAMS_PER_SERVER - 1`.
+        """
         with self._lock:
-            if self._streams >= MAX_STREAMS_PER_SERVER:
+            if self._offered and not self._had_stream:
+                self._had_stream = self._kubelet_open = True
+                return True, True
+            if self._extras >= MAX_STREAMS_PER_SERVER - 1:
                 return False, False
-            self._streams += 1
-            first = not self._had_stream
-            self._had_stream = True
-            return True, first
+            self._extras += 1
+            return True, False
+
+    def end_stream(self, kubelet: bool) -> None:
+        with self._lock:
+            if kubelet:
+                self._kubelet_open = False
+            else:
+                self._extras -= 1
 
     def start(self) -> None:
         executor = self._executor or futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
