@@ -64,12 +64,14 @@ def test_the_old_server_is_gone_before_its_successor_registers(env: Env, procs: 
 
 def test_a_registration_dropped_before_its_stream_is_made_again(env: Env, procs: list[subprocess.Popen[bytes]]) -> None:
     """The kubelet drops the first two freshly registered endpoints: no stream ever opens on
-    them; the worker notices within its 2 s deadline each time and ends up connected."""
+    them; the worker notices within its 2 s deadline, then within the doubled 4 s one (a kubelet
+    that is only slow gets more time), and ends up connected."""
     with KubeletStandin(env.dir, drop_fresh=2) as kubelet:
         proc = start_worker(env, procs)
         assert wait_until(lambda: kubelet.connected(GPU) and settled(env, kubelet), 30), env.log()
         assert len([r for r in kubelet.registrations if not r.error]) == 3
-        assert env.log().count("no ListAndWatch stream from the kubelet within 2s") == 2
+        assert env.log().count("no ListAndWatch stream from the kubelet within 2s") == 1
+        assert env.log().count("no ListAndWatch stream from the kubelet within 4s") == 1
         assert proc.poll() is None
 
 
