@@ -141,20 +141,32 @@ def trusted_dir(path: str) -> None:
     directory owned by another uid, or one that is group- or world-writable (another user could
     swap the plans the workers serve, or the sockets they talk to).
     """
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise RunDirUntrusted(f"run dir {path} is a symlink: refusing to write through it (give the real path)")
-    if not stat.S_ISDIR(st.st_mode):
-        raise RunDirUntrusted(f"run dir {path} is not a directory")
-    if st.st_uid != os.geteuid():
-        raise RunDirUntrusted(f"run dir {path} belongs to uid {st.st_uid}, not to this process's uid {os.geteuid()}")
-    if st.st_mode & 0o022:
-        raise RunDirUntrusted(
-            f"run dir {path} is writable by its group or by everyone (mode {stat.S_IMODE(st.st_mode):04o}): "
-            "another user could steer what the workers serve; make it 0700 or remove it"
-        )
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)
+    # Judged and tightened through one descriptor opened without following a symlink, so what is
+    # checked is what gets chmod'ed, even if the path is swapped in between.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            raise RunDirUntrusted(f"run dir {path} is a symlink: refusing to write through it (give the real path)") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise RunDirUntrusted(f"run dir {path} is not a directory") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise RunDirUntrusted(f"run dir {path} belongs to uid {st.st_uid}, not to this process's uid {os.geteuid()}")
+        if st.st_mode & 0o022:
+            raise RunDirUntrusted(
+                f"run dir {path} is writable by its group or by everyone (mode {stat.S_IMODE(st.st_mode):04o}): "
+                "another user could steer what the workers serve; make it 0700 or remove it"
+            )
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def stage_atomic(path: str, text: str, mode: int = 0o600) -> str:
