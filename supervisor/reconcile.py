@@ -158,6 +158,17 @@ class Reconciler:
         self._apply(desired, actions)
         return True
 
+    def drop_pending(self, why: str) -> None:
+        """Forget a pending desired state: a newer config replaced it and was refused."""
+        if self.pending is None:
+            return
+        log.warning("the pending %s is dropped: %s", self.pending.trigger, why)
+        if self.pending_error:
+            self.on_pending(False)
+        self.pending = None
+        self.pending_error = ""
+        self.timers.cancel(TIMER)
+
     def refuse(self, trigger: str, text: str) -> None:
         """A config (or its plans) that cannot be taken: the running one stays; status says why."""
         self.refused += 1

@@ -120,6 +120,7 @@ class Replanner:
         """Re-read the device set with the wanted config; cheap and silent when nothing changed."""
         if not self.nvml.up:
             return False
+        self.rediscoveries += 1
         pending = self.reconciler.pending
         return self._replan(
             pending.config if pending is not None else self.current()[0], trigger, "rediscovery"
@@ -148,7 +149,6 @@ class Replanner:
             self.reload("config file changed")
 
     def _replan(self, config: Config, trigger: str, what: str) -> bool:
-        self.rediscoveries += 1
         running, node_now = self.current()
         self.schedule_rediscovery(running)
         quiet = what == "rediscovery"
@@ -157,17 +157,31 @@ class Replanner:
         except Exception as exc:  # NVML trouble during rediscovery: keep what runs
             return self._refuse(trigger, what, f"discovery failed: {exc}", quiet)
         if node == node_now and config == running and self.reconciler.pending is None:
+            self._rediscovered(what)
             return True  # the common case of a periodic rediscovery: nothing to do
         try:
             plans = plan_resources(node, config)
             self.mps.validate(config, plans)
         except (PlanningError, MpsError) as exc:
             return self._refuse(trigger, what, str(exc), quiet)
+        self._rediscovered(what)
         return self.reconciler.want(Desired(config, node, plans, trigger))
 
+    def _rediscovered(self, what: str) -> None:
+        """A rediscovery went through: an earlier rediscovery's refusal (NVML trouble, a layout
+        that could not be planned) is history and leaves status."""
+        if what == "rediscovery" and self.reconciler.refusal.startswith("rediscovery refused"):
+            self.reconciler.refusal = ""
+
     def _refuse(self, trigger: str, what: str, text: str, quiet: bool = False) -> bool:
-        """One clear line per refusal; a periodic trigger repeating the same refusal logs once."""
+        """One clear line per refusal; a periodic trigger repeating the same refusal logs once.
+
+        A refused reload also drops a reload still pending: the config file has moved on from it,
+        so it must not be applied later behind the user's back.
+        """
         summary = f"{what} refused: {text}"
+        if what == "reload":
+            self.reconciler.drop_pending("a newer config was refused")
         if not (quiet and self.reconciler.refusal.startswith(summary)):
             log.error(
                 "%s (%s) refused, keeping the running config: %s",

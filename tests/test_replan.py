@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pynvml
+
 from common.config import Config
 from common.model import Node
 from supervisor.discovery import NvmlLink
@@ -97,7 +99,7 @@ def test_a_periodic_rediscovery_with_nothing_new_changes_nothing(tmp_path: Path)
     s.bring_up()
     writes = s.rundir.writes
     assert s.replan.rediscover("periodic rediscovery")
-    assert s.rundir.writes == writes and s.replan.rediscoveries == 2
+    assert s.rundir.writes == writes and s.replan.rediscoveries == 1, "a reload is not a rediscovery"
 
 
 def test_settings_a_running_supervisor_cannot_take_keep_their_values(tmp_path: Path) -> None:
@@ -141,3 +143,37 @@ def test_rediscovery_is_rescheduled_at_the_configured_interval(tmp_path: Path) -
     assert s.timers.when("rediscovery") == s.clock.now + 30
     s.replan.schedule_rediscovery(sim_config(GPUVISOR_REDISCOVERY_INTERVAL="0"))
     assert s.timers.when("rediscovery") is None
+
+
+def test_a_rediscovery_refusal_leaves_status_once_a_rediscovery_goes_through(tmp_path: Path) -> None:
+    """NVML failing during a rediscovery is refused and shown; the next rediscovery that works
+    clears it, without a reload."""
+    s = Setup(tmp_path)
+    s.bring_up()
+    sim = s.nvml.simulator
+    assert sim is not None
+    sim.fail("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=1)
+    assert not s.replan.rediscover("periodic rediscovery")
+    refused = s.reconciler.status()["refused"]
+    assert isinstance(refused, str) and refused.startswith("rediscovery refused: discovery failed")
+    assert s.replan.rediscover("periodic rediscovery")
+    assert s.reconciler.status()["refused"] is None
+
+
+def test_a_refused_reload_drops_a_reload_still_pending(tmp_path: Path) -> None:
+    """A reload kept pending (the run dir full) is not applied later once the user has written a
+    newer config that is refused: the running config stays, and nothing is pending."""
+    s = Setup(tmp_path)
+    s.bring_up()
+    before = s.reconciler.plan_json[GPU]
+    s.rundir.broken = True
+    s.file.write_text(SLICED)
+    assert not s.replan.reload("SIGHUP")
+    assert s.reconciler.pending is not None
+    s.file.write_text("version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 1}]}}\n")
+    assert not s.replan.reload("SIGHUP")
+    assert s.reconciler.pending is None and s.timers.when("pending-reload") is None
+    s.rundir.broken = False
+    s.clock.advance(600)
+    s.timers.run_due()
+    assert s.reconciler.plan_json[GPU] == before
