@@ -263,7 +263,7 @@ class Metrics:
         self.worker_restarts.labels(resource, cause).inc(count)
 
     def worker_listener(self) -> Callable[[WorkerHandle, WState, WState, str], None]:
-        """A `WorkerSet.listeners` entry: state gauge on every transition, restarts on BACKOFF.
+        """A `WorkerSet.listeners` entry: state gauge on every transition, restarts on BACKOFF and FATAL.
 
         A worker stopped because its resource left the plan takes its gauges with it
         (`forget_resource`); one that comes back starts them again.
@@ -279,9 +279,7 @@ class Metrics:
                 return
             self.worker_state(handle.resource, new.value)
             causes = dict(handle.restart_causes)
-            if new.value == "FATAL":
-                self._restart_seen[handle.resource] = causes  # a death that is not restarted
-            if new.value != "BACKOFF":
+            if new.value not in ("BACKOFF", "FATAL"):  # FATAL is restarted too, at a capped interval
                 return
             seen = self._restart_seen.get(handle.resource, {})
             if any(causes.get(k, 0) < v for k, v in seen.items()):

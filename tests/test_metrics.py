@@ -214,6 +214,37 @@ def test_worker_listener_counts_restarts_by_cause() -> None:
     assert exported == {cause: float(n) for cause, n in h.restart_causes.items()}
 
 
+def test_a_death_that_makes_a_worker_fatal_counts_as_a_restart() -> None:
+    """FATAL is retried (at a capped interval), so the death that leads to it is counted in
+    gpuvisor_worker_restarts_total like any other, once, and the retry's next death again."""
+    m = Metrics()
+    procs: list[_Proc] = []
+
+    def spawn(handle: object) -> _Proc:
+        procs.append(_Proc(100 + len(procs)))
+        return procs[-1]
+
+    ws = WorkerSet(spawn, Policy(start_retries=2, start_seconds=10.0))
+    ws.listeners.append(m.worker_listener())
+    h = ws.want(R, "/plan.json")
+    now = 0.0
+    ws.tick(now)
+    while h.state.value != "FATAL" and now < 100:
+        if procs[-1].status is None:
+            procs[-1].status = 1  # dies before registering: a quick failure
+        now += 0.3
+        ws.tick(now)
+    deaths = len(procs)
+    assert h.state.value == "FATAL" and deaths == 3
+    assert value(m, "gpuvisor_worker_restarts_total", resource=R, cause="exited with status 1") == 3.0
+    ws.tick(now + 60)  # the FATAL retry
+    assert len(procs) == 4
+    procs[-1].status = 1
+    ws.tick(now + 60.3)
+    assert h.state.value == "FATAL"
+    assert value(m, "gpuvisor_worker_restarts_total", resource=R, cause="exited with status 1") == 4.0
+
+
 @pytest.mark.parametrize(
     ("reason", "cause"),
     [
