@@ -80,8 +80,9 @@ class Mailbox:
     callable that raises is logged and dropped: one bad finding never ends the loop.
     """
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger, on_error: Callable[[], None] | None = None) -> None:
         self._log = log
+        self._on_error = on_error  # told of each callable that raised (a metric), after the log line
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
@@ -118,3 +119,6 @@ class Mailbox:
                 fn()
             except Exception:
                 self._log.exception("a queued main-loop call failed")
+                if self._on_error is not None:
+                    with contextlib.suppress(Exception):
+                        self._on_error()

@@ -98,7 +98,7 @@ class Supervisor:
         self.rundir = RunDir(config.run_dir)
         self.plugin_dir = os.path.dirname(os.path.abspath(config.kubelet_socket))
         self.sockets = WorkerSockets(self.plugin_dir, self.rundir.sockets_record)
-        self.mailbox = Mailbox(log)
+        self.mailbox = Mailbox(log, on_error=lambda: self.metrics.housekeeping_error("mailbox"))
         self.signals: list[int] = []  # filled by the handlers, emptied by handle_signals()
         self.stopping = False
         self.started_at = self.clock.time()

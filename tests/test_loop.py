@@ -66,6 +66,20 @@ def test_a_step_that_raises_is_counted_and_the_turn_goes_on(sup: Supervisor, mon
     assert housekeeping_errors(sup, "health") == 2.0 and ran == ["readiness", "readiness"]
 
 
+def test_a_posted_call_that_raises_is_counted_and_the_next_still_runs(sup: Supervisor) -> None:
+    """Work posted from other threads (health findings, control replies) that raises is logged,
+    counted as housekeeping step "mailbox", and what was posted after it still runs."""
+    ran: list[str] = []
+
+    def broken() -> None:
+        raise ValueError("a finding for a resource that left the plan")
+
+    sup.mailbox.post(broken)
+    sup.mailbox.post(lambda: ran.append("next"))
+    sup.mailbox.drain()
+    assert ran == ["next"] and housekeeping_errors(sup, "mailbox") == 1.0
+
+
 def test_reconcile_wakes_the_loop_when_a_backoff_ends(sup: Supervisor) -> None:
     """A worker backing off puts its deadline on the scheduler; none left, the timer goes."""
     clock = sup.clock
