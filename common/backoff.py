@@ -59,10 +59,6 @@ class Backoff:
             return self.cap
         return float(min(self.start * self.factor**exponent, self.cap))
 
-    def peek(self) -> float:
-        """The un-jittered delay the next `next()` would be based on (for status texts)."""
-        return self.step(self.attempts + 1)
-
     def next(self) -> float:
         """The delay before the next attempt; counts the attempt."""
         self.attempts += 1

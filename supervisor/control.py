@@ -6,7 +6,7 @@ and hands typed messages to typed handlers (`ControlHandlers`); it replies to co
 
 Who may say what. A worker's first message on its DEALER is a `Hello` with the secret the
 supervisor gave that spawn (`supervisor/spawner.py`); `accept_hello` checks it, and the DEALER's
-route is then bound to (resource, pid, generation). A Heartbeat, StatusReport or
+route is then bound to (resource, pid). A Heartbeat, StatusReport or
 SnapshotRequest is taken only from a bound route, for the resource and pid bound to it. So a late
 message of a replaced worker (its route was unbound when its successor was spawned), or a forged
 one from any other process on the socket, is dropped and counted by reason; a Heartbeat from such
@@ -55,11 +55,10 @@ DRAIN_BATCH = 1000
 
 @dataclass(frozen=True)
 class Binding:
-    """Who a route belongs to: the worker process spawned for `resource` as spawn `generation`."""
+    """Who a route belongs to: the worker process `pid` spawned for `resource`."""
 
     resource: str
     pid: int
-    generation: int
 
 
 class ControlHandlers(Protocol):

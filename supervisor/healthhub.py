@@ -41,7 +41,6 @@ class HealthHub:
         self.book: HealthBook | None = None
         self.monitor: HealthMonitor | None = None
         self.pub: zmq.Socket[bytes] | None = None
-        self.changes = 0  # device health changes published in this life
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -120,7 +119,6 @@ class HealthHub:
                 "action": batch.action.value if batch.action else None,
             },
         )
-        self.changes += len(batch.changes)
         if self.pub is not None:
             self.pub.send_multipart(encode(batch.to_delta(self.epoch), seq=batch.seq))
         self.update_gauges(batch.resources)

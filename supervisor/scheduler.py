@@ -54,7 +54,6 @@ class Scheduler:
         self._heap: list[tuple[float, int, str]] = []
         self._order = 0
         self._on_error = on_error
-        self.errors: dict[str, int] = {}
 
     def call_at(self, key: str, when: float, fn: Callable[[], object]) -> None:
         """Run `fn` once the clock reaches `when`; replaces any timer with this key."""
@@ -103,7 +102,6 @@ class Scheduler:
             try:
                 fn()
             except Exception:  # a timer's failure must never end the loop (and every resource)
-                self.errors[key] = self.errors.get(key, 0) + 1
                 log.exception("timer %s failed", key)
                 if self._on_error is not None:
                     self._on_error(key)

@@ -60,7 +60,7 @@ class WorkerEvents:
             return None
         if not hmac.compare_digest(handle.secret.encode(), hello.secret.encode()):
             return None
-        return Binding(hello.resource, hello.pid, handle.generation)
+        return Binding(hello.resource, hello.pid)
 
     def on_bound(self, binding: Binding) -> None:
         self.reconciler.catch_up(binding.resource)

@@ -127,7 +127,6 @@ class WorkerHandle:
     registration: str = ""  # the worker's last registration report: "<state> (<why>)"
     secret: str = ""  # this spawn's proof of identity on the control socket (see spawner.py)
     socket_tag: str = ""  # 6 hex digits in this spawn's socket names (supervisor/rundir.py)
-    generation: int = 0  # spawns of this resource so far: the current process's number
     restarts: int = 0
     restart_causes: dict[str, int] = field(default_factory=dict)
     quick_failures: int = 0  # the streak: its length alone sets the next delay (Policy.backoff)
@@ -398,7 +397,6 @@ class WorkerSet:
         handle.kill_cause = ""
         handle.secret = secrets.token_hex(16)
         handle.socket_tag = secrets.token_hex(3)
-        handle.generation += 1
         try:
             proc = self.spawner(handle)
         except OSError as exc:

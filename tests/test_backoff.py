@@ -53,12 +53,6 @@ def test_huge_attempt_numbers_stay_at_the_cap() -> None:
     assert b.next() == 5.0
 
 
-def test_peek_says_the_next_step_without_counting_it() -> None:
-    """peek() is the next un-jittered delay, for status texts; it does not count an attempt."""
-    b = Backoff(2.0, 10.0, jitter=0.3)
-    assert b.peek() == 2.0 and b.attempts == 0
-
-
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [

@@ -51,12 +51,11 @@ class Handlers:
         self.beats: list[Heartbeat] = []
         self.reports: list[StatusReport] = []
         self.bound: list[Binding] = []
-        self.generation = 1
         self.fail_on_beat = False
 
     def accept_hello(self, hello: Hello) -> Binding | None:
         ok = hello.secret == "good" and hello.pid == 42
-        return Binding(hello.resource, hello.pid, self.generation) if ok else None
+        return Binding(hello.resource, hello.pid) if ok else None
 
     def on_bound(self, binding: Binding) -> None:
         self.bound.append(binding)
@@ -102,7 +101,7 @@ def test_a_hello_with_the_right_secret_binds_its_route() -> None:
     ep, h, _sock, counted = endpoint()
     ep.receive(frames(ROUTE_A, hello()))
     ep.receive(frames(ROUTE_A, beat()))
-    assert h.bound == [Binding(GPU, 42, 1)] and len(h.beats) == 1
+    assert h.bound == [Binding(GPU, 42)] and len(h.beats) == 1
     assert ep.route_of(GPU) == ROUTE_A and counted == []
 
 

@@ -4,6 +4,7 @@ real WorkerSet over fake processes, a fake control endpoint and a fake clock."""
 from __future__ import annotations
 
 from common.messages import Command, Heartbeat, Hello, Message, Reply, Reregister, StatusReport
+from supervisor.control import Binding
 from supervisor.health_policy import HealthPolicy
 from supervisor.healthhub import HealthHub
 from supervisor.metrics import Metrics
@@ -62,7 +63,7 @@ def test_a_hello_is_accepted_only_with_this_spawns_secret_and_pid() -> None:
     s = Setup()
     h = s.handle()
     binding = s.events.accept_hello(Hello(resource=GPU, pid=h.pid, secret=h.secret))
-    assert binding is not None and binding.generation == h.generation == 1
+    assert binding == Binding(GPU, h.pid)
     assert s.events.accept_hello(Hello(resource=GPU, pid=h.pid, secret="0" * 32)) is None
     assert s.events.accept_hello(Hello(resource=GPU, pid=h.pid + 1000, secret=h.secret)) is None
     assert s.events.accept_hello(Hello(resource="nvidia.com/other", pid=h.pid, secret=h.secret)) is None
@@ -77,7 +78,7 @@ def test_a_restarted_workers_old_secret_no_longer_works() -> None:
     s.workers.tick(s.clock.now)
     s.workers.tick(s.clock.now)
     new = s.handle()
-    assert new.pid != old_pid and new.secret != old_secret and new.generation == 2
+    assert new.pid != old_pid and new.secret != old_secret
     assert s.events.accept_hello(Hello(resource=GPU, pid=new.pid, secret=old_secret)) is None
     assert GPU in s.control.unbound  # the dead one's route was let go
 
