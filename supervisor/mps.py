@@ -84,7 +84,6 @@ class _Daemon:
     backoff: Backoff | None = None  # the restart backoff, made with the daemon
     probe_failures: int = 0
     restarts: int = 0
-    starts: int = 0
     applied: DaemonSettings | None = None
     killed_pid: int | None = None
     reported_up: bool | None = None
@@ -315,7 +314,6 @@ class MpsDaemons:
             if error:
                 self._fail(d, now, error, pending)
                 return
-            d.starts += 1
         d.state = DState.STARTING
         d.deadline = now + self._start_timeout
         d.applied = None

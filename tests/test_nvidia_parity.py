@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from common.config import EXIT_CONFIG_ERROR, ConfigError, DeviceSelector, load_config
+from common.config.nvidia import Leaf, leaf_at
+from common.config.settings import SETTINGS
 from supervisor.cli import build_parser
 
 UUID = "b1028956-cfa2-0990-bf4a-5da9abb51763"
@@ -277,3 +279,14 @@ def test_help_and_version_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
             build_parser().parse_args(["run", *argv])
         assert info.value.code == 0
     assert "gpuvisor" in capsys.readouterr().out
+
+
+def test_every_setting_read_from_the_config_file_names_a_key_of_nvidias_schema() -> None:
+    """A setting's config-file key outside gpuvisor's own `gpuvisor.` section is a leaf of the
+    schema gpuvisor decodes NVIDIA's config with (flags.*, flags.plugin.*, imex.*), so a typo in
+    a key name cannot silently make a setting unreadable from an NVIDIA config file."""
+    keys = [s.file_key for s in SETTINGS if s.file_key and not s.file_key.startswith("gpuvisor.")]
+    assert len(keys) >= 15
+    assert {key: type(leaf_at(key)).__name__ for key in keys} == {key: "Leaf" for key in keys}
+    assert leaf_at("flags.plugin.noSuchKey") is None and leaf_at("flags.migStrategy.deeper") is None
+    assert isinstance(leaf_at("flags.migStrategy"), Leaf)
