@@ -322,7 +322,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "Seconds of worker heartbeat silence before it counts as hung (workers beat 4 times per timeout).",
        gpuvisor=True),
     _s("start_retries", ("--start-retries",), ("GPUVISOR_START_RETRIES",), "gpuvisor.startRetries", "string", 5,
-       own_int(0, MAX_START_RETRIES), "Quick worker failures in a row before the worker is left FATAL.",
+       own_int(0, MAX_START_RETRIES),
+       "Quick worker failures in a row before the worker is marked FATAL; a FATAL worker is still retried "
+       "when its backoff ends (capped at 30 s), never given up.",
        gpuvisor=True),
     _s("start_seconds", ("--start-seconds",), ("GPUVISOR_START_SECONDS",), "gpuvisor.startSeconds", "string", 10.0,
        seconds(positive=True),
