@@ -17,22 +17,18 @@ import contextlib
 import json
 import logging
 import os
-import re
 import stat
 from collections.abc import Mapping
 
 import psutil
 
 from common.procutil import unix_socket_listening
+from common.socketnames import UNIX_PATH_MAX, is_tag, made_by
 
 log = logging.getLogger("gpuvisor.supervisor")
 
-SOCKET_PREFIX = "gpuvisor-"
 TEMP_PREFIX = ".gv-"  # temp files of atomic writes: `.gv-<name>.<pid>.tmp`
-UNIX_PATH_MAX = 107  # bytes of a unix socket path, without the trailing NUL
 RECORD_MAX_BYTES = 1 << 20  # the socket record of an earlier life: more is not ours
-TAG = re.compile(r"[0-9a-f]{6}")
-SOCKET_NAME = re.compile(rf"{re.escape(SOCKET_PREFIX)}(.+)-([0-9a-f]{{6}})[0-9a-f]{{2}}\.sock")
 
 
 class RunDirError(Exception):
@@ -238,15 +234,6 @@ class WorkerSockets:
         self.tags: dict[str, list[str]] = {}
         self.save_error = ""
 
-    @staticmethod
-    def made_by(name: str, resource: str, tag: str) -> bool:
-        """Is `name` a socket name the worker of `resource` with `tag` would bind?"""
-        m = SOCKET_NAME.fullmatch(name)
-        if m is None:
-            return False
-        # The worker cuts a long resource name short to fit the socket address: a prefix counts.
-        return m.group(2) == tag and resource.split("/", 1)[-1].startswith(m.group(1))
-
     def load_earlier(self) -> None:
         """Take over the record an earlier supervisor left in the run dir (bad or missing: none)."""
         try:
@@ -263,7 +250,7 @@ class WorkerSockets:
             data = None
         tags = data.get("tags") if isinstance(data, dict) else None
         if not isinstance(tags, dict) or not all(
-            isinstance(r, str) and isinstance(ts, list) and all(isinstance(t, str) and TAG.fullmatch(t) for t in ts)
+            isinstance(r, str) and isinstance(ts, list) and all(isinstance(t, str) and is_tag(t) for t in ts)
             for r, ts in tags.items()
         ):
             log.warning("ignoring %s: not a socket record of gpuvisor's; sockets of an earlier run stay", self.record_path)
@@ -292,7 +279,7 @@ class WorkerSockets:
         removed: list[str] = []
         for t in chosen:
             left = False
-            for name in (n for n in names if self.made_by(n, resource, t)):
+            for name in (n for n in names if made_by(n, resource, t)):
                 path = os.path.join(self.plugin_dir, name)
                 if self._removable(path):
                     try:

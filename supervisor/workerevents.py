@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 from common.kubeletapi import KUBELET_SOCKET_NAME
 from common.messages import Command, HealthSnapshot, Heartbeat, Hello, Reply, Reregister, StatusReport
+from common.socketnames import SOCKET_PREFIX
 from supervisor.control import Binding, ControlEndpoint
 from supervisor.healthhub import HealthHub
 from supervisor.metrics import Metrics
 from supervisor.reconcile import Reconciler
-from supervisor.rundir import SOCKET_PREFIX
 from supervisor.scheduler import Clock
 from supervisor.workers import WorkerHandle, WorkerSet, WState
 

@@ -40,6 +40,7 @@ from enum import Enum
 from typing import Protocol
 
 from common.backoff import Backoff
+from common.socketnames import new_tag
 
 log = logging.getLogger("gpuvisor.workers")
 
@@ -396,7 +397,7 @@ class WorkerSet:
         handle.registration = ""
         handle.kill_cause = ""
         handle.secret = secrets.token_hex(16)
-        handle.socket_tag = secrets.token_hex(3)
+        handle.socket_tag = new_tag()
         try:
             proc = self.spawner(handle)
         except OSError as exc:

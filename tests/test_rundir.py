@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from common.socketnames import socket_name
 from supervisor.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets, write_atomic
 from tests.helpers import short_tmpdir
 
@@ -205,8 +206,6 @@ def test_an_own_readable_run_dir_is_taken_and_tightened(tmp_path: Path) -> None:
 
 def test_a_long_resource_name_cut_short_by_the_worker_is_still_recognised(tmp_path: Path) -> None:
     """The worker cuts a long name to fit a socket address; the sweep still knows its socket."""
-    from worker.server import socket_name
-
     resource = "nvidia.com/" + "a" * 60 + ".shared"
     name = socket_name(resource, "abcdef", 0, "/var/lib/kubelet/device-plugins")
     assert len(("/var/lib/kubelet/device-plugins/" + name).encode()) == 107

@@ -25,6 +25,7 @@ from common.kubeletapi import HEALTHY, UNHEALTHY, pb
 from common.kubeletapi.rpc import DevicePluginClient, unix_target
 from common.model import ResourcePlan
 from common.planning import plan_resources
+from common.socketnames import socket_name
 from tests import nodes
 from tests.helpers import short_tmpdir, sockets_in, wait_until
 from worker.registration import Registrar, RegState, kubelet_identity, registration_backoff
@@ -36,7 +37,6 @@ from worker.server import (
     PluginServer,
     PluginService,
     error_detail,
-    socket_name,
 )
 
 GPU = "nvidia.com/gpu"

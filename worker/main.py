@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import signal
 import sys
 import time
@@ -49,6 +48,7 @@ from common.messages import (
 )
 from common.model import ResourcePlan
 from common.procutil import Mailbox, set_parent_death_signal
+from common.socketnames import is_tag
 from worker.healthcopy import ApplyOutcome, ApplyResult, HealthApplier
 from worker.registration import SOCKET_CHECK_S, Registrar, RegState
 from worker.server import DeviceBook, Health, PluginService
@@ -91,7 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def socket_tag(text: str) -> str:
-    if not re.fullmatch(r"[0-9a-f]{6}", text):
+    if not is_tag(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not 6 lower-case hex digits")
     return text
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -48,6 +47,7 @@ import grpc
 from common.kubeletapi import HEALTHY, UNHEALTHY, pb
 from common.kubeletapi.rpc import device_plugin_handler, unix_target
 from common.model import ResourcePlan
+from common.socketnames import new_tag, socket_name
 from worker.allocate import AllocationError, Allocator, ContainerResponse
 from worker.preferred import PreferredPolicy
 
@@ -61,8 +61,6 @@ STREAM_RECHECK_S = 5.0
 # Upper bound for in-flight unary RPCs (an Allocate) to finish when a server stops. Streams are
 # ended by our own flag before gRPC's stop, so a stop normally returns in about a millisecond.
 STOP_GRACE_S = 0.5
-SOCKET_PREFIX = "gpuvisor-"
-UNIX_PATH_MAX = 107  # bytes of a unix socket address, without the trailing NUL
 RPC_THREADS = 8  # a kubelet holds one stream and makes a few unary calls at a time
 MAX_STREAMS_PER_SERVER = 3  # the kubelet's stream and two more; the other 5 threads stay for unary calls
 MAX_RPCS = 64  # in flight and queued, per server: more get RESOURCE_EXHAUSTED from gRPC itself
@@ -204,13 +202,13 @@ class PluginService:
         self._lock = threading.Lock()
         self._streams = 0
         self.streams_refused = 0
-        self.socket_tag = secrets.token_hex(3)  # the supervisor gives its own (see the module doc)
+        self.socket_tag = new_tag()  # the supervisor gives its own (see the module doc)
         self._servers_started = 0
 
     def next_socket_name(self, plugin_dir: str = "") -> str:
         """A fresh socket file name for one server start: `gpuvisor-<name>-<tag><nn>.sock`."""
         with self._lock:
-            n = self._servers_started % 256
+            n = self._servers_started
             self._servers_started += 1
         return socket_name(self.book.plan.resource, self.socket_tag, n, plugin_dir)
 
@@ -397,20 +395,6 @@ def to_pb(result: ContainerResponse) -> pb.ContainerAllocateResponse:
         annotations=result.annotations,
         cdi_devices=[pb.CDIDevice(name=n) for n in result.cdi_devices],
     )
-
-
-def socket_name(resource: str, tag: str, n: int, plugin_dir: str = "") -> str:
-    """`gpuvisor-<name>-<tag><nn>.sock`: the worker's tag (6 hex digits) and its server count.
-
-    The resource name is cut short when the whole path would not fit a unix socket address
-    (107 bytes): a 63-character name renamed to `<name>.shared` in the kubelet's usual dir would.
-    """
-    name = resource.split("/", 1)[-1]
-    suffix = f"-{tag}{n:02x}.sock"
-    room = UNIX_PATH_MAX - len(os.path.join(plugin_dir, "").encode()) - len(SOCKET_PREFIX) - len(suffix)
-    if len(name.encode()) > room:
-        name = name.encode()[: max(room, 1)].decode("utf-8", "ignore") or "r"
-    return f"{SOCKET_PREFIX}{name}{suffix}"
 
 
 class PluginServer:
