@@ -117,25 +117,23 @@ class KubeletStandin:
         plugin_dir: str,
         *,
         legacy_keying: bool = True,
-        run_client: bool = False,
         drop_fresh: int = 0,
         stream_end_delay: float = 0.0,
         seed: int = 0,
         dial_timeout: float = DIAL_TIMEOUT_S,
     ) -> None:
         """As the v1.32 kubelet, a new registration leaves the old client running until its stream
-        ends. `legacy_keying` (the kubelet's `runClient`, up to 1.35; `run_client` says the same):
+        ends. `legacy_keying` (the kubelet's `runClient`, up to 1.35, so on by default):
         when a client's stream ends, the client registered *now* for that resource is
         disconnected, whichever it is: an older stream ending after a re-registration closes the
         new client's connection (kubernetes#121994). `drop_fresh`: drop this many freshly registered endpoints
         before their ListAndWatch starts (the kubelet lost them), so no stream ever opens.
         `stream_end_delay`: the kubelet notices a stream's end this much later (a busy kubelet),
-        which with `run_client` lets an old stream's end land after the next registration."""
+        which with `legacy_keying` lets an old stream's end land after the next registration."""
         self.dial_timeout = dial_timeout
         self.plugin_dir = os.path.abspath(plugin_dir)
         self.socket_path = os.path.join(self.plugin_dir, KUBELET_SOCKET_NAME)
-        self.legacy_keying = legacy_keying or run_client
-        self.run_client = run_client
+        self.legacy_keying = legacy_keying
         self.drop_fresh = drop_fresh
         self.stream_end_delay = stream_end_delay
         self._cond = threading.Condition()

@@ -30,7 +30,7 @@ class OrderKubelet(KubeletStandin):
     """At each Register, notes whether the previous endpoint's server was still reachable."""
 
     def __init__(self, plugin_dir: str) -> None:
-        super().__init__(plugin_dir, run_client=True)
+        super().__init__(plugin_dir, legacy_keying=True)
         self.previous_alive: list[bool] = []
         self._last = ""
 
@@ -79,7 +79,7 @@ def test_the_runclient_race_leaves_no_resource_disconnected(env: Env, procs: lis
     """A kubelet that sees old streams end 300 ms late and then disconnects its newest client
     (v1.32 runClient): each re-registration is dropped in turn until the worker's backoff
     outlasts the delay; the resource ends connected and stays so."""
-    with KubeletStandin(env.dir, run_client=True, stream_end_delay=0.3) as kubelet:
+    with KubeletStandin(env.dir, legacy_keying=True, stream_end_delay=0.3) as kubelet:
         proc = start_worker(env, procs)
         assert kubelet.wait_listed([GPU], 20), env.log()
         old = os.path.basename(kubelet.endpoint_socket(GPU))
