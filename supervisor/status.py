@@ -63,7 +63,7 @@ def workers_view(workers: Mapping[str, WorkerHandle], now: float) -> list[Json]:
                 "registered_since": h.registered_since or None,
                 "streams": int(h.stats.get("gauge:streams", 0)),
                 "registration": h.registration,
-                "no_stream_reregistrations": int(h.stats.get("gauge:no_stream_reregistrations", 0)),
+                "no_stream_reregistrations": int(h.stats.get("count:no_stream_reregistrations", 0)),
                 "reason": h.reason,
                 "next_retry_in": round(max(0.0, h.backoff_until - now), 2) if h.backoff_until > now else None,
             }

@@ -98,7 +98,8 @@ def test_streams_beyond_the_bound_are_refused_and_extras_ending_do_not_unregiste
     """A server keeps 3 streams (the first after the offer is the kubelet's); a 4th gets
     RESOURCE_EXHAUSTED, and an extra stream that ends does not count as the kubelet letting us go."""
     cancelled: list[PluginServer] = []
-    service = PluginService(DeviceBook(gpu_plan()), on_stream_cancelled=cancelled.append)
+    counted: list[str] = []
+    service = PluginService(DeviceBook(gpu_plan()), on_stream_cancelled=cancelled.append, count=counted.append)
     server = PluginServer(service, tmpdir_short)
     server.start()
     server.offer()
@@ -111,7 +112,7 @@ def test_streams_beyond_the_bound_are_refused_and_extras_ending_do_not_unregiste
         streams.append(extra)
         refused = extra.next()
         assert isinstance(refused, grpc.RpcError) and refused.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert service.streams_refused == 1 and server.streams == MAX_STREAMS_PER_SERVER
+        assert counted == ["streams_refused"] and server.streams == MAX_STREAMS_PER_SERVER
         assert server.kubelet_streams == 1
         streams[1].close()
         assert wait_until(lambda: server.streams == MAX_STREAMS_PER_SERVER - 1, 10)
@@ -248,7 +249,7 @@ def test_client_cancel_marks_server_and_calls_back(tmpdir_short: str) -> None:
         assert isinstance(stream.next(), pb.ListAndWatchResponse)
         stream.close()
         assert wait_until(lambda: cancelled == [server], 10)
-        assert server.cancelled and service.streams == 0
+        assert server.cancelled and server.streams == 0
     finally:
         server.stop()
 

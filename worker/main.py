@@ -119,7 +119,7 @@ class Worker:
         self.secret = secret
         self.stats = Stats()
         self.book = DeviceBook(plan)
-        self.service = PluginService(self.book, observe=self.stats.observe)
+        self.service = PluginService(self.book, observe=self.stats.observe, count=self.stats.count)
         self.service.on_streams_changed = self._on_streams_changed
         if args.socket_tag:
             self.service.socket_tag = args.socket_tag
@@ -130,6 +130,7 @@ class Worker:
             args.kubelet_socket,
             on_state=self._on_reg_state,
             check_interval=SOCKET_CHECK_S if args.control else STANDALONE_CHECK_S,
+            count=self.stats.count,
         )
         self.pid = os.getpid()
         self.stopping = False
@@ -336,8 +337,6 @@ class Worker:
         # The kubelet's streams on the live server: what the supervisor's readiness waits for.
         stats = self.stats.snapshot(
             streams=server.kubelet_streams if server is not None else 0,
-            streams_refused=self.service.streams_refused,
-            no_stream_reregistrations=self.registrar.no_stream_reregistrations,
         )
         if stats == self._last_stats and time.monotonic() < self._stats_refresh_at:
             stats = {}

@@ -108,6 +108,7 @@ class Registrar:
         kubelet_socket: str,
         on_state: Callable[[RegState, str], None] | None = None,
         check_interval: float = SOCKET_CHECK_S,
+        count: Callable[[str], None] | None = None,
     ) -> None:
         self.service = service
         self.plugin_dir = plugin_dir
@@ -115,11 +116,11 @@ class Registrar:
         self.check_interval = check_interval
         self.server: PluginServer | None = None
         self.state = RegState.STARTING
-        self.registered_at = 0.0
         self.registrations = 0
-        self.no_stream_reregistrations = 0  # registrations the kubelet never opened a stream on
-        self.stream_deadline = STREAM_DEADLINE_S  # the first; doubled per registration in a row without a stream
-        self._no_stream_streak = 0
+        self._count = count or (lambda name: None)  # an event, counted in the worker's figures
+        # How long a registration may go without the kubelet's stream: doubled for each
+        # registration in a row that had none (its attempts), reset when a stream opens.
+        self._stream_deadline = Backoff(STREAM_DEADLINE_S, STREAM_DEADLINE_MAX_S)
         self._registered_mono = 0.0
         self._drop_streak = 0  # registrations the same kubelet dropped soon after, in a row
         self.failed: BaseException | None = None  # set if the thread died of a bug
@@ -129,7 +130,6 @@ class Registrar:
         self._stop = False
         self._inflight: grpc.Future[pb.Empty] | None = None
         self._registered_with: KubeletId | None = None
-        self._used = False  # the current server was offered to a kubelet: the next Register needs a fresh one
         self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
         self._backoff = registration_backoff()
         self._executor = futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
@@ -138,8 +138,7 @@ class Registrar:
     @property
     def current_stream_deadline(self) -> float:
         """How long the live registration may go without the kubelet's stream."""
-        grown = self.stream_deadline * (1 << min(self._no_stream_streak, 8))
-        return max(self.stream_deadline, min(STREAM_DEADLINE_MAX_S, grown))
+        return self._stream_deadline.step(self._stream_deadline.attempts + 1)
 
     @property
     def resource(self) -> str:
@@ -222,13 +221,21 @@ class Registrar:
                     self._wait(self._next_check())
                     continue
                 dropped = self._dropped(problem)
-                self._registered_with = None
+                dropped_by, self._registered_with = self._registered_with, None
                 self._set(RegState.REGISTERING, problem)
                 if problem.startswith(NO_STREAM):
-                    self.no_stream_reregistrations += 1
-                    self._no_stream_streak += 1
+                    self._count("no_stream_reregistrations")
+                    self._stream_deadline.attempts += 1
                 if dropped and self._drop_streak > 1:  # the same kubelet keeps dropping us: wait
-                    self._wait_for_new_kubelet(self._backoff.next())
+                    delay = self._backoff.next()
+                    log.info(
+                        "the kubelet dropped %d registrations in a row: registering again in %.2fs",
+                        self._drop_streak,
+                        delay,
+                    )
+                    # Cut short only by a new kubelet.sock, not by our own triggers: the kubelet
+                    # ending our stream is what got us here. (It is the same kubelet: not None.)
+                    self._wait_backoff(delay, dropped_by, hints=False)
             if not self._ensure_server():
                 continue
             kid = kubelet_identity(self.kubelet_socket)
@@ -243,7 +250,6 @@ class Registrar:
             outcome, detail = self._register(kid)
             if outcome is _Outcome.OK:
                 self._registered_with = kid
-                self.registered_at = time.time()
                 self._registered_mono = time.monotonic()
                 self.registrations += 1
                 if not self._drop_streak:
@@ -266,21 +272,6 @@ class Registrar:
         self._drop_streak = 0
         return False
 
-    def _wait_for_new_kubelet(self, delay: float) -> None:
-        """Sleep `delay`, cut short by stop or a new kubelet.sock only (not by our own triggers:
-        the kubelet ending our stream is what got us here)."""
-        kid = kubelet_identity(self.kubelet_socket)
-        deadline = time.monotonic() + delay
-        log.info("the kubelet dropped %d registrations in a row: registering again in %.2fs", self._drop_streak, delay)
-        while True:
-            with self._cond:
-                left = deadline - time.monotonic()
-                if self._stop or left <= 0:
-                    return
-                self._cond.wait(min(left, INFLIGHT_CHECK_S * 5))
-            if kubelet_identity(self.kubelet_socket) != kid:
-                return
-
     def _next_check(self) -> float:
         """How long to wait for the next look: sooner while the kubelet's stream is awaited."""
         server = self.server
@@ -300,7 +291,7 @@ class Registrar:
         if server.cancelled:
             return "the kubelet ended our ListAndWatch stream"
         if server.had_stream:
-            self._no_stream_streak = 0
+            self._stream_deadline.reset()
             if self._drop_streak and time.monotonic() - self._registered_mono >= STABLE_S:
                 self._drop_streak = 0  # it held: whatever dropped us before has settled
         else:
@@ -319,7 +310,7 @@ class Registrar:
     def _ensure_server(self) -> bool:
         """A fresh, serving server whose socket is in place; False (after a wait) if none can start."""
         server = self.server
-        if server is not None and not (self._used or server.cancelled or not server.socket_present()):
+        if server is not None and not (server.offered or server.cancelled or not server.socket_present()):
             return True
         if server is not None:
             server.stop()  # its streams end before any successor registers (kubernetes#121994)
@@ -336,16 +327,16 @@ class Registrar:
             self._wait_backoff(self._backoff.next(), None)
             return False
         self.server = fresh
-        self._used = False
         log.debug("serving on %s", fresh.path)
         return True
 
-    def _wait_backoff(self, delay: float, kid: KubeletId | None) -> bool:
-        """Back off for `delay`; cut short by a trigger, stop, or a new kubelet.sock (returns True)."""
+    def _wait_backoff(self, delay: float, kid: KubeletId | None, *, hints: bool = True) -> bool:
+        """Back off for `delay`; cut short by stop, a trigger (unless `hints` is false) or a
+        kubelet.sock other than `kid` (returns True then; `kid` None: never)."""
         deadline = time.monotonic() + delay
         while True:
             with self._cond:
-                if self._hint is not None or self._stop:
+                if (hints and self._hint is not None) or self._stop:
                     return False
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -363,7 +354,6 @@ class Registrar:
         # The kubelet may open its stream before Register returns: from here on the next stream
         # is its own, and whatever happens to this Register, the next one gets a fresh server.
         server.offer()
-        self._used = True
         try:
             future: grpc.Future[pb.Empty] = RegistrationClient(channel).Register.future(
                 request, timeout=REGISTER_TIMEOUT_S

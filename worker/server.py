@@ -187,6 +187,7 @@ class PluginService:
         book: DeviceBook,
         on_stream_cancelled: Callable[[PluginServer], None] | None = None,
         observe: Callable[[str, float], None] | None = None,
+        count: Callable[[str], None] | None = None,
     ) -> None:
         self.book = book
         self._allocator = Allocator(book.plan)
@@ -196,12 +197,12 @@ class PluginService:
         # Called (from a gRPC thread) when the kubelet ends one of a server's streams.
         self.on_stream_cancelled = on_stream_cancelled
         self._observe = observe or (lambda method, seconds: None)
-        # Called (from a gRPC thread) when a stream opens or closes: the supervisor hears of it
-        # at once, so its readiness and status follow the kubelet's stream, not a heartbeat.
+        self._count = count or (lambda name: None)  # an event, counted in the worker's figures
+        # Called (from a gRPC thread) when the kubelet's stream opens or closes: the supervisor
+        # hears of it at once, so its readiness and status follow that stream, not a heartbeat.
         self.on_streams_changed: Callable[[], None] | None = None
         self._lock = threading.Lock()
-        self._streams = 0
-        self.streams_refused = 0
+        self._refused_logged = False
         self.socket_tag = new_tag()  # the supervisor gives its own (see the module doc)
         self._servers_started = 0
 
@@ -211,12 +212,6 @@ class PluginService:
             n = self._servers_started
             self._servers_started += 1
         return socket_name(self.book.plan.resource, self.socket_tag, n, plugin_dir)
-
-    @property
-    def streams(self) -> int:
-        """ListAndWatch streams open right now, over every server."""
-        with self._lock:
-            return self._streams
 
     def _policies(self) -> tuple[Allocator, PreferredPolicy]:
         plan = self.book.plan
@@ -257,24 +252,22 @@ class PluginService:
         if server is not None:
             admitted, kubelet = server.admit_stream()
             if not admitted:
+                self._count("streams_refused")
                 with self._lock:
-                    self.streams_refused += 1
-                    refused = self.streams_refused
+                    first, self._refused_logged = not self._refused_logged, True
                 log.log(
-                    logging.WARNING if refused == 1 else logging.DEBUG,
+                    logging.WARNING if first else logging.DEBUG,
                     "refused a ListAndWatch stream: %d extra streams are open on this server already, the "
-                    "other slot is kept for the kubelet (%d refused so far)",
+                    "other slot is kept for the kubelet (count:streams_refused counts them)",
                     MAX_STREAMS_PER_SERVER - 1,
-                    refused,
                 )
                 context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"at most {MAX_STREAMS_PER_SERVER} ListAndWatch streams per device plugin socket, "
                     "one of them kept for the kubelet",
                 )
-        with self._lock:
-            self._streams += 1
-        self._streams_changed()
+        if kubelet:
+            self._streams_changed()
         log.debug("ListAndWatch stream opened")
         by_us = False
         try:
@@ -294,11 +287,10 @@ class PluginService:
                 self._observe("ListAndWatch", time.perf_counter() - start)
         finally:
             by_us = server is not None and server.stopping
-            with self._lock:
-                self._streams -= 1
             if server is not None:
                 server.end_stream(kubelet)
-            self._streams_changed()
+            if kubelet:
+                self._streams_changed()
             if by_us or server is None:
                 log.debug("ListAndWatch stream closed by us")
             elif not kubelet:
@@ -437,6 +429,12 @@ class PluginServer:
         """Did the kubelet's stream (the first after the offer) ever open on this server?"""
         with self._lock:
             return self._had_stream
+
+    @property
+    def offered(self) -> bool:
+        """Was this server named in a Register? Then it is never offered again."""
+        with self._lock:
+            return self._offered
 
     def offer(self) -> None:
         """The registrar is about to name this server in a Register: the next stream is the kubelet's."""
