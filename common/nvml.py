@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -289,8 +290,7 @@ class Nvml:
         memory_mib = int(self._call("nvmlDeviceGetMemoryInfo", h).total) // _MIB
         bus_id = _text(self._call("nvmlDeviceGetPciInfo", h).busId)
         major, minor_cc = self._call("nvmlDeviceGetCudaComputeCapability", h)
-        mode = self._try("nvmlDeviceGetMigMode", h)
-        mig_enabled = mode is not None and int(mode[0]) == int(getattr(self.module, "NVML_DEVICE_MIG_ENABLE", 1))
+        _capable, mig_enabled = self._mig_mode(h)
         return Gpu(
             index=index,
             uuid=uuid,
@@ -317,29 +317,36 @@ class Nvml:
             return None
         return value if value >= 0 else None
 
-    def _mig_devices(self, parent_index: int, parent_uuid: str, h: Any, gpu_memory_mib: int) -> tuple[MigDevice, ...]:
+    def _mig_mode(self, h: Any) -> tuple[bool, bool]:
+        """(MIG-capable, MIG enabled): NotSupported or no symbol is not capable (as go-nvlib says)."""
+        mode = self._try("nvmlDeviceGetMigMode", h)
+        return mode is not None, mode is not None and int(mode[0]) == int(getattr(self.module, "NVML_DEVICE_MIG_ENABLE", 1))
+
+    def _each_mig(self, h: Any, gpu_memory_mib: int) -> Iterator[tuple[int, Any, int, Any, str]]:
+        """The MIG devices of the GPU `h`: (index, handle, GPU instance id, attributes, profile)."""
         profiles = self._gi_profiles(h)
-        out: list[MigDevice] = []
         for j in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", h))):
             mh = self._try("nvmlDeviceGetMigDeviceHandleByIndex", h, j, tolerate=(NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT))
             if mh is None:
                 continue
             gi = int(self._call("nvmlDeviceGetGpuInstanceId", mh))
-            ci = int(self._call("nvmlDeviceGetComputeInstanceId", mh))
             attrs = self._call("nvmlDeviceGetAttributes", mh)
-            out.append(
-                MigDevice(
-                    uuid=_text(self._call("nvmlDeviceGetUUID", mh)),
-                    parent_uuid=parent_uuid,
-                    parent_index=parent_index,
-                    index=j,
-                    gi_id=gi,
-                    ci_id=ci,
-                    profile=self._mig_profile(h, gi, attrs, profiles, gpu_memory_mib),
-                    memory_mib=int(attrs.memorySizeMB),
-                )
+            yield j, mh, gi, attrs, self._mig_profile(h, gi, attrs, profiles, gpu_memory_mib)
+
+    def _mig_devices(self, parent_index: int, parent_uuid: str, h: Any, gpu_memory_mib: int) -> tuple[MigDevice, ...]:
+        return tuple(
+            MigDevice(
+                uuid=_text(self._call("nvmlDeviceGetUUID", mh)),
+                parent_uuid=parent_uuid,
+                parent_index=parent_index,
+                index=j,
+                gi_id=gi,
+                ci_id=int(self._call("nvmlDeviceGetComputeInstanceId", mh)),
+                profile=profile,
+                memory_mib=int(attrs.memorySizeMB),
             )
-        return tuple(out)
+            for j, mh, gi, attrs, profile in self._each_mig(h, gpu_memory_mib)
+        )
 
     def _gi_profiles(self, h: Any) -> dict[int, tuple[int, Any]]:
         """The parent's GPU-instance profiles: profile id -> (NVML profile enum, profile info)."""
@@ -528,14 +535,13 @@ class Nvml:
             log.warning("GPU %d: no memory size (%s); its memory label is left out, as GFD does", index, exc)
             memory_mib = 0
         major, minor = self._call("nvmlDeviceGetCudaComputeCapability", h)
-        mode = self._try("nvmlDeviceGetMigMode", h)  # NotSupported or no symbol: not MIG-capable (go-nvlib)
-        enabled = mode is not None and int(mode[0]) == int(getattr(self.module, "NVML_DEVICE_MIG_ENABLE", 1))
+        capable, enabled = self._mig_mode(h)
         return nodefacts.GpuFacts(
             index=index,
             name=name,
             memory_mib=memory_mib,
             compute_capability=(int(major), int(minor)),
-            mig_capable=mode is not None,
+            mig_capable=capable,
             mig_enabled=enabled,
             migs=self._mig_facts(h, memory_mib) if enabled else (),
             pci_class=self._pci_class(h),
@@ -543,29 +549,21 @@ class Nvml:
         )
 
     def _mig_facts(self, h: Any, gpu_memory_mib: int) -> tuple[nodefacts.MigFacts, ...]:
-        profiles = self._gi_profiles(h)
-        out: list[nodefacts.MigFacts] = []
-        for j in range(int(self._call("nvmlDeviceGetMaxMigDeviceCount", h))):
-            mh = self._try("nvmlDeviceGetMigDeviceHandleByIndex", h, j, tolerate=(NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT))
-            if mh is None:
-                continue
-            attrs = self._call("nvmlDeviceGetAttributes", mh)
-            gi = int(self._call("nvmlDeviceGetGpuInstanceId", mh))
-            out.append(
-                nodefacts.MigFacts(
-                    profile=self._mig_profile(h, gi, attrs, profiles, gpu_memory_mib),
-                    memory_mib=int(attrs.memorySizeMB),
-                    multiprocessors=int(attrs.multiprocessorCount),
-                    gi_slices=int(attrs.gpuInstanceSliceCount),
-                    ci_slices=int(attrs.computeInstanceSliceCount),
-                    copy_engines=int(attrs.sharedCopyEngineCount),
-                    decoders=int(attrs.sharedDecoderCount),
-                    encoders=int(attrs.sharedEncoderCount),
-                    jpegs=int(attrs.sharedJpegCount),
-                    ofas=int(attrs.sharedOfaCount),
-                )
+        return tuple(
+            nodefacts.MigFacts(
+                profile=profile,
+                memory_mib=int(attrs.memorySizeMB),
+                multiprocessors=int(attrs.multiprocessorCount),
+                gi_slices=int(attrs.gpuInstanceSliceCount),
+                ci_slices=int(attrs.computeInstanceSliceCount),
+                copy_engines=int(attrs.sharedCopyEngineCount),
+                decoders=int(attrs.sharedDecoderCount),
+                encoders=int(attrs.sharedEncoderCount),
+                jpegs=int(attrs.sharedJpegCount),
+                ofas=int(attrs.sharedOfaCount),
             )
-        return tuple(out)
+            for _j, _mh, _gi, attrs, profile in self._each_mig(h, gpu_memory_mib)
+        )
 
     def _pci_class(self, h: Any) -> int | None:
         """The GPU's PCI class from sysfs, as GFD reads it; None when unknown (gpu.mode "unknown")."""
