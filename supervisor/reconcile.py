@@ -76,11 +76,22 @@ class Desired:
     node: Node
     plans: dict[str, ResourcePlan]
     trigger: str
-    plan_json: dict[str, str] = field(default_factory=dict)
+    plan_json: dict[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.plan_json:
-            self.plan_json = {r: p.to_json() for r, p in self.plans.items()}
+        self.plan_json = {r: p.to_json() for r, p in self.plans.items()}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A config (or its plans) that could not be taken: what was refused, why, and what asked."""
+
+    what: str  # "reload" or "rediscovery"
+    text: str
+    trigger: str
+
+    def __str__(self) -> str:
+        return f"{self.what} refused: {self.text} ({self.trigger})"
 
 
 class PlanFiles(Protocol):
@@ -125,7 +136,7 @@ class Reconciler:
         self.pending: Desired | None = None
         self.pending_error = ""
         self.pending_since = 0.0
-        self.refusal = ""  # the last refused config, until a valid one arrives
+        self.refusal: Refusal | None = None  # the last refused config, until a valid one arrives
         self.refused = 0
         self.backoff = Backoff(RETRY_START_S, RETRY_MAX_S, jitter=0.2)
         self.adopt_backoff = Backoff(RETRY_START_S, RETRY_MAX_S, jitter=0.2)
@@ -169,10 +180,10 @@ class Reconciler:
         self.pending_error = ""
         self.timers.cancel(TIMER)
 
-    def refuse(self, trigger: str, text: str) -> None:
+    def refuse(self, refusal: Refusal) -> None:
         """A config (or its plans) that cannot be taken: the running one stays; status says why."""
         self.refused += 1
-        self.refusal = f"{text} ({trigger})"
+        self.refusal = refusal
 
     # ------------------------------------------------------------------ workers
     def worker_started(self, resource: str) -> None:
@@ -279,4 +290,5 @@ class Reconciler:
                 else round(max(0.0, nxt - self.timers.clock.monotonic()), 1),
                 "attempts": self.backoff.attempts,
             }
-        return {"pending": pending, "refused": self.refusal or None, "refusals": self.refused}
+        refused = str(self.refusal) if self.refusal is not None else None
+        return {"pending": pending, "refused": refused, "refusals": self.refused}

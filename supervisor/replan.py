@@ -31,7 +31,7 @@ from supervisor.health_policy import HealthPolicy, PolicyError
 from supervisor.metrics import Metrics
 from supervisor.mps import MpsError
 from supervisor.mpswiring import MpsWiring
-from supervisor.reconcile import Desired, Reconciler
+from supervisor.reconcile import Desired, Reconciler, Refusal
 from supervisor.scheduler import Scheduler
 
 log = logging.getLogger("gpuvisor.supervisor")
@@ -107,7 +107,7 @@ class Replanner:
             health_policy_for(config)  # refused here, not half-applied later
         except (ConfigError, PolicyError) as exc:
             return self._refuse(trigger, "reload", str(exc))
-        self.reconciler.refusal = ""  # a valid config arrived: the last refusal is history
+        self.reconciler.refusal = None  # a valid config arrived: the last refusal is history
         for notice in config.notices:  # inputs taken as NVIDIA takes them, worth saying
             log.warning("%s", notice, extra={"trigger": trigger})
         if not self.nvml.up:
@@ -170,8 +170,9 @@ class Replanner:
     def _rediscovered(self, what: str) -> None:
         """A rediscovery went through: an earlier rediscovery's refusal (NVML trouble, a layout
         that could not be planned) is history and leaves status."""
-        if what == "rediscovery" and self.reconciler.refusal.startswith("rediscovery refused"):
-            self.reconciler.refusal = ""
+        refusal = self.reconciler.refusal
+        if what == "rediscovery" and refusal is not None and refusal.what == "rediscovery":
+            self.reconciler.refusal = None
 
     def _refuse(self, trigger: str, what: str, text: str, quiet: bool = False) -> bool:
         """One clear line per refusal; a periodic trigger repeating the same refusal logs once.
@@ -179,10 +180,10 @@ class Replanner:
         A refused reload also drops a reload still pending: the config file has moved on from it,
         so it must not be applied later behind the user's back.
         """
-        summary = f"{what} refused: {text}"
+        last = self.reconciler.refusal
         if what == "reload":
             self.reconciler.drop_pending("a newer config was refused")
-        if not (quiet and self.reconciler.refusal.startswith(summary)):
+        if not (quiet and last is not None and (last.what, last.text) == (what, text)):
             log.error(
                 "%s (%s) refused, keeping the running config: %s",
                 what,
@@ -190,7 +191,7 @@ class Replanner:
                 text,
                 extra={"trigger": trigger},
             )
-        self.reconciler.refuse(trigger, summary)
+        self.reconciler.refuse(Refusal(what, text, trigger))
         self.metrics.reload_refused(what)
         return False
 

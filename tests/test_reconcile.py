@@ -7,7 +7,7 @@ from common.config import config_from_data
 from common.messages import PlanUpdate
 from common.model import Node
 from common.planning import plan_resources
-from supervisor.reconcile import Action, ActionKind, Desired, Reconciler, plan_actions
+from supervisor.reconcile import Action, ActionKind, Desired, Reconciler, Refusal, plan_actions
 from supervisor.scheduler import Scheduler
 from supervisor.workers import WorkerSet, WState
 from tests import nodes
@@ -155,7 +155,7 @@ def test_a_newer_desired_state_replaces_a_pending_one() -> None:
 def test_a_refusal_is_kept_for_status_until_cleared() -> None:
     """An invalid config is not pending (retrying cannot help); status names it."""
     s = Setup()
-    s.rec.refuse("SIGHUP", "reload refused: bad key")
+    s.rec.refuse(Refusal("reload", "bad key", "SIGHUP"))
     assert s.rec.status() == {"pending": None, "refused": "reload refused: bad key (SIGHUP)", "refusals": 1}
 
 
