@@ -101,12 +101,11 @@ class HealthHub:
         self.metrics.health_batch(((c.resource, c.device_id, c.healthy) for c in batch.changes), batch.xid)
         if not batch:
             return
-        record = batch.log_record()
         healthy = all(c.healthy for c in batch.changes)
         log.log(
             logging.INFO if healthy else logging.WARNING,
             "health %s: %s on %s -> %d device(s) %s in %s%s",
-            record["cause"],
+            batch.cause,
             f"XID {batch.xid}" if batch.xid is not None else "condition",
             batch.gpu_uuid or "all GPUs",
             len(batch.changes),
@@ -136,9 +135,9 @@ class HealthHub:
         return HealthSnapshot(seq=seq, resource=resource, devices=tuple(devices), epoch=self.epoch)
 
     def set_plans(self, plans: Mapping[str, ResourcePlan]) -> None:
+        """The plans changed; the caller updates the device gauges once it has applied them all."""
         if self.book is not None:
             self.publish(self.book.set_plans(plans, self.clock.time()))
-            self.update_gauges()
 
     def set_node(self, node: Node) -> None:
         if self.monitor is not None:

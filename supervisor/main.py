@@ -42,7 +42,7 @@ from supervisor import status
 from supervisor.cdisync import CdiSync
 from supervisor.commands import reply_to
 from supervisor.control import ControlEndpoint
-from supervisor.discovery import EXIT_IN_USE, NvmlLink, StartupError, keep_vanished_gpus
+from supervisor.discovery import EXIT_IN_USE, NvmlLink, StartupError
 from supervisor.health_policy import PolicyError
 from supervisor.healthhub import HealthHub
 from supervisor.httpserver import AddressError, ProbeServer, ReadinessCell, loop_liveness
@@ -64,7 +64,7 @@ from supervisor.zygote import become_subreaper
 if TYPE_CHECKING:
     from common.simulator import Simulator
 
-__all__ = ["StartupError", "Supervisor", "keep_vanished_gpus"]
+__all__ = ["StartupError", "Supervisor"]
 
 log = logging.getLogger("gpuvisor.supervisor")
 
@@ -90,7 +90,6 @@ class Supervisor:
         clock: Clock | None = None,
     ) -> None:
         self.config = config
-        self.argv_flags = argv_flags
         self.environ = dict(os.environ) if environ is None else environ
         self.clock = clock or SystemClock()
         self.metrics = Metrics()
@@ -155,8 +154,9 @@ class Supervisor:
             self._adopt_config,
         )
         self._was_ready = False
-        self._brought_up = False  # health and MPS started for the first plans
         self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
+        self._poller: zmq.Poller | None = None
+        self._watched: tuple[object, int] = (None, -1)
 
     @property
     def simulator(self) -> Simulator | None:
@@ -266,15 +266,20 @@ class Supervisor:
 
     def wait(self) -> list[object]:
         """Sleep until an event or the next timer; the sockets and fds that are ready."""
-        poller = zmq.Poller()
-        poller.register(self.mailbox.fileno(), zmq.POLLIN)
-        if self.control.sock is not None:
-            poller.register(self.control.sock, zmq.POLLIN)
-        if self.spawner.fileno() >= 0:  # a worker forked by the zygote ends: the zygote's report wakes us
-            poller.register(self.spawner.fileno(), zmq.POLLIN)
+        # The same poller every turn, made again only when what it watches changes (the control
+        # socket opens, the zygote is replaced).
+        watched = (self.control.sock, self.spawner.fileno())
+        if self._poller is None or watched != self._watched:
+            poller = zmq.Poller()
+            poller.register(self.mailbox.fileno(), zmq.POLLIN)
+            if self.control.sock is not None:
+                poller.register(self.control.sock, zmq.POLLIN)
+            if self.spawner.fileno() >= 0:  # a worker forked by the zygote ends: its report wakes us
+                poller.register(self.spawner.fileno(), zmq.POLLIN)
+            self._poller, self._watched = poller, watched
         timeout_ms = int(self.timers.wait_seconds(TICK_S) * 1000) + 1
         try:
-            return [sock for sock, _event in poller.poll(timeout_ms)]
+            return [sock for sock, _event in self._poller.poll(timeout_ms)]
         except zmq.ZMQError as exc:  # EINTR and the like: just go round again
             log.debug("poll interrupted: %s", exc)
             return []
@@ -317,7 +322,7 @@ class Supervisor:
             )
 
     def _readiness(self) -> status.Readiness:
-        pending = self.reconciler.pending_error if self.reconciler.pending is not None else ""
+        pending = self.reconciler.pending_error  # "" unless a reload is pending
         return status.readiness(
             self.nvml.up,
             self.nvml.error,
@@ -358,7 +363,7 @@ class Supervisor:
 
     def adopt(self, desired: Desired) -> None:
         """ReconcileHooks: the plan files are written; config, health, CDI and MPS follow first."""
-        first = not self._brought_up
+        first = not self.mps.started  # the last step of bringing health and MPS up
         self._adopt_config(desired.config)
         if desired.node != self.node:
             self.node = desired.node
@@ -368,7 +373,6 @@ class Supervisor:
                 self.nvml.module, desired.node, desired.plans, self.mailbox.post, self.config.probe_interval
             )
             self.mps.start(desired.plans)
-            self._brought_up = True
         else:
             self.hub.set_plans(desired.plans)
         self.cdi.sync(desired.plans)  # before the workers: none may hand out a CDI name the spec lacks
@@ -433,9 +437,6 @@ class Supervisor:
 
     def gpu_reset(self, uuid: str) -> None:
         self.hub.gpu_reset(uuid, self.node)
-
-    def ready(self) -> bool:
-        return self._readiness().ready
 
     def status(self) -> dict[str, Json]:
         answer = self._readiness()

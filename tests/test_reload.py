@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from common.kubelet_standin import DeviceState
-from supervisor.main import keep_vanished_gpus
+from supervisor.discovery import keep_vanished_gpus
 from tests import nodes
 from tests.harness import SimNode
 from tests.helpers import REPO, gone, wait_until
