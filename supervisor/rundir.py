@@ -88,9 +88,7 @@ class RunDir:
                 "stop it first, or give this one another --run-dir"
             )
         try:
-            for path in (self.control_path, self.health_path):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            self.remove_sockets()
             for directory in (self.path, self.plans_dir):  # what a killed supervisor was writing
                 remove_temp_files(directory)
         except OSError as exc:
@@ -262,20 +260,19 @@ class WorkerSockets:
         self.tags.setdefault(resource, []).append(tag)
         self._save()
 
-    def sweep(self, resource: str, tag: str | None = None) -> list[str]:
+    def sweep(self, resource: str, tag: str | None = None, names: list[str] | None = None) -> list[str]:
         """Remove the dead sockets of `tag` (None: every recorded tag) of `resource`; their names.
 
         Call it once the worker of `tag` is gone: its tag is forgotten when none of its sockets
-        is left.
+        is left. `names`: the plugin dir's entries, when the caller has listed it already.
         """
         tags = self.tags.get(resource, [])
         chosen = [t for t in tags if tag is None or t == tag]
         if not chosen:
             return []
-        try:
-            names = sorted(os.listdir(self.plugin_dir))
-        except OSError:
-            names = []
+        if names is None:
+            names = self._listing()
+        before = len(tags)
         removed: list[str] = []
         for t in chosen:
             left = False
@@ -297,11 +294,19 @@ class WorkerSockets:
                 tags.remove(t)
         if not tags:
             self.tags.pop(resource, None)
-        self._save()
+        if len(tags) != before or self.save_error:  # the record changed, or is still unwritten
+            self._save()
         return removed
 
     def sweep_all(self) -> list[str]:
-        return [name for resource in sorted(self.tags) for name in self.sweep(resource)]
+        names = self._listing()
+        return [name for resource in sorted(self.tags) for name in self.sweep(resource, names=names)]
+
+    def _listing(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.plugin_dir))
+        except OSError:
+            return []
 
     def stale_workers(self) -> list[int]:
         """PIDs of worker processes an earlier supervisor life left running: its recorded tags on
