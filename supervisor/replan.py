@@ -95,13 +95,16 @@ class Replanner:
         self.config_fp = file_fingerprint(config.config_file) if config.config_file else ""
 
     # ------------------------------------------------------------------ triggers
-    def reload(self, trigger: str) -> bool:
-        """Re-read the config and the device set; apply what changed. False if refused or pending."""
+    def reload(self, trigger: str, fingerprint: str | None = None) -> bool:
+        """Re-read the config and the device set; apply what changed. False if refused or pending.
+
+        `fingerprint`: the config file's, when the caller has just taken it.
+        """
         self.reloads += 1
         running, _node = self.current()
         if running.config_file:
             # What is read now has been seen, taken or refused: the file watch need not repeat it.
-            self.config_fp = file_fingerprint(running.config_file)
+            self.config_fp = fingerprint or file_fingerprint(running.config_file)
         try:
             config = self._live_part(load_config(self.argv_flags, self.environ))
             health_policy_for(config)  # refused here, not half-applied later
@@ -145,8 +148,7 @@ class Replanner:
         path = self.current()[0].config_file
         fingerprint = file_fingerprint(path)
         if fingerprint != self.config_fp:  # else an event that changed nothing we read
-            self.config_fp = fingerprint
-            self.reload("config file changed")
+            self.reload("config file changed", fingerprint)
 
     def _replan(self, config: Config, trigger: str, what: str) -> bool:
         running, node_now = self.current()
