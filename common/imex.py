@@ -22,6 +22,7 @@ from common.devnodes import host_path
 log = logging.getLogger("gpuvisor.imex")
 
 IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+IMEX_CLASS = "imex-channel"  # the CDI device class of the channels (`<vendor>/imex-channel=<id>`)
 
 
 class ImexChannelMissing(Exception):

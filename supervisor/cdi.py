@@ -37,14 +37,13 @@ from typing import Any
 import yaml
 
 from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
-from common.imex import ImexChannel, char_device_problem, select_channels
+from common.imex import IMEX_CLASS, ImexChannel, char_device_problem, select_channels
 from common.model import AllocatableDevice, ResourcePlan
 
 log = logging.getLogger("gpuvisor.cdi")
 
 CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 CDI_CLASS = "gpu"
-IMEX_CLASS = "imex-channel"
 # 0.5.0 is the first CDI version with `hostPath` on device nodes, which a dev root needs.
 CDI_VERSION = "0.5.0"
 CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
@@ -76,9 +75,9 @@ class CdiError(Exception):
 # --- what the spec holds ------------------------------------------------------------------------
 
 
-def cdi_needed(plans: Mapping[str, ResourcePlan]) -> bool:
-    """Does any plan hand out CDI device names (a `cdi-annotations` or `cdi-cri` list strategy)?"""
-    return any(CDI_STRATEGIES.intersection(p.allocate.device_list_strategies) for p in plans.values())
+def cdi_plans(plans: Mapping[str, ResourcePlan]) -> list[ResourcePlan]:
+    """The plans that hand out CDI device names (a `cdi-annotations` or `cdi-cri` list strategy)."""
+    return [p for p in plans.values() if CDI_STRATEGIES.intersection(p.allocate.device_list_strategies)]
 
 
 def cdi_device_id(device: AllocatableDevice, id_strategy: str) -> str:
@@ -103,7 +102,7 @@ def build_spec(
     Raises CdiError when no plan needs CDI, or when a MIG device's capability minors cannot be
     found (a MIG device without its capability nodes would not work in the container).
     """
-    wanted = [p for p in plans.values() if CDI_STRATEGIES.intersection(p.allocate.device_list_strategies)]
+    wanted = cdi_plans(plans)
     if not wanted:
         raise CdiError("no resource uses a CDI device list strategy (cdi-annotations or cdi-cri)")
     dev_root = wanted[0].allocate.dev_root
@@ -155,7 +154,7 @@ def build_imex_spec(
     """The `imex-channel` CDI spec NVIDIA writes beside the GPU one (internal/cdi/imex.go): one
     device per configured channel whose node exists (common.imex), named by its ID, with its node.
     None when no CDI plan has an IMEX channel: Allocate then names no imex-channel device."""
-    wanted = [p for p in plans.values() if CDI_STRATEGIES.intersection(p.allocate.device_list_strategies)]
+    wanted = cdi_plans(plans)
     channels: dict[str, ImexChannel] = {}
     for plan in wanted:
         settings = plan.allocate
@@ -513,10 +512,11 @@ class CdiSpecWriter:
 
         Raises CdiError when the spec cannot be built or written; the old file then stays.
         """
-        if not cdi_needed(plans):
+        wanted = cdi_plans(plans)
+        if not wanted:
             return None
         self._sync_imex(plans)
-        first = next(p for p in plans.values() if CDI_STRATEGIES.intersection(p.allocate.device_list_strategies))
+        first = wanted[0]
         if self.use_nvidia_ctk:
             ctk = find_nvidia_ctk(first.allocate.nvidia_ctk_path)
             if ctk is None:

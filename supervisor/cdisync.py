@@ -26,6 +26,10 @@ RETRY_MAX_S = 30.0
 TIMER = "cdi-retry"
 
 
+def cdi_settings(config: Config) -> tuple[object, ...]:
+    return tuple(getattr(config, n) for n in CDI_SETTINGS)
+
+
 def make_writer(config: Config) -> CdiSpecWriter:
     return CdiSpecWriter(
         config.cdi_spec_dir, fmt=config.cdi_spec_format, use_nvidia_ctk=config.cdi_nvidia_ctk
@@ -35,7 +39,7 @@ def make_writer(config: Config) -> CdiSpecWriter:
 class CdiSync:
     def __init__(self, config: Config, timers: Scheduler) -> None:
         self.writer = make_writer(config)
-        self.settings = tuple(getattr(config, n) for n in CDI_SETTINGS)
+        self.settings = cdi_settings(config)
         self.timers = timers
         self.error: str | None = None
         self.plans: dict[str, ResourcePlan] = {}
@@ -43,7 +47,7 @@ class CdiSync:
 
     def configure(self, config: Config) -> bool:
         """A reloaded config: a new writer if its CDI settings changed; True if they did."""
-        settings = tuple(getattr(config, n) for n in CDI_SETTINGS)
+        settings = cdi_settings(config)
         if settings == self.settings:
             return False
         self.settings = settings

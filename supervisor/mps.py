@@ -63,6 +63,7 @@ from supervisor.mpslayout import (
     shm_dir,
     started_file,
 )
+from supervisor.rundir import write_atomic
 
 # What callers of the daemons use, kept importable from here.
 __all__ = ["PID_FILE", "DaemonStatus", "MpsDaemons", "MpsError", "daemon_settings", "find_control_binary"]
@@ -74,6 +75,7 @@ log = logging.getLogger("gpuvisor.mps")
 @dataclass
 class _Daemon:
     settings: DaemonSettings
+    backoff: Backoff  # the restart backoff, made with the daemon
     state: DState = DState.DOWN
     pid: int | None = None
     reason: str = "MPS control daemon not started yet"
@@ -81,7 +83,6 @@ class _Daemon:
     next_start: float = 0.0
     deadline: float = 0.0
     next_probe: float = 0.0
-    backoff: Backoff | None = None  # the restart backoff, made with the daemon
     probe_failures: int = 0
     restarts: int = 0
     applied: DaemonSettings | None = None
@@ -253,7 +254,12 @@ class MpsDaemons:
         for resource, settings in sorted(desired.items()):
             daemon = self._daemons.get(resource)
             if daemon is None:
-                daemon = _Daemon(settings=settings, since=now, next_start=now)
+                daemon = _Daemon(
+                    settings=settings,
+                    since=now,
+                    next_start=now,
+                    backoff=Backoff(self._backoff_initial, self._backoff_max),
+                )
                 self._daemons[resource] = daemon
                 self._report(daemon, False, daemon.reason, pending)
             elif daemon.settings != settings:
@@ -365,8 +371,7 @@ class MpsDaemons:
             return
         d.state = DState.UP
         d.since = now
-        if d.backoff is not None:
-            d.backoff.reset()
+        d.backoff.reset()
         d.probe_failures = 0
         d.next_probe = now + self._probe_interval
         d.killed_pid = None
@@ -416,8 +421,6 @@ class MpsDaemons:
             d.killed_pid = d.pid
         with contextlib.suppress(FileNotFoundError):
             os.unlink(started_file(s.mps_root, s.resource))
-        if d.backoff is None:
-            d.backoff = Backoff(self._backoff_initial, self._backoff_max)
         # A restart we caused (a new MPS root) is no failure: it waits as long as the last one did.
         delay = d.backoff.next() if count else d.backoff.step(max(d.backoff.attempts, 1))
         was_up = d.state is DState.UP
@@ -583,11 +586,9 @@ class MpsDaemons:
 
     @staticmethod
     def _write(path: str, text: str) -> bool:
-        tmp = f"{path}.tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, path)
+            # Readable by the containers that look for it; never written through a planted symlink.
+            write_atomic(path, text, mode=0o644)
         except OSError as exc:
             log.warning("cannot write MPS marker %s: %s", path, exc.strerror or exc)
             return False

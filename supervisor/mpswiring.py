@@ -59,6 +59,9 @@ class MpsWiring:
         def report(resource: str, up: bool, reason: str) -> None:
             self.post(lambda: self._on_change(resource, up, reason, generation))
 
+        return self._daemons(config, report)
+
+    def _daemons(self, config: Config, report: Callable[[str, bool, str], None]) -> MpsDaemons:
         return MpsDaemons(
             report,
             binary=config.mps_control_binary,
@@ -73,14 +76,7 @@ class MpsWiring:
         if mps_settings(config) == self.settings:
             self.daemons.validate(plans)
             return
-        MpsDaemons(
-            lambda resource, up, reason: None,
-            binary=config.mps_control_binary,
-            driver_root=config.driver_root,
-            environ=self.environ,
-            nvml_module=self.nvml_module,
-            exclusive_process=config.mps_exclusive_process,
-        ).validate(plans)
+        self._daemons(config, lambda resource, up, reason: None).validate(plans)
 
     # ------------------------------------------------------------------ on the main loop
     def start(self, plans: Mapping[str, ResourcePlan]) -> None:

@@ -166,11 +166,11 @@ def test_mig_minors_unreadable_is_a_clear_error(tmp_path: Path) -> None:
     ("strategies", "needed"),
     [("envvar", False), ("volume-mounts", False), ("cdi-annotations", True), ("cdi-cri", True), ("envvar,cdi-cri", True)],
 )
-def test_cdi_needed(strategies: str, needed: bool) -> None:
+def test_cdi_plans(strategies: str, needed: bool) -> None:
     """CDI is needed exactly when a plan's list strategies include cdi-annotations or cdi-cri."""
     plans = plan_resources(nodes.pcie_l4(), cfg(device_list_strategy=strategies))
-    assert cdi.cdi_needed(plans) is needed
-    assert cdi.cdi_needed({}) is False
+    assert bool(cdi.cdi_plans(plans)) is needed
+    assert cdi.cdi_plans({}) == []
 
 
 # --- validation ---------------------------------------------------------------------------------

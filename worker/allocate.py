@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
-from common.imex import ImexChannelMissing, char_device_problem, select_channels
+from common.imex import IMEX_CLASS, ImexChannelMissing, char_device_problem, select_channels
 from common.model import AllocatableDevice, ResourcePlan
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -148,7 +148,7 @@ class Allocator:
             selected = ()
         channels = tuple(c.id for c in selected)
         self._imex_env = ",".join(channels)
-        extra_cdi = [f"{settings.cdi_vendor}/imex-channel={c}" for c in channels]
+        extra_cdi = [f"{settings.cdi_vendor}/{IMEX_CLASS}={c}" for c in channels]
         # NVIDIA's CDI handler adds its optional modes in this order: gdrcopy, gds, mofed.
         for enabled, mode in (
             (settings.gdrcopy_enabled, "gdrcopy"),
