@@ -225,6 +225,8 @@ def main(flags: Any, environ: Mapping[str, str]) -> int:
         print(f"gpuvisor labels: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     logs.setup(settings.log_format, settings.log_level, role="labels")
+    for notice in settings.notices:
+        log.warning("%s", notice)
     try:
         labeller = Labeller(settings, lambda: load_label_settings(flags, environ))
         labeller.install_signal_handlers()

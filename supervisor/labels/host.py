@@ -21,6 +21,8 @@ from supervisor.labels.rules import LabelError, VgpuDevice
 
 log = logging.getLogger("gpuvisor.labels")
 
+SYSFS = "/sys"
+DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"  # GFD's --machine-type-file default
 MACHINE_TYPE_UNKNOWN = "unknown"
 MAX_MACHINE_TYPE_BYTES = 64 * 1024
 MAX_PCI_CONFIG_BYTES = 4096  # PCIe extended configuration space
