@@ -23,13 +23,11 @@ from common.config import Config
 from common.messages import Json
 from common.nvml import Nvml
 from supervisor.labels import LabelConfig, LabelFile, SharingView, compute_labels
-from supervisor.labels.host import read_machine_type, scan_vgpu
+from supervisor.labels.host import DEFAULT_MACHINE_TYPE_FILE, SYSFS, read_machine_type, scan_vgpu
 from supervisor.scheduler import Scheduler
 
 log = logging.getLogger("gpuvisor.supervisor")
 
-MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"  # GFD's default --machine-type-file
-SYSFS = "/sys"
 TIMER = "labels-retry"
 
 
@@ -59,7 +57,7 @@ class NodeLabels:
             labels = compute_labels(
                 facts,
                 LabelConfig(config.mig_strategy, SharingView.from_config(config.sharing)),
-                machine_type=read_machine_type("" if self.simulated else MACHINE_TYPE_FILE),
+                machine_type=read_machine_type("" if self.simulated else DEFAULT_MACHINE_TYPE_FILE),
                 vgpu=scan_vgpu(None if self.simulated else SYSFS),
                 timestamp=None,
             )

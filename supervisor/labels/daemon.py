@@ -27,7 +27,7 @@ from typing import Any
 
 from common.config import ConfigError
 from common.nvml import NvmlCallError
-from supervisor.labels.host import NvmlUnavailable, read_machine_type, read_node_facts, scan_vgpu
+from supervisor.labels.host import SYSFS, NvmlUnavailable, read_machine_type, read_node_facts, scan_vgpu
 from supervisor.labels.nodefeature import ApiError, NodeFeaturePublisher
 from supervisor.labels.output import LabelFile, OutputError
 from supervisor.labels.rules import LabelError, compute_labels
@@ -37,7 +37,6 @@ log = logging.getLogger("gpuvisor.labels")
 
 EXIT_OK = 0
 EXIT_LABEL_ERROR = 1  # GFD's status for any failure
-SYSFS = "/sys"
 
 # What one labelling can fail with: each carries a one-line reason.
 FAILURES = (LabelError, NvmlUnavailable, NvmlCallError, OutputError, ApiError)

@@ -17,12 +17,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.config import SharingConfig
+from common.config import MIG_STRATEGIES, SharingConfig
 from common.nodefacts import PCI_CLASS_3D, PCI_CLASS_VGA, GpuFacts, MigFacts, NodeFacts
 
 PREFIX = "nvidia.com"
 FULL_GPU = f"{PREFIX}/gpu"  # internal/lm/resource.go fullGPUResourceName
-MIG_STRATEGIES = ("none", "single", "mixed")
 
 
 class LabelError(Exception):
