@@ -27,10 +27,10 @@ from typing import Any
 
 from common.config import ConfigError
 from common.nvml import NvmlCallError
-from supervisor.labels.host import SYSFS, NvmlUnavailable, read_machine_type, read_node_facts, scan_vgpu
+from supervisor.labels.host import SYSFS, NvmlUnavailable, label_node, read_node_facts
 from supervisor.labels.nodefeature import ApiError, NodeFeaturePublisher
 from supervisor.labels.output import LabelFile, OutputError
-from supervisor.labels.rules import LabelError, compute_labels
+from supervisor.labels.rules import LabelError
 from supervisor.labels.settings import LabelSettings, load_label_settings
 
 log = logging.getLogger("gpuvisor.labels")
@@ -149,12 +149,8 @@ class Labeller:
         """This node's labels now (raises one of FAILURES)."""
         s = self.settings
         facts = read_node_facts(self.module, self.sysfs_root, fail_on_init_error=s.fail_on_init_error)
-        return compute_labels(
-            facts,
-            s.label_config,
-            machine_type=read_machine_type(s.machine_type_file),
-            vgpu=scan_vgpu(self.sysfs_root),
-            timestamp=self.timestamp,
+        return label_node(
+            facts, s.label_config, machine_type_file=s.machine_type_file, sysfs_root=self.sysfs_root, timestamp=self.timestamp
         )
 
     def label_once(self) -> bool:
