@@ -24,7 +24,7 @@ from common.config.errors import ConfigError, Invalid, kind, show
 from common.config.flags import FLAG_FORMS, IGNORED_ARGS, decode_text
 from common.config.model import Config
 from common.config.sections import parse_health, parse_resources, parse_sharing
-from common.config.settings import SETTINGS, SETTINGS_BY_NAME, Setting, seconds
+from common.config.settings import SETTINGS, SETTINGS_BY_NAME, Setting
 from common.config.yamlfile import read_config_file
 
 CONFIG_VERSION = "v1"
@@ -220,7 +220,7 @@ def config_from_data(
     notices = _notices(given, values)
     resources = parse_resources(tree.get("resources"), source, unknown)
     sharing = parse_sharing(tree.get("sharing"), source, unknown, notices)
-    health = parse_health(own.get("health"), source, seconds(positive=False))
+    health = parse_health(own.get("health"), source)
     _check_whole(values, sharing.strategy, source)
     return Config(
         **values,

@@ -65,7 +65,6 @@ class Labeller:
         self.file: LabelFile | None = None
         self.publisher: NodeFeaturePublisher | None = None
         self.timestamp: int | None = None
-        self.labels: dict[str, str] | None = None  # the last labels published
         self.passes = 0
 
     # ------------------------------------------------------------ signals
@@ -133,7 +132,6 @@ class Labeller:
         else:
             self.publisher = None
             self.file = LabelFile(settings.output_file)
-        self.labels = None
 
     def reload(self) -> None:
         """SIGHUP: re-read the config; a bad one is refused and the running one stays."""
@@ -171,7 +169,6 @@ class Labeller:
             log.info("labels written: %d", len(labels))
         else:
             log.debug("labels unchanged: %d", len(labels))
-        self.labels = labels
         return True
 
     def publish(self, labels: Mapping[str, str]) -> bool:
