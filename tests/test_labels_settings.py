@@ -9,15 +9,24 @@ keys and `c.IsSet` precedence), api/config/v1/duration.go (durations), api/confi
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from common.config import ConfigError
+from common.config.nvidia import Leaf, leaf_at
 from supervisor.cli import build_parser
+from supervisor.labels.daemon import Labeller
 from supervisor.labels.host import DEFAULT_MACHINE_TYPE_FILE
-from supervisor.labels.settings import DEFAULT_OUTPUT_FILE, label_settings_markdown, load_label_settings
+from supervisor.labels.settings import (
+    DEFAULT_OUTPUT_FILE,
+    LABEL_SETTINGS,
+    label_settings_markdown,
+    load_label_settings,
+)
 
 
 def load(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None, config: str | None = None, tmp: Path | None = None) -> Any:
@@ -281,3 +290,26 @@ def test_flags_are_not_abbreviated_nor_given_twice(argv: tuple[str, ...], messag
     assert exc.value.code == 78
     err = capsys.readouterr().err
     assert err.startswith("gpuvisor labels: config error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_the_longest_go_duration_is_a_sleep_interval_the_loop_can_wait_on() -> None:
+    """`--sleep-interval 2562047h47m16.854775807s` (Go's largest Duration, time.go maxDuration) loads, and
+    the loop waits on it until a signal instead of failing (Event.wait refuses waits that long)."""
+    s = load({"sleep_interval": "2562047h47m16.854775807s", "simulate": "pcie-l4"})
+    assert s.sleep_interval == pytest.approx(9223372036.854776)
+    labeller = Labeller(s, lambda: s)
+    stopper = threading.Timer(0.2, lambda: labeller._on_stop(signal.SIGTERM, None))
+    stopper.start()
+    try:
+        labeller.wait()
+    finally:
+        stopper.cancel()
+    assert labeller._stop_signal == signal.SIGTERM
+
+
+def test_every_gfd_file_key_is_a_field_of_nvidias_config() -> None:
+    """Each GFD setting's file key names a plain field of NVIDIA's Config (api/config/v1/flags.go:61-106):
+    nvidia.lookup of a misspelt key would quietly find nothing."""
+    for setting in LABEL_SETTINGS:
+        if setting.file_key is not None and not setting.gpuvisor:
+            assert isinstance(leaf_at(setting.file_key), Leaf), setting.file_key

@@ -37,6 +37,7 @@ log = logging.getLogger("gpuvisor.labels")
 
 EXIT_OK = 0
 EXIT_LABEL_ERROR = 1  # GFD's status for any failure
+MAX_WAIT_STEP_S = 3600.0
 
 # What one labelling can fail with: each carries a one-line reason.
 FAILURES = (LabelError, NvmlUnavailable, NvmlCallError, OutputError, ApiError)
@@ -111,7 +112,9 @@ class Labeller:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
-            self._wake.wait(remaining)
+            # In steps: GFD's longest interval (2562047h47m16.854775807s) is past what
+            # Event.wait takes (threading.TIMEOUT_MAX, about 292 years), which would raise.
+            self._wake.wait(None if remaining is None else min(remaining, MAX_WAIT_STEP_S))
             self._wake.clear()
 
     def apply(self, settings: LabelSettings) -> None:
