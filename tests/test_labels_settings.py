@@ -1,7 +1,7 @@
 """`gpuvisor labels` settings: GFD's names, defaults and precedence (flag > env > config file > default).
 
 NVIDIA's source for each: cmd/gpu-feature-discovery/main.go:51-119 (flags, env names, defaults),
-internal/flags/kubeclient.go:42-67 and node.go:30-52, api/config/v1/flags.go:101-170 (the file
+internal/flags/kubeclient.go:42-67 and node.go:30-52, api/config/v1/flags.go:118-181 (the file
 keys and `c.IsSet` precedence), api/config/v1/duration.go (durations), api/config/v1/config.go
 (the file decoded whole), and urfave/cli v2.27.7 as NVIDIA vendors it
 (vendor/github.com/urfave/cli/v2: flag.go flagFromEnvOrFile, flag_*.go Apply).
@@ -228,7 +228,7 @@ def test_readme_table_is_current() -> None:
 )
 def test_the_whole_file_is_decoded_as_nvidias_config(tmp_path: Path, config: str, key: str) -> None:
     """A string for a Go *bool is refused, even in a part the labels do not use: GFD decodes the whole
-    file into NVIDIA's Config (config.go:130-145 parseConfigFrom, flags.go:62-106 the *bool fields,
+    file into NVIDIA's Config (config.go:113-136 parseConfigFrom, flags.go:59-115 the *bool fields,
     resources.go Resource.UnmarshalJSON). (Until this fix the labels accepted these.)"""
     with pytest.raises(ConfigError) as err:
         load(config=config, tmp=tmp_path)
@@ -237,7 +237,7 @@ def test_the_whole_file_is_decoded_as_nvidias_config(tmp_path: Path, config: str
 
 def test_file_keys_match_case_insensitively_as_encoding_json_does(tmp_path: Path) -> None:
     """`MigStrategy` and `gfd: {OneShot: ...}` land in migStrategy and oneshot: encoding/json matches a
-    key to a field case-insensitively when no exact match exists (flags.go:62-106 json tags).
+    key to a field case-insensitively when no exact match exists (flags.go:59-115 json tags).
     (Until this fix the labels ignored them.)"""
     s = load(config="flags:\n  MigStrategy: mixed\n  GFD: {OneShot: true, NOTIMESTAMP: true}\n", tmp=tmp_path)
     assert (s.mig_strategy, s.oneshot, s.no_timestamp) == ("mixed", True, True)
@@ -245,7 +245,7 @@ def test_file_keys_match_case_insensitively_as_encoding_json_does(tmp_path: Path
 
 def test_a_number_for_a_string_key_becomes_its_text(tmp_path: Path) -> None:
     """`outputFile: 1.5` is the path "1.5": sigs.k8s.io/yaml turns a YAML number headed for a Go string
-    into its text (flags.go:97 OutputFile *string). (Until this fix the labels refused it.)"""
+    into its text (flags.go:113 OutputFile *string). (Until this fix the labels refused it.)"""
     s = load(config="flags: {gfd: {outputFile: 1.5, machineTypeFile: 7}}\n", tmp=tmp_path)
     assert (s.output_file, s.machine_type_file) == ("1.5", "7")
 
@@ -308,7 +308,7 @@ def test_the_longest_go_duration_is_a_sleep_interval_the_loop_can_wait_on() -> N
 
 
 def test_every_gfd_file_key_is_a_field_of_nvidias_config() -> None:
-    """Each GFD setting's file key names a plain field of NVIDIA's Config (api/config/v1/flags.go:61-106):
+    """Each GFD setting's file key names a plain field of NVIDIA's Config (api/config/v1/flags.go:59-115):
     nvidia.lookup of a misspelt key would quietly find nothing."""
     for setting in LABEL_SETTINGS:
         if setting.file_key is not None and not setting.gpuvisor:

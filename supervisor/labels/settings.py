@@ -57,7 +57,7 @@ from supervisor.labels.host import DEFAULT_MACHINE_TYPE_FILE
 from supervisor.labels.rules import LabelConfig, SharingView
 
 DEFAULT_OUTPUT_FILE: Final = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
-GFD_DISCOVERY_STRATEGIES: Final = (*DISCOVERY_STRATEGIES, "vfio")  # GFD's validateFlags (main.go:122-133)
+GFD_DISCOVERY_STRATEGIES: Final = (*DISCOVERY_STRATEGIES, "vfio")  # GFD's validateFlags (main.go:132-142)
 UNSUPPORTED_DISCOVERY: Final = ("tegra", "vfio")  # GFD's CUDA and VFIO paths, not implemented here
 MIN_SLEEP_S: Final = 1.0
 _NS: Final = 1e9
@@ -105,7 +105,7 @@ def kube_api_burst(value: int) -> int:
 LABEL_SETTINGS: Final[tuple[Setting, ...]] = (
     # GFD v0.20.0: cmd/gpu-feature-discovery/main.go:51-119 (names, env vars, Go flag types,
     # defaults), internal/flags/kubeclient.go:42-67 and node.go:30-52; file keys from
-    # api/config/v1/flags.go:101-170 (UpdateFromCLIFlags)
+    # api/config/v1/flags.go:118-181 (UpdateFromCLIFlags)
     Setting("mig_strategy", ("--mig-strategy",), ("GFD_MIG_STRATEGY", "MIG_STRATEGY"), "flags.migStrategy", "string",
             "none", choice(*MIG_STRATEGIES), "How MIG devices are labelled.", choices=MIG_STRATEGIES),
     Setting("fail_on_init_error", ("--fail-on-init-error",), ("GFD_FAIL_ON_INIT_ERROR", "FAIL_ON_INIT_ERROR"),
