@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuvisor", description="A Kubernetes device plugin for NVIDIA GPUs: one supervisor, one worker per resource."
     )
-    # RunArgumentParser behaves as argparse's own until add_run_arguments makes `run` read NVIDIA's
-    # Go flag syntax (a boolean flag takes no separate value, a positional argument ends the flags).
+    # RunArgumentParser behaves as argparse's own until add_run_arguments / add_label_arguments make
+    # `run` and `labels` read NVIDIA's Go flag syntax (a boolean flag takes no separate value, a
+    # positional argument ends the flags), as NVIDIA's plugin and GFD read it.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=RunArgumentParser)
     run = sub.add_parser("run", help="run the device plugin (the supervisor)")
     add_run_arguments(run)

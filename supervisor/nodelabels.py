@@ -22,14 +22,12 @@ from common.backoff import Backoff
 from common.config import Config
 from common.messages import Json
 from common.nvml import Nvml
-from supervisor.labels import LabelConfig, LabelFile, SharingView, compute_labels
-from supervisor.labels.host import read_machine_type, scan_vgpu
+from supervisor.labels import LabelConfig, LabelFile, SharingView
+from supervisor.labels.host import DEFAULT_MACHINE_TYPE_FILE, SYSFS, label_node
 from supervisor.scheduler import Scheduler
 
 log = logging.getLogger("gpuvisor.supervisor")
 
-MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"  # GFD's default --machine-type-file
-SYSFS = "/sys"
 TIMER = "labels-retry"
 
 
@@ -55,12 +53,12 @@ class NodeLabels:
             self.file = LabelFile(path)
         self.timers.cancel(TIMER)
         try:
-            facts = Nvml(self.module, None if self.simulated else SYSFS).node_facts()
-            labels = compute_labels(
-                facts,
+            sysfs = None if self.simulated else SYSFS
+            labels = label_node(
+                Nvml(self.module, sysfs).node_facts(),
                 LabelConfig(config.mig_strategy, SharingView.from_config(config.sharing)),
-                machine_type=read_machine_type("" if self.simulated else MACHINE_TYPE_FILE),
-                vgpu=scan_vgpu(None if self.simulated else SYSFS),
+                machine_type_file="" if self.simulated else DEFAULT_MACHINE_TYPE_FILE,
+                sysfs_root=sysfs,
                 timestamp=None,
             )
             if self.file.write_if_changed(labels):

@@ -176,6 +176,7 @@ def stage_atomic(path: str, text: str, mode: int = 0o600) -> str:
         os.unlink(tmp)  # a leftover of a crash of this very pid number
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
+        os.fchmod(fd, mode)  # exactly `mode`, whatever the umask (as renameio's WriteFile does)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
@@ -187,8 +188,12 @@ def stage_atomic(path: str, text: str, mode: int = 0o600) -> str:
     return tmp
 
 
-def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
-    """Replace `path` with `text`: temp file beside it, fsync, rename. Raises OSError."""
+def write_atomic(path: str, text: str, mode: int = 0o600, *, sync_dir: bool = False) -> None:
+    """Replace `path` with `text`: temp file beside it, fsync, rename. Raises OSError.
+
+    With `sync_dir`, the directory is fsync'd after the rename too, so that the new name (not
+    only the new content) survives a crash.
+    """
     tmp = stage_atomic(path, text, mode)
     try:
         os.replace(tmp, path)
@@ -196,6 +201,12 @@ def write_atomic(path: str, text: str, mode: int = 0o600) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if sync_dir:
+        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def remove_temp_files(directory: str) -> list[str]:

@@ -1,24 +1,31 @@
 """`gpuvisor labels` settings: GFD's names, defaults and precedence (flag > env > config file > default).
 
 NVIDIA's source for each: cmd/gpu-feature-discovery/main.go:51-119 (flags, env names, defaults),
-internal/flags/kubeclient.go:42-67 and node.go:30-52, api/config/v1/flags.go:101-170 (the file
-keys and `c.IsSet` precedence), api/config/v1/duration.go (durations).
+internal/flags/kubeclient.go:42-67 and node.go:30-52, api/config/v1/flags.go:118-181 (the file
+keys and `c.IsSet` precedence), api/config/v1/duration.go (durations), api/config/v1/config.go
+(the file decoded whole), and urfave/cli v2.27.7 as NVIDIA vendors it
+(vendor/github.com/urfave/cli/v2: flag.go flagFromEnvOrFile, flag_*.go Apply).
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from common.config import ConfigError
+from common.config.nvidia import Leaf, leaf_at
+from supervisor.cli import build_parser
+from supervisor.labels.daemon import Labeller
+from supervisor.labels.host import DEFAULT_MACHINE_TYPE_FILE
 from supervisor.labels.settings import (
-    DEFAULT_MACHINE_TYPE_FILE,
     DEFAULT_OUTPUT_FILE,
+    LABEL_SETTINGS,
+    label_settings_markdown,
     load_label_settings,
-    parse_go_duration,
-    settings_markdown,
 )
 
 
@@ -77,26 +84,47 @@ def test_config_file_from_either_env_name(tmp_path: Path) -> None:
     assert load(env={"CONFIG_FILE": str(b)}).mig_strategy == "mixed"
 
 
-def test_empty_env_is_unset_except_where_gfd_gives_empty_a_meaning() -> None:
-    """MIG_STRATEGY="" is unset (gpuvisor's rule); GFD_OUTPUT_FILE="" means stdout and
-    GFD_MACHINE_TYPE_FILE="" means "unknown", as in GFD (output.go:74, machine-type.go:45)."""
-    s = load(env={"MIG_STRATEGY": "", "GFD_OUTPUT_FILE": "", "GFD_MACHINE_TYPE_FILE": ""})
-    assert (s.mig_strategy, s.output_file, s.machine_type_file) == ("none", "", "")
+def test_an_empty_env_var_is_a_value_and_ends_the_search_as_in_urfave_cli() -> None:
+    """The first env var present wins even when empty (flag.go:378-393 flagFromEnvOrFile): "" is the
+    string "" (flag_string.go:56-59) and false for a boolean (flag_bool.go:113-128), and the next
+    name is not tried. (Until this fix an empty one was skipped and MIG_STRATEGY="" meant unset.)"""
+    s = load(env={"GFD_OUTPUT_FILE": "", "GFD_MACHINE_TYPE_FILE": "", "GFD_FAIL_ON_INIT_ERROR": "", "FAIL_ON_INIT_ERROR": "true"})
+    assert (s.output_file, s.machine_type_file, s.fail_on_init_error) == ("", "", False)
+    assert dict(s.sources)["fail_on_init_error"] == "env GFD_FAIL_ON_INIT_ERROR"
+    with pytest.raises(ConfigError, match='env GFD_MIG_STRATEGY: invalid value ""'):
+        load(env={"GFD_MIG_STRATEGY": "", "MIG_STRATEGY": "mixed"})
+
+
+def test_an_empty_config_file_env_var_hides_the_other_name(tmp_path: Path) -> None:
+    """GFD_CONFIG_FILE="" is the string "": no config file, CONFIG_FILE is not looked at (flag.go:379-383)."""
+    b = tmp_path / "b.yaml"
+    b.write_text("flags: {migStrategy: mixed}\n")
+    s = load(env={"GFD_CONFIG_FILE": "", "CONFIG_FILE": str(b)})
+    assert (s.mig_strategy, s.config_file) == ("none", "")
+
+
+def test_an_empty_env_var_of_a_number_or_duration_is_unset(tmp_path: Path) -> None:
+    """GenericFlag, IntFlag and Float64Flag ignore an empty env value (flag_generic.go:82-90,
+    flag_int.go:52-63, flag_float64.go:51-61): the file or the default applies."""
+    s = load(env={"GFD_SLEEP_INTERVAL": "", "KUBE_API_QPS": "", "KUBE_API_BURST": ""},
+             config="flags: {gfd: {sleepInterval: 5m}}\n", tmp=tmp_path)  # fmt: skip
+    assert (s.sleep_interval, s.kube_api_qps, s.kube_api_burst) == (300.0, 5.0, 10)
 
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("60s", 60.0), ("1m30s", 90.0), ("1.5h", 5400.0), ("2h45m", 9900.0), ("1500ms", 1.5), ("0", 0.0),
-     ("3000000us", 3.0), ("+10s", 10.0), ("-1s", -1.0)],
+    [("60s", 60.0), ("1m30s", 90.0), ("1.5h", 5400.0), ("2h45m", 9900.0), ("1500ms", 1.5), ("3000000us", 3.0),
+     ("+10s", 10.0), ("1h0.5m", 3630.0)],
 )  # fmt: skip
 def test_go_durations(text: str, seconds: float) -> None:
     """Durations read as Go's time.ParseDuration reads them (duration.go:61-71)."""
-    assert parse_go_duration(text) == pytest.approx(seconds)
+    assert load({"sleep_interval": text}).sleep_interval == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "10", "1x", "s", "1m 30s", "1..5s"])
+@pytest.mark.parametrize("text", ["", "10", "1x", "s", "1m 30s", "1..5s", " 60s", "60s ", "--5s", "+-5s", " infinite", "Infinite"])
 def test_bad_go_durations(text: str) -> None:
-    """Anything ParseDuration refuses is refused, with the flag named."""
+    """Anything ParseDuration (and Duration.parse's exact "infinite") refuses is refused, with the flag named:
+    no blanks around it, one sign only (duration.go:61-71)."""
     with pytest.raises(ConfigError, match="flag --sleep-interval"):
         load({"sleep_interval": text})
 
@@ -122,7 +150,7 @@ def test_sharing_is_gfds_reading_of_the_file(tmp_path: Path) -> None:
         ("version: v2\n", "version"),
         ("flags: {migStrategy: 5}\n", "flags.migStrategy"),
         ("flags: {gfd: {oneshot: sometimes}}\n", "flags.gfd.oneshot"),
-        ("flags: {gfd: [1]}\n", "flags.gfd.oneshot"),
+        ("flags: {gfd: [1]}\n", "flags.gfd"),
         ("sharing: {timeSlicing: {resources: [{name: gpu}]}}\n", "sharing.timeSlicing.resources[0].replicas"),
         ("sharing: {mps: {resources: [{name: 'bad name', replicas: 2}]}}\n", "sharing.mps.resources[0].name"),
     ],
@@ -142,6 +170,32 @@ def test_kube_client_settings() -> None:
         load(env={"KUBE_API_BURST": "2.5"})
 
 
+@pytest.mark.parametrize(("text", "value"), [("16", 16), ("0x10", 16), ("0o20", 16), ("020", 16), ("1_6", 16), ("+16", 16)])
+def test_kube_api_burst_is_a_go_integer(text: str, value: int) -> None:
+    """KUBE_API_BURST is an IntFlag: strconv.ParseInt(s, 0, 64) (flag_int.go:52-54), so 0x10 is 16."""
+    assert load(env={"KUBE_API_BURST": text}).kube_api_burst == value
+
+
+@pytest.mark.parametrize("text", ["2.0", " 3", "3 ", "1e1", "0x", "1__0", "9223372036854775808"])
+def test_kube_api_burst_refuses_what_parseint_refuses(text: str) -> None:
+    """What strconv.ParseInt(s, 0, 64) refuses (no fraction, exponent, blanks or overflow) is refused."""
+    with pytest.raises(ConfigError, match="env KUBE_API_BURST: invalid value"):
+        load(env={"KUBE_API_BURST": text})
+
+
+@pytest.mark.parametrize(("text", "value"), [("2.5", 2.5), ("1e1", 10.0), (".5", 0.5), ("5.", 5.0), ("0x1p-2", 0.25), ("1_0", 10.0)])
+def test_kube_api_qps_is_a_go_float(text: str, value: float) -> None:
+    """KUBE_API_QPS is a Float64Flag: strconv.ParseFloat(s, 64) (flag_float64.go:52-53), hex floats included."""
+    assert load(env={"KUBE_API_QPS": text}).kube_api_qps == value
+
+
+@pytest.mark.parametrize("text", [" 3", "3 ", "0x10", "1e", "_1", "1e400", "+nan"])
+def test_kube_api_qps_refuses_what_parsefloat_refuses(text: str) -> None:
+    """What strconv.ParseFloat refuses (blanks, a hex float without p exponent, overflow, a signed NaN) is refused."""
+    with pytest.raises(ConfigError, match="env KUBE_API_QPS: invalid value"):
+        load(env={"KUBE_API_QPS": text})
+
+
 @pytest.mark.parametrize("strategy", ["tegra", "vfio"])
 def test_gfd_only_discovery_strategies_are_refused_clearly(strategy: str) -> None:
     """tegra and vfio are valid to GFD (main.go:132-142) but not implemented here: a clear refusal."""
@@ -156,4 +210,106 @@ def test_readme_table_is_current() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     start, end = "<!-- label-settings:start -->\n", "<!-- label-settings:end -->"
     assert start in readme and end in readme
-    assert readme.split(start, 1)[1].split(end, 1)[0] == settings_markdown()
+    assert readme.split(start, 1)[1].split(end, 1)[0] == label_settings_markdown()
+
+
+# --- the file is decoded as NVIDIA's Config (api/config/v1), by the same decoder as `gpuvisor run`'s ---
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ('flags: {gfd: {oneshot: "true"}}\n', "flags.gfd.oneshot"),
+        ('flags: {failOnInitError: "false"}\n', "flags.failOnInitError"),
+        ('flags: {plugin: {passDeviceSpecs: "true"}}\n', "flags.plugin.passDeviceSpecs"),
+        ("resources: {gpus: [{pattern: '*'}]}\n", "resources.gpus[0].name"),
+        ("imex: {channelIDs: [a]}\n", "imex.channelIDs[0]"),
+    ],
+)
+def test_the_whole_file_is_decoded_as_nvidias_config(tmp_path: Path, config: str, key: str) -> None:
+    """A string for a Go *bool is refused, even in a part the labels do not use: GFD decodes the whole
+    file into NVIDIA's Config (config.go:113-136 parseConfigFrom, flags.go:59-115 the *bool fields,
+    resources.go Resource.UnmarshalJSON). (Until this fix the labels accepted these.)"""
+    with pytest.raises(ConfigError) as err:
+        load(config=config, tmp=tmp_path)
+    assert err.value.key == key
+
+
+def test_file_keys_match_case_insensitively_as_encoding_json_does(tmp_path: Path) -> None:
+    """`MigStrategy` and `gfd: {OneShot: ...}` land in migStrategy and oneshot: encoding/json matches a
+    key to a field case-insensitively when no exact match exists (flags.go:59-115 json tags).
+    (Until this fix the labels ignored them.)"""
+    s = load(config="flags:\n  MigStrategy: mixed\n  GFD: {OneShot: true, NOTIMESTAMP: true}\n", tmp=tmp_path)
+    assert (s.mig_strategy, s.oneshot, s.no_timestamp) == ("mixed", True, True)
+
+
+def test_a_number_for_a_string_key_becomes_its_text(tmp_path: Path) -> None:
+    """`outputFile: 1.5` is the path "1.5": sigs.k8s.io/yaml turns a YAML number headed for a Go string
+    into its text (flags.go:113 OutputFile *string). (Until this fix the labels refused it.)"""
+    s = load(config="flags: {gfd: {outputFile: 1.5, machineTypeFile: 7}}\n", tmp=tmp_path)
+    assert (s.output_file, s.machine_type_file) == ("1.5", "7")
+
+
+def test_mps_sharing_with_the_mixed_strategy_loads(tmp_path: Path) -> None:
+    """GFD's config load has no MPS-root or mixed-strategy check (those are the device plugin's
+    validateFlags); a MIG-enabled GPU then fails the labelling itself (lm/nvml.go:206-207)."""
+    s = load({"mig_strategy": "mixed"}, config="sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n", tmp=tmp_path)
+    assert (s.mig_strategy, s.sharing.strategy) == ("mixed", "mps")
+
+
+# --- the command line is read with Go's flag syntax, as GFD's urfave/cli app reads it ---
+
+
+def parse(*argv: str) -> Any:
+    return load_label_settings(build_parser().parse_args(["labels", *argv]), {})
+
+
+def test_a_single_dash_flag_is_the_same_flag() -> None:
+    """`-oneshot` is --oneshot (Go's flag package takes -name and --name alike), not `-o neshot`.
+    (Until this fix argparse read it as --output-file "neshot".)"""
+    s = parse("-oneshot", "-no-timestamp")
+    assert (s.oneshot, s.no_timestamp, s.output_file) == (True, True, DEFAULT_OUTPUT_FILE)
+
+
+def test_a_boolean_flag_takes_no_separate_value() -> None:
+    """`--oneshot false` sets oneshot true, and "false" is a positional argument that ends the flags
+    (Go's boolFlag; GFD's action ignores arguments); a notice says so. (Until this fix: "false".)"""
+    s = parse("--oneshot", "false", "--mig-strategy", "mixed")
+    assert (s.oneshot, s.mig_strategy) == (True, "none")
+    assert len(s.notices) == 1 and '"false" "--mig-strategy" "mixed"' in s.notices[0]
+    assert parse("--oneshot=false").oneshot is False
+
+
+@pytest.mark.parametrize(("argv", "message"), [(("--one",), "flag --one: flag provided but not defined"),
+                                               (("--output-file", "a", "-o", "b"), "two forms of the same flag")])  # fmt: skip
+def test_flags_are_not_abbreviated_nor_given_twice(argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """No abbreviations (Go's FlagSet), and two spellings of one flag are an error (urfave/cli's
+    normalizeFlags): exit 78 with one line. (Until this fix argparse took `--one` for --oneshot.)"""
+    with pytest.raises(SystemExit) as exc:
+        parse(*argv)
+    assert exc.value.code == 78
+    err = capsys.readouterr().err
+    assert err.startswith("gpuvisor labels: config error: ") and message in err and len(err.splitlines()) == 1
+
+
+def test_the_longest_go_duration_is_a_sleep_interval_the_loop_can_wait_on() -> None:
+    """`--sleep-interval 2562047h47m16.854775807s` (Go's largest Duration, time.go maxDuration) loads, and
+    the loop waits on it until a signal instead of failing (Event.wait refuses waits that long)."""
+    s = load({"sleep_interval": "2562047h47m16.854775807s", "simulate": "pcie-l4"})
+    assert s.sleep_interval == pytest.approx(9223372036.854776)
+    labeller = Labeller(s, lambda: s)
+    stopper = threading.Timer(0.2, lambda: labeller._on_stop(signal.SIGTERM, None))
+    stopper.start()
+    try:
+        labeller.wait()
+    finally:
+        stopper.cancel()
+    assert labeller._stop_signal == signal.SIGTERM
+
+
+def test_every_gfd_file_key_is_a_field_of_nvidias_config() -> None:
+    """Each GFD setting's file key names a plain field of NVIDIA's Config (api/config/v1/flags.go:59-115):
+    nvidia.lookup of a misspelt key would quietly find nothing."""
+    for setting in LABEL_SETTINGS:
+        if setting.file_key is not None and not setting.gpuvisor:
+            assert isinstance(leaf_at(setting.file_key), Leaf), setting.file_key

@@ -5,7 +5,7 @@ for text, same precedence flag > env var > file > default), with gpuvisor's own 
 them and every count from outside bounded. One module per job:
 
 - `settings`  every setting declared once (flags, env vars, file key, Go type, default, check, help);
-- `flags`     `gpuvisor run`'s command line with Go's flag syntax (`add_run_arguments`);
+- `flags`     Go's flag syntax for `gpuvisor run` (`add_run_arguments`) and `gpuvisor labels`;
 - `yamlfile`  the file read as go-yaml v2 and sigs.k8s.io/yaml read it, bounded;
 - `nvidia`    NVIDIA's file layout decoded as encoding/json decodes it (`gojson`: its value rules);
 - `sections`  `resources`, `sharing` and `gpuvisor.health`; `names`: resource names, device references;
@@ -42,11 +42,8 @@ from common.config.settings import (
     SETTINGS_BY_NAME,
     SHARED_POLICIES,
     Setting,
-    go_bool_text,
 )
 from common.config.yamlfile import parse_config_text, read_config_file
-
-parse_go_bool = go_bool_text  # the name importers knew
 
 __all__ = [
     "CONFIG_VERSION",
@@ -80,7 +77,6 @@ __all__ = [
     "main",
     "new_resource_name",
     "parse_config_text",
-    "parse_go_bool",
     "parse_go_flags",
     "read_config_file",
     "settings_markdown",

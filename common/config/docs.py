@@ -1,4 +1,7 @@
-"""The README's settings table, generated from `SETTINGS` (`python -m common.config --markdown`)."""
+"""The README's settings tables, generated from the declarations (`python -m common.config --markdown`).
+
+`gpuvisor run`'s table comes from `SETTINGS`; `gpuvisor labels` passes its own rows and notes.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +9,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from common.config.settings import SETTINGS
+from common.config.settings import SETTINGS, Setting
+
+RUN_NOTES = (
+    "Precedence: flag > env var > config file > default. Flags follow Go's syntax, as NVIDIA's: a boolean "
+    "flag takes no separate value (`--pass-device-specs=false`, not `--pass-device-specs false`), and "
+    "arguments from the first non-flag one on are ignored. Only in the config file: `resources.gpus`, "
+    "`resources.mig`, `sharing.timeSlicing` / `sharing.mps`, and `gpuvisor.health` "
+    "(`xids: {\"<xid>\": ignore|transient|until-reset}`, `transientQuietSeconds`)."
+)
 
 
-def settings_markdown() -> str:
-    """The settings table for the README, generated from SETTINGS."""
+def settings_markdown(settings: Sequence[Setting] = SETTINGS, notes: str = RUN_NOTES) -> str:
+    """A settings table for the README (`gpuvisor run`'s by default), then `notes` as a paragraph."""
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
@@ -19,7 +30,7 @@ def settings_markdown() -> str:
         "| Flag | Env var | Config file key | Default | Description |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for s in SETTINGS:
+    for s in settings:
         flags = ", ".join(f"`{f}`" for f in s.flags) or "—"
         envs = ", ".join(f"`{e}`" for e in s.envs) or "—"
         key = f"`{s.file_key}`" if s.file_key else "—"
@@ -28,13 +39,7 @@ def settings_markdown() -> str:
         description = s.help + (f" One of: {', '.join(f'`{c}`' for c in s.choices)}." if s.choices else "")
         lines.append(f"| {flags} | {envs} | {key} | {cell(default)} | {cell(description)} |")
     lines.append("")
-    lines.append(
-        "Precedence: flag > env var > config file > default. Flags follow Go's syntax, as NVIDIA's: a boolean "
-        "flag takes no separate value (`--pass-device-specs=false`, not `--pass-device-specs false`), and "
-        "arguments from the first non-flag one on are ignored. Only in the config file: `resources.gpus`, "
-        "`resources.mig`, `sharing.timeSlicing` / `sharing.mps`, and `gpuvisor.health` "
-        "(`xids: {\"<xid>\": ignore|transient|until-reset}`, `transientQuietSeconds`)."
-    )
+    lines.append(notes)
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,8 @@
-"""`gpuvisor run`'s command line, read the way NVIDIA's binary reads its own.
+"""`gpuvisor run`'s and `gpuvisor labels`' command lines, read the way NVIDIA's binaries read theirs.
 
-NVIDIA's plugin parses flags with Go's `flag` package under urfave/cli v2, whose rules differ
-from argparse's, and an operator's DaemonSet args must mean the same to gpuvisor:
+NVIDIA's plugin and its GPU Feature Discovery parse flags with Go's `flag` package under
+urfave/cli v2 (the same go.mod), whose rules differ from argparse's, and an operator's DaemonSet
+args must mean the same to gpuvisor:
 
 - `-name` and `--name` are the same flag; a value follows as `--name=value` or `--name value`
   (even one that starts with '-'); no abbreviations;
@@ -14,9 +15,10 @@ from argparse's, and an operator's DaemonSet args must mean the same to gpuvisor
   (`--driver-root` and `--nvidia-driver-root`) is an error; a repeated list flag appends;
 - `-h`/`--help` and `-v`/`--version` are urfave/cli's own flags.
 
-`RunArgumentParser` is the argparse parser of the `run` command: `add_run_arguments` declares
-every setting on it (so `--help` lists them) and switches its parsing to these rules. Parse
-errors exit with EXIT_CONFIG_ERROR and one line, like every other config error.
+`RunArgumentParser` is the argparse parser of those commands: `add_go_arguments` declares a
+command's settings on it (so `--help` lists them) and switches its parsing to these rules over
+them (`add_run_arguments` for `run`'s). Parse errors exit with EXIT_CONFIG_ERROR and one line,
+like every other config error.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from common.config import golang
 from common.config.errors import EXIT_CONFIG_ERROR, ConfigError, Invalid, show
 from common.config.limits import MAX_STRING_LENGTH
-from common.config.settings import SETTINGS, SETTINGS_BY_FLAG, Setting
+from common.config.settings import SETTINGS, SETTINGS_BY_FLAG, Setting, flag_table
 
 HELP_FLAGS = ("help", "h")
 VERSION_FLAGS = ("version", "v")
@@ -69,11 +71,13 @@ def decode_text(setting: Setting, raw: Any) -> Any:
                 return raw  # its own check words the error
             raise Invalid(f"invalid boolean {show(raw)}: use true or false") from None
     texts = raw if isinstance(raw, list | tuple) else [raw]
-    if setting.kind == "string":
+    if setting.kind in ("string", "duration"):
         text = str(texts[-1])
         if len(text) > MAX_STRING_LENGTH:
             raise Invalid(f"too long: {len(text)} characters, at most {MAX_STRING_LENGTH}")
         return text
+    if setting.kind in ("int", "float"):
+        return _number(setting.kind, texts[-1])
     items = [item for text in texts for item in (split_list(text) if isinstance(text, str) else [text])]
     if setting.kind == "strings":
         for item in items:
@@ -92,8 +96,22 @@ def decode_text(setting: Setting, raw: Any) -> Any:
     return numbers
 
 
-def parse_go_flags(argv: Sequence[str]) -> GoFlags:
-    """Go's FlagSet.Parse under urfave/cli v2, over gpuvisor's settings; raises ConfigError."""
+def _number(kind_: str, raw: object) -> int | float:
+    """An IntFlag's value (strconv.ParseInt(s, 0, 64)) or a Float64Flag's (strconv.ParseFloat)."""
+    if kind_ == "int" and isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    if kind_ == "float" and isinstance(raw, int | float) and not isinstance(raw, bool):
+        return float(raw)
+    try:
+        return golang.parse_int(str(raw), 0, 64) if kind_ == "int" else golang.parse_float(str(raw))
+    except ValueError:
+        what = "an integer (Go syntax: 16, 0x10, -1)" if kind_ == "int" else "a number (Go syntax: 5, 2.5, 1e3)"
+        raise Invalid(f"invalid value {show(str(raw))}: must be {what}") from None
+
+
+def parse_go_flags(argv: Sequence[str], table: Mapping[str, Setting] = SETTINGS_BY_FLAG) -> GoFlags:
+    """Go's FlagSet.Parse under urfave/cli v2, over the settings of `table` (`flag_table`: flag
+    names without dashes; `gpuvisor run`'s by default); raises ConfigError."""
     out = GoFlags()
     args = list(argv)
     while args:
@@ -122,7 +140,7 @@ def parse_go_flags(argv: Sequence[str]) -> GoFlags:
             else:
                 out.version = wanted
             continue
-        setting = SETTINGS_BY_FLAG.get(name)
+        setting = table.get(name)
         if setting is None:
             raise ConfigError(f"flag {form}", "", "flag provided but not defined")
         earlier = out.forms.get(setting.name)
@@ -150,32 +168,40 @@ def parse_go_flags(argv: Sequence[str]) -> GoFlags:
 
 
 class RunArgumentParser(argparse.ArgumentParser):
-    """An ArgumentParser whose `add_run_arguments` parser reads NVIDIA's flag syntax.
+    """An ArgumentParser that reads NVIDIA's flag syntax once `add_go_arguments` gave it settings.
 
-    Until `add_run_arguments` is called on it, it is a plain ArgumentParser (the other
-    subcommands of `gpuvisor` keep argparse's rules).
+    Until then it is a plain ArgumentParser (the other subcommands of `gpuvisor` keep argparse's
+    rules). `gpuvisor run` (`add_run_arguments`) and `gpuvisor labels` (GFD's flags, under the
+    same urfave/cli) use it.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.go_flags = False
+        self.go_settings: tuple[Setting, ...] = ()  # empty: argparse's own rules
+        self.go_table: Mapping[str, Setting] = {}
+        self.error_prefix = "gpuvisor"  # what a one-line flag error starts with
+        self.version_format = "gpuvisor {version}"  # what --version prints
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        if not self.go_flags:
+        if not self.go_settings:
             return super().parse_known_args(args, namespace)
         namespace = namespace if namespace is not None else argparse.Namespace()
         try:
-            flags = parse_go_flags(sys.argv[1:] if args is None else args)
+            flags = parse_go_flags(sys.argv[1:] if args is None else args, self.go_table)
         except ConfigError as exc:
-            self.exit(EXIT_CONFIG_ERROR, f"gpuvisor: {exc}\n")
+            self.exit(EXIT_CONFIG_ERROR, f"{self.error_prefix}: {exc}\n")
         if flags.help:
             self.print_help()
             self.exit(0)
         if flags.version:
-            self.exit(0, f"gpuvisor {importlib.metadata.version('gpuvisor')}\n")
-        for setting in SETTINGS:
+            try:
+                version = importlib.metadata.version("gpuvisor")
+            except importlib.metadata.PackageNotFoundError:
+                version = "unknown"
+            self.exit(0, self.version_format.format(version=version) + "\n")
+        for setting in self.go_settings:
             if setting.flags:
                 setattr(namespace, setting.name, flags.values.get(setting.name))
         setattr(namespace, FLAG_FORMS, flags.forms)
@@ -183,20 +209,29 @@ class RunArgumentParser(argparse.ArgumentParser):
         return namespace, []
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare every setting that has a flag on `parser` (a RunArgumentParser: `gpuvisor run`).
+def add_go_arguments(
+    parser: argparse.ArgumentParser,
+    settings: Sequence[Setting],
+    *,
+    groups: Mapping[bool, str],
+    error_prefix: str,
+    version_format: str,
+) -> None:
+    """Declare every setting of `settings` that has a flag on `parser` (a RunArgumentParser) and
+    switch its parsing to Go's flag syntax over them.
 
-    The declarations give `--help` its text; parsing follows NVIDIA's rules (see the module
-    docstring), and every value reaches `load_config` for checking.
+    The declarations give `--help` its text (`groups`: the group title of NVIDIA's settings,
+    False, and of gpuvisor's own, True); parsing follows the module docstring's rules, and every
+    value reaches the loader for checking.
     """
     if not isinstance(parser, RunArgumentParser):
-        raise TypeError("add_run_arguments needs a RunArgumentParser: `gpuvisor run` reads NVIDIA's flag syntax")
-    parser.go_flags = True
-    groups = {
-        False: parser.add_argument_group("NVIDIA device plugin options (Go flag syntax: --flag=value or --flag value)"),
-        True: parser.add_argument_group("gpuvisor options"),
-    }
-    for setting in SETTINGS:
+        raise TypeError("add_go_arguments needs a RunArgumentParser: the command reads NVIDIA's flag syntax")
+    parser.go_settings = tuple(settings)
+    parser.go_table = flag_table(settings)
+    parser.error_prefix = error_prefix
+    parser.version_format = version_format
+    titled = {own: parser.add_argument_group(title) for own, title in groups.items()}
+    for setting in settings:
         if not setting.flags:
             continue
         help_text = setting.help
@@ -213,4 +248,18 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs["action"] = "store_true"
         else:
             kwargs["metavar"] = "{" + ",".join(setting.choices) + "}" if setting.choices else "VALUE"
-        groups[setting.gpuvisor].add_argument(*setting.flags, **kwargs)
+        titled[setting.gpuvisor].add_argument(*setting.flags, **kwargs)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare `gpuvisor run`'s settings on `parser` (a RunArgumentParser), in NVIDIA's flag syntax."""
+    add_go_arguments(
+        parser,
+        SETTINGS,
+        groups={
+            False: "NVIDIA device plugin options (Go flag syntax: --flag=value or --flag value)",
+            True: "gpuvisor options",
+        },
+        error_prefix="gpuvisor",
+        version_format="gpuvisor {version}",
+    )

@@ -116,6 +116,58 @@ def parse_int(text: str, base: int = 10, bits: int = 64) -> int:
     return -magnitude if negative else magnitude
 
 
+def _float_syntax(text: str) -> bool:
+    """strconv's readFloat consumes all of `text`: a sign, decimal digits with an optional point
+    and `e` exponent, or `0x` hex digits with a required `p` exponent; '_' between digits."""
+    i = 1 if text[:1] in ("+", "-") else 0
+    hexa = len(text) > i + 2 and text[i] == "0" and text[i + 1] in "xX"
+    digits = "0123456789abcdefABCDEF" if hexa else "0123456789"
+    i += 2 if hexa else 0
+    seen_digit = seen_point = False
+    while i < len(text):
+        char = text[i]
+        if char == "." and not seen_point:
+            seen_point = True
+        elif char in digits:
+            seen_digit = True
+        elif char != "_":
+            break
+        i += 1
+    if not seen_digit:
+        return False
+    if i < len(text) and text[i] in ("pP" if hexa else "eE"):
+        i += 1
+        if i < len(text) and text[i] in "+-":
+            i += 1
+        if i >= len(text) or text[i] not in "0123456789":
+            return False
+        while i < len(text) and (text[i] in "0123456789" or text[i] == "_"):
+            i += 1
+    elif hexa:
+        return False  # a hex mantissa needs a p exponent
+    return i == len(text) and ("_" not in text or underscore_ok(text))
+
+
+def parse_float(text: str) -> float:
+    """strconv.ParseFloat(s, 64): Go's float literal syntax (no blanks), "Inf"/"Infinity" with an
+    optional sign and "NaN" in any case; an overflow is an error, an underflow is 0."""
+    special = text.lower()
+    if special.lstrip("+-") in ("inf", "infinity") and len(special) - len(special.lstrip("+-")) <= 1:
+        return float("-inf") if special.startswith("-") else float("inf")
+    if special == "nan":
+        return float("nan")
+    if not _float_syntax(text):
+        raise ValueError(f"invalid syntax: {text!r}")
+    plain = text.replace("_", "")
+    try:
+        value = float.fromhex(plain) if plain.lstrip("+-")[:2] in ("0x", "0X") else float(plain)
+    except OverflowError:
+        value = float("inf")
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"value out of range: {text!r}")
+    return value
+
+
 def json_integer(value: float) -> int | None:
     """The integer a YAML float becomes in NVIDIA's config decoding, or None if it is not one.
 

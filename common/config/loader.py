@@ -15,7 +15,7 @@ bad input is one ConfigError; nothing else escapes.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from common.config.errors import ConfigError, Invalid, kind, show
 from common.config.flags import FLAG_FORMS, IGNORED_ARGS, decode_text
 from common.config.model import Config
 from common.config.sections import parse_health, parse_resources, parse_sharing
-from common.config.settings import SETTINGS, SETTINGS_BY_NAME, Setting, seconds
+from common.config.settings import SETTINGS, SETTINGS_BY_NAME, Setting
 from common.config.yamlfile import read_config_file
 
 CONFIG_VERSION = "v1"
@@ -32,7 +32,7 @@ FlagsArg = argparse.Namespace | Mapping[str, object] | None
 
 
 @dataclass
-class _Given:
+class Given:
     """What the command line set (raw or typed values by setting name) and how it was written."""
 
     values: dict[str, object] = field(default_factory=dict)
@@ -40,14 +40,16 @@ class _Given:
     ignored: list[str] = field(default_factory=list)
 
 
-def _given(flags: FlagsArg) -> _Given:
+def read_given(flags: FlagsArg, settings: Sequence[Setting] = SETTINGS) -> Given:
+    """The values `flags` holds for `settings` (an argparse Namespace or a mapping by setting name)."""
     if flags is None:
-        return _Given()
+        return Given()
+    names = {s.name for s in settings}
     raw = dict(vars(flags)) if isinstance(flags, argparse.Namespace) else dict(flags)
     forms = raw.get(FLAG_FORMS)
     ignored = raw.get(IGNORED_ARGS)
-    return _Given(
-        values={k: v for k, v in raw.items() if k in SETTINGS_BY_NAME and v is not None},
+    return Given(
+        values={k: v for k, v in raw.items() if k in names and v is not None},
         forms=dict(forms) if isinstance(forms, Mapping) else {},
         ignored=[str(a) for a in ignored] if isinstance(ignored, list | tuple) else [],
     )
@@ -67,8 +69,8 @@ def _from_env(setting: Setting, raw: str, origin: str) -> tuple[bool, Any]:
             return False, None
         return True, _checked(setting, decode_text(setting, raw), origin, "")
     if raw == "":
-        if setting.kind == "ints":
-            return False, None  # IntSliceFlag.Apply ignores an empty value
+        if setting.kind in ("ints", "int", "float", "duration"):
+            return False, None  # IntSliceFlag's, IntFlag's, Float64Flag's and GenericFlag's Apply ignore ""
         empty: object = {"bool": False, "strings": [""], "string": ""}[setting.kind]
         return True, _checked(setting, empty, origin, "")
     try:
@@ -78,10 +80,13 @@ def _from_env(setting: Setting, raw: str, origin: str) -> tuple[bool, Any]:
     return True, _checked(setting, value, origin, "")
 
 
-def _resolve(
-    setting: Setting, given: _Given, environ: Mapping[str, str], tree: Mapping[str, Any], own: Mapping[str, Any], source: str
+def resolve_setting(
+    setting: Setting, given: Given, environ: Mapping[str, str], tree: Mapping[str, Any], own: Mapping[str, Any], source: str
 ) -> tuple[Any, str]:
-    """(value, where it came from), by precedence flag > env var > file > default."""
+    """(value, where it came from), by precedence flag > env var > file > default.
+
+    `tree` is NVIDIA's part of the file (`decode_file`), `own` its `gpuvisor:` section (`own_section`).
+    """
     if setting.name in given.values:
         form = given.forms.get(setting.name) or (setting.flags[0] if setting.flags else setting.name)
         origin = f"flag {form}" if setting.flags else f"argument {setting.name}"
@@ -107,19 +112,35 @@ def _resolve(
     return setting.default, "default"
 
 
-def _own_section(root: Mapping[str, Any], source: str, unknown: list[str]) -> Mapping[str, Any]:
+def decode_file(data: object, source: str) -> tuple[Mapping[str, Any], dict[str, Any], list[str]]:
+    """The file's top level, NVIDIA's part of it decoded (`nvidia.decode`) and the keys NVIDIA
+    does not know; the version checked as NVIDIA's parseConfigFrom checks it. `data` None is no file."""
+    if data is not None and not isinstance(data, Mapping):
+        raise ConfigError(source, "", f"the config file must be a mapping, not {kind(data)}")
+    root: Mapping[str, Any] = data or {}
+    tree, unknown = nvidia.decode(root, source)
+    version = tree.get("version", "")
+    if version not in ("", CONFIG_VERSION):
+        raise ConfigError(source, "version", f"unsupported config version {show(version)}: only v1 is supported")
+    return root, tree, unknown
+
+
+def own_section(root: Mapping[str, Any], source: str) -> Mapping[str, Any]:
     """The top-level `gpuvisor:` section (NVIDIA's plugin ignores it); exact key names."""
     own = root.get(nvidia.OWN_SECTION)
     if own is None:
         return {}
     if not isinstance(own, Mapping):
         raise ConfigError(source, nvidia.OWN_SECTION, f"this section must be a mapping, not {kind(own)}")
+    return own
+
+
+def _own_unknown(own: Mapping[str, Any], unknown: list[str]) -> None:
     known = {s.file_key.split(".", 1)[1] for s in SETTINGS if s.gpuvisor and s.file_key} | {"health"}
     unknown.extend(f"gpuvisor.{k}" for k in own if k not in known)
     health = own.get("health")
     if isinstance(health, Mapping):
         unknown.extend(f"gpuvisor.health.{k}" for k in health if k not in ("xids", "transientQuietSeconds"))
-    return own
 
 
 def _check_whole(config_values: Mapping[str, Any], strategy: str, source: str) -> None:
@@ -132,13 +153,18 @@ def _check_whole(config_values: Mapping[str, Any], strategy: str, source: str) -
         raise ConfigError(source, "sharing.mps", "MPS sharing needs an MPS root: set flags.mpsRoot, --mps-root or MPS_ROOT")
 
 
-def _notices(given: _Given, values: Mapping[str, Any]) -> list[str]:
-    notices = []
-    if given.ignored:
-        notices.append(
-            "command-line arguments from the first one that is not a flag are ignored, as NVIDIA's plugin ignores them "
-            f"(a boolean flag takes no separate value: write --flag=false): {' '.join(map(show, given.ignored))}"
-        )
+def ignored_notice(given: Given) -> list[str]:
+    """The notice for arguments the flag syntax ignored (none when there were none)."""
+    if not given.ignored:
+        return []
+    return [
+        "command-line arguments from the first one that is not a flag are ignored, as NVIDIA's binaries ignore them "
+        f"(a boolean flag takes no separate value: write --flag=false): {' '.join(map(show, given.ignored))}"
+    ]
+
+
+def _notices(given: Given, values: Mapping[str, Any]) -> list[str]:
+    notices = ignored_notice(given)
     for name in ("cdi_feature_flags", "cdi_disable_hooks"):
         if values[name]:
             flag = SETTINGS_BY_NAME[name].flags[0]
@@ -155,8 +181,8 @@ def load_config(flags: FlagsArg, environ: Mapping[str, str]) -> Config:
 
     Call it again to reload: the file is re-read each time. Raises ConfigError.
     """
-    given = _given(flags)
-    path, _ = _resolve(SETTINGS_BY_NAME["config_file"], given, environ, {}, {}, "")
+    given = read_given(flags)
+    path, _ = resolve_setting(SETTINGS_BY_NAME["config_file"], given, environ, {}, {}, "")
     data: object = read_config_file(path) if path else None
     return config_from_data(data, flags=flags, environ=environ, source=path or "<no config file>")
 
@@ -172,21 +198,16 @@ def config_from_data(
 
     `source` names the file in errors. Raises ConfigError for any bad input, never another error.
     """
-    given = _given(flags)
+    given = read_given(flags)
     env = environ if environ is not None else {}
-    if data is not None and not isinstance(data, Mapping):
-        raise ConfigError(source, "", f"the config file must be a mapping, not {kind(data)}")
-    root: Mapping[str, Any] = data or {}
-    tree, unknown = nvidia.decode(root, source)
-    version = tree.get("version", "")
-    if version not in ("", CONFIG_VERSION):
-        raise ConfigError(source, "version", f"unsupported config version {show(version)}: only v1 is supported")
-    own = _own_section(root, source, unknown)
+    root, tree, unknown = decode_file(data, source)
+    own = own_section(root, source)
+    _own_unknown(own, unknown)
 
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for setting in SETTINGS:
-        values[setting.name], sources[setting.name] = _resolve(setting, given, env, tree, own, source)
+        values[setting.name], sources[setting.name] = resolve_setting(setting, given, env, tree, own, source)
     if values["driver_root"] == "":
         # NVIDIA only ever joins paths onto it (Go's filepath.Join: "" adds nothing, as "/"), so
         # "" is "/"; gpuvisor's os.path.join would make paths relative instead.
@@ -199,7 +220,7 @@ def config_from_data(
     notices = _notices(given, values)
     resources = parse_resources(tree.get("resources"), source, unknown)
     sharing = parse_sharing(tree.get("sharing"), source, unknown, notices)
-    health = parse_health(own.get("health"), source, seconds(positive=False))
+    health = parse_health(own.get("health"), source)
     _check_whole(values, sharing.strategy, source)
     return Config(
         **values,

@@ -26,6 +26,7 @@ from common.config.model import (
     SharingConfig,
 )
 from common.config.names import SHARED_SUFFIX, device_ref, new_resource_name
+from common.config.settings import seconds
 
 XID_ACTIONS = ("ignore", "transient", "until-reset")
 MAX_XIDS = 1024
@@ -236,7 +237,7 @@ def _xid(raw: object) -> int:
     raise Invalid(f"invalid XID {show(raw)}: XIDs are integers")
 
 
-def parse_health(value: object, source: str, seconds: Any) -> HealthConfig:
+def parse_health(value: object, source: str) -> HealthConfig:
     if value is None:
         return HealthConfig()
     if not isinstance(value, Mapping):
@@ -261,6 +262,6 @@ def parse_health(value: object, source: str, seconds: Any) -> HealthConfig:
     quiet_seconds = (
         HealthConfig.transient_quiet_seconds
         if quiet is None
-        else _field(seconds, quiet, source, "gpuvisor.health.transientQuietSeconds")
+        else _field(seconds(positive=False), quiet, source, "gpuvisor.health.transientQuietSeconds")
     )
     return HealthConfig(xids=tuple(sorted(xids.items())), transient_quiet_seconds=quiet_seconds)

@@ -7,7 +7,10 @@ README table (`docs.py`). NVIDIA's settings come first, with NVIDIA v0.20.0's na
 - `string`  a urfave/cli StringFlag: an env var set to "" is the value "";
 - `bool`    a BoolFlag: `--flag` or `--flag=false`, never a separate value; env "" is false;
 - `strings` a StringSliceFlag: comma lists (each item trimmed, empty items kept), repeatable;
-- `ints`    an IntSliceFlag: comma lists of Go integers (`0x10`, `0o7`), repeatable; env "" is unset.
+- `ints`    an IntSliceFlag: comma lists of Go integers (`0x10`, `0o7`), repeatable; env "" is unset;
+- `int`     an IntFlag: one Go integer (`strconv.ParseInt(s, 0, 64)`); env "" is unset;
+- `float`   a Float64Flag: one Go float (`strconv.ParseFloat`); env "" is unset;
+- `duration` GFD's GenericFlag of a Duration: the text as given (its check parses it); env "" is unset.
 
 `check` then validates the typed value (a choice, a list of strategies, [] or [0] for IMEX).
 gpuvisor's own settings (`gpuvisor=True`) use the same flag syntax, but their env vars count as
@@ -33,7 +36,7 @@ SHARED_POLICIES: Final = ("distributed", "packed")
 DISCOVERY_STRATEGIES: Final = ("auto", "nvml", "tegra")
 LOG_FORMATS: Final = ("text", "json")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
-KINDS: Final = ("string", "bool", "strings", "ints")
+KINDS: Final = ("string", "bool", "strings", "ints", "int", "float", "duration")
 
 _INTEGER = re.compile(r"[-+]?[0-9]+")
 _PORT = re.compile(r"[0-9]{1,5}")
@@ -346,6 +349,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "NVIDIA's health-check switch: all, or a comma list of XIDs to treat as fatal.", gpuvisor=True),
 )  # fmt: skip
 
+def flag_table(settings: Sequence[Setting]) -> Mapping[str, Setting]:
+    """Every flag name without its dashes (Go's flag package takes -name and --name alike)."""
+    return {f.lstrip("-"): s for s in settings for f in s.flags}
+
+
 SETTINGS_BY_NAME: Final[Mapping[str, Setting]] = {s.name: s for s in SETTINGS}
-# Every flag name without its dashes (Go's flag package takes -name and --name alike).
-SETTINGS_BY_FLAG: Final[Mapping[str, Setting]] = {f.lstrip("-"): s for s in SETTINGS for f in s.flags}
+SETTINGS_BY_FLAG: Final[Mapping[str, Setting]] = flag_table(SETTINGS)

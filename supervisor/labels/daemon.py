@@ -27,17 +27,17 @@ from typing import Any
 
 from common.config import ConfigError
 from common.nvml import NvmlCallError
-from supervisor.labels.host import NvmlUnavailable, read_machine_type, read_node_facts, scan_vgpu
+from supervisor.labels.host import SYSFS, NvmlUnavailable, label_node, read_node_facts
 from supervisor.labels.nodefeature import ApiError, NodeFeaturePublisher
 from supervisor.labels.output import LabelFile, OutputError
-from supervisor.labels.rules import LabelError, compute_labels
+from supervisor.labels.rules import LabelError
 from supervisor.labels.settings import LabelSettings, load_label_settings
 
 log = logging.getLogger("gpuvisor.labels")
 
 EXIT_OK = 0
 EXIT_LABEL_ERROR = 1  # GFD's status for any failure
-SYSFS = "/sys"
+MAX_WAIT_STEP_S = 3600.0
 
 # What one labelling can fail with: each carries a one-line reason.
 FAILURES = (LabelError, NvmlUnavailable, NvmlCallError, OutputError, ApiError)
@@ -66,7 +66,6 @@ class Labeller:
         self.file: LabelFile | None = None
         self.publisher: NodeFeaturePublisher | None = None
         self.timestamp: int | None = None
-        self.labels: dict[str, str] | None = None  # the last labels published
         self.passes = 0
 
     # ------------------------------------------------------------ signals
@@ -113,7 +112,9 @@ class Labeller:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
-            self._wake.wait(remaining)
+            # In steps: GFD's longest interval (2562047h47m16.854775807s) is past what
+            # Event.wait takes (threading.TIMEOUT_MAX, about 292 years), which would raise.
+            self._wake.wait(None if remaining is None else min(remaining, MAX_WAIT_STEP_S))
             self._wake.clear()
 
     def apply(self, settings: LabelSettings) -> None:
@@ -134,7 +135,6 @@ class Labeller:
         else:
             self.publisher = None
             self.file = LabelFile(settings.output_file)
-        self.labels = None
 
     def reload(self) -> None:
         """SIGHUP: re-read the config; a bad one is refused and the running one stays."""
@@ -150,12 +150,8 @@ class Labeller:
         """This node's labels now (raises one of FAILURES)."""
         s = self.settings
         facts = read_node_facts(self.module, self.sysfs_root, fail_on_init_error=s.fail_on_init_error)
-        return compute_labels(
-            facts,
-            s.label_config,
-            machine_type=read_machine_type(s.machine_type_file),
-            vgpu=scan_vgpu(self.sysfs_root),
-            timestamp=self.timestamp,
+        return label_node(
+            facts, s.label_config, machine_type_file=s.machine_type_file, sysfs_root=self.sysfs_root, timestamp=self.timestamp
         )
 
     def label_once(self) -> bool:
@@ -176,7 +172,6 @@ class Labeller:
             log.info("labels written: %d", len(labels))
         else:
             log.debug("labels unchanged: %d", len(labels))
-        self.labels = labels
         return True
 
     def publish(self, labels: Mapping[str, str]) -> bool:
@@ -225,6 +220,8 @@ def main(flags: Any, environ: Mapping[str, str]) -> int:
         print(f"gpuvisor labels: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     logs.setup(settings.log_format, settings.log_level, role="labels")
+    for notice in settings.notices:
+        log.warning("%s", notice)
     try:
         labeller = Labeller(settings, lambda: load_label_settings(flags, environ))
         labeller.install_signal_handlers()

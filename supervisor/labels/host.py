@@ -17,10 +17,12 @@ from typing import Any
 
 from common.nodefacts import NodeFacts
 from common.nvml import Nvml, NvmlCallError
-from supervisor.labels.rules import LabelError, VgpuDevice
+from supervisor.labels.rules import LabelConfig, LabelError, VgpuDevice, compute_labels
 
 log = logging.getLogger("gpuvisor.labels")
 
+SYSFS = "/sys"
+DEFAULT_MACHINE_TYPE_FILE = "/sys/class/dmi/id/product_name"  # GFD's --machine-type-file default
 MACHINE_TYPE_UNKNOWN = "unknown"
 MAX_MACHINE_TYPE_BYTES = 64 * 1024
 MAX_PCI_CONFIG_BYTES = 4096  # PCIe extended configuration space
@@ -51,6 +53,21 @@ def read_machine_type(path: str) -> str:
         log.warning("cannot read the machine type from %s (%s): using %r, as GFD does", path, exc.strerror or exc, MACHINE_TYPE_UNKNOWN)
         return MACHINE_TYPE_UNKNOWN
     return data.decode("utf-8", errors="replace").strip()
+
+
+def label_node(
+    facts: NodeFacts, config: LabelConfig, *, machine_type_file: str, sysfs_root: str | None, timestamp: int | None
+) -> dict[str, str]:
+    """GFD's labels for `facts` with what the host adds: the machine type from `machine_type_file`
+    ("" gives "unknown") and the vGPU scan of `sysfs_root` (None: a simulated node, no vGPU).
+
+    Each caller says where to look: `gpuvisor labels` reads its --machine-type-file (simulated
+    node or not: the flag is there to point it elsewhere), the supervisor GFD's default file, or
+    none on a simulated node, whose machine is not the host's. Raises LabelError.
+    """
+    return compute_labels(
+        facts, config, machine_type=read_machine_type(machine_type_file), vgpu=scan_vgpu(sysfs_root), timestamp=timestamp
+    )
 
 
 def read_node_facts(module: Any, sysfs_root: str | None, *, fail_on_init_error: bool) -> NodeFacts:

@@ -1,10 +1,11 @@
 """The features.d file NFD reads: written atomically, and only when its content changes.
 
 NFD's worker reads every file in `features.d` as `key=value` lines, so a reader must never see a
-half-written file: the labels go to a hidden temp file in the same directory (NFD skips hidden
-files, and a rename is atomic only within one file system), which is fsynced, given mode 0644
-(as GFD's renameio write does) and renamed over the target; the directory is fsynced after the
-rename so the new name survives a crash. An unchanged label set is not written at all: no new
+half-written file: the labels are written with the run dir's `write_atomic`, to a hidden temp
+file in the same directory (NFD skips hidden files, and a rename is atomic only within one file
+system), created without following symlinks, given mode 0644 (as GFD's renameio write does),
+fsynced and renamed over the target; the directory is fsynced after the rename so the new name
+survives a crash. An unchanged label set is not written at all: no new
 inode, no inotify event for NFD, no disk write every minute.
 
 An empty path writes to standard output instead, as GFD does.
@@ -12,14 +13,13 @@ An empty path writes to standard output instead, as GFD does.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from typing import TextIO
 
 from supervisor.labels.rules import render
+from supervisor.rundir import write_atomic
 
 
 class OutputError(Exception):
@@ -78,24 +78,7 @@ class LabelFile:
                 f"cannot write the labels file {self.path}: the directory {directory} does not exist "
                 "(mount NFD's features.d directory there, or give --output-file)"
             )
-        tmp = ""
         try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(self.path) + ".", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fchmod(fh.fileno(), 0o644)
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-            tmp = ""
-            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            write_atomic(self.path, text, 0o644, sync_dir=True)
         except OSError as exc:
             raise OutputError(f"cannot write the labels file {self.path}: {exc.strerror or exc}") from None
-        finally:
-            if tmp:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)

@@ -17,12 +17,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.config import SharingConfig
+from common.config import MIG_STRATEGIES, SharingConfig
 from common.nodefacts import PCI_CLASS_3D, PCI_CLASS_VGA, GpuFacts, MigFacts, NodeFacts
 
 PREFIX = "nvidia.com"
 FULL_GPU = f"{PREFIX}/gpu"  # internal/lm/resource.go fullGPUResourceName
-MIG_STRATEGIES = ("none", "single", "mixed")
 
 
 class LabelError(Exception):
@@ -199,8 +198,8 @@ def _mig_resources(gpus: tuple[GpuFacts, ...]) -> dict[str, tuple[GpuFacts, MigF
     return found
 
 
-def _invalid_single(gpu: GpuFacts, reason: str) -> dict[str, str]:
-    """newInvalidMigStrategyLabeler (internal/lm/mig-strategy.go); `reason` is only logged by GFD."""
+def _invalid_single(gpu: GpuFacts) -> dict[str, str]:
+    """newInvalidMigStrategyLabeler (internal/lm/mig-strategy.go:244-266), whose reason GFD only logs."""
     rl = _Resource(FULL_GPU, None)
     return {
         rl.key("product"): rl.product(gpu.name, "MIG", "INVALID"),
@@ -236,9 +235,8 @@ def _mig_labels(gpus: tuple[GpuFacts, ...], config: LabelConfig) -> dict[str, st
     enabled = [g for g in gpus if g.mig_enabled]
     if not enabled:  # no MIG-enabled GPU: the same as the none strategy
         return labels
-    reason = invalid_single_reason(gpus)
-    if reason is not None:
-        labels.update(_invalid_single(enabled[0], reason))
+    if invalid_single_reason(gpus) is not None:
+        labels.update(_invalid_single(enabled[0]))
         return labels
     ((gpu, mig, count),) = _mig_resources(gpus).values()
     labels.update(_mig_resource_labels(FULL_GPU, gpu, mig, count, config.sharing))
