@@ -149,7 +149,7 @@ def test_nvml_failure_is_a_clear_error_or_gfds_fallback(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--mig-strategy", "triple"), "flag --mig-strategy: invalid value 'triple'"),
+        (("--mig-strategy", "triple"), 'flag --mig-strategy: invalid value "triple"'),
         (("--sleep-interval", "10"), "flag --sleep-interval: invalid duration '10'"),
         (("--sleep-interval", "100ms"), "must be at least 1s or infinite"),
         (("--oneshot=maybe",), "flag --oneshot"),
