@@ -221,6 +221,13 @@ def _loaded_config(docs: list[dict[str, Any]], daemonset: dict[str, Any], tmp_pa
     """gpuvisor's own loader run under the container's env, its ConfigMap's files in tmp_path."""
     from common.config import load_config
 
+    config = load_config(None, _container_env(docs, daemonset, tmp_path))
+    assert config.unknown_keys == ()
+    return config
+
+
+def _container_env(docs: list[dict[str, Any]], daemonset: dict[str, Any], tmp_path: Path) -> dict[str, str]:
+    """The container's env (fieldRefs left out), its ConfigMap's files written to tmp_path."""
     env = {k: v for k, v in _env(daemonset).items() if not v.startswith("fieldRef:")}
     mounts = _mounts(daemonset)
     if CONFIG_DIR in mounts:
@@ -228,9 +235,7 @@ def _loaded_config(docs: list[dict[str, Any]], daemonset: dict[str, Any], tmp_pa
         for key, text in config_map["data"].items():
             (tmp_path / key).write_text(text)
         env["CONFIG_FILE"] = env["CONFIG_FILE"].replace(CONFIG_DIR, str(tmp_path))
-    config = load_config(None, env)
-    assert config.unknown_keys == ()
-    return config
+    return env
 
 
 # --- lint, schema validation --------------------------------------------------------------------
@@ -783,20 +788,20 @@ def test_labeller_runs_gpuvisor_labels_with_gfds_env() -> None:
 
 @pytest.mark.parametrize("name", ["time-slicing", "mps", "mig-mixed", "cdi", "several-configs"])
 def test_labeller_reads_the_config_the_plugin_runs(name: str, tmp_path: Path) -> None:
-    """With gfd.enabled, gpuvisor's loader under the labeller's env resolves what the plugin's resolves."""
+    """With gfd.enabled, `gpuvisor labels`' own loader under the labeller's env resolves what the
+    plugin's loader resolves under the plugin's env: the MIG strategy, discovery, init-error rule
+    and the sharing the labels describe."""
+    from supervisor.labels import SharingView
+    from supervisor.labels.settings import load_label_settings
+
     docs = _render(_values(name) | {"gfd": {"enabled": True}})
     (tmp_path / "plugin").mkdir()
     (tmp_path / "labeller").mkdir()
     plugin = _loaded_config(docs, _plugin(docs), tmp_path / "plugin")
-    labeller = _loaded_config(docs, _labeller(docs), tmp_path / "labeller")
-    for attribute in (
-        "mig_strategy",
-        "sharing",
-        "device_discovery_strategy",
-        "fail_on_init_error",
-        "resources",
-    ):
+    labeller = load_label_settings({}, _container_env(docs, _labeller(docs), tmp_path / "labeller"))
+    for attribute in ("mig_strategy", "device_discovery_strategy", "fail_on_init_error"):
         assert getattr(labeller, attribute) == getattr(plugin, attribute), attribute
+    assert labeller.sharing == SharingView.from_config(plugin.sharing)
 
 
 def test_labeller_uses_the_node_feature_api_by_default() -> None:
