@@ -16,7 +16,7 @@ from common.config import Config
 from common.messages import Json
 from common.model import ResourcePlan
 from supervisor.cdi import CdiError, CdiSpecWriter
-from supervisor.scheduler import Scheduler
+from supervisor.scheduler import Retrying, Scheduler
 
 log = logging.getLogger("gpuvisor.supervisor")
 
@@ -40,10 +40,20 @@ class CdiSync:
     def __init__(self, config: Config, timers: Scheduler) -> None:
         self.writer = make_writer(config)
         self.settings = cdi_settings(config)
-        self.timers = timers
-        self.error: str | None = None
         self.plans: dict[str, ResourcePlan] = {}
-        self.backoff = Backoff(RETRY_START_S, RETRY_MAX_S, jitter=0.2)
+        self.writing = Retrying(
+            timers,
+            TIMER,
+            Backoff(RETRY_START_S, RETRY_MAX_S, jitter=0.2),
+            "the CDI spec could not be written (not ready; retrying with backoff): %s",
+            "the CDI spec is written again",
+            catch=(CdiError, OSError),
+        )
+
+    @property
+    def error(self) -> str | None:
+        """Why the spec is not written (the node is not ready), or None."""
+        return self.writing.error or None
 
     def configure(self, config: Config) -> bool:
         """A reloaded config: a new writer if its CDI settings changed; True if they did."""
@@ -57,22 +67,7 @@ class CdiSync:
     def sync(self, plans: Mapping[str, ResourcePlan]) -> bool:
         """Write the spec for `plans`; on failure the node is not ready and a retry is scheduled."""
         self.plans = dict(plans)
-        self.timers.cancel(TIMER)
-        try:
-            self.writer.sync(self.plans)
-        except (CdiError, OSError) as exc:
-            text = str(exc)
-            delay = self.backoff.next()
-            if text != self.error:
-                log.error("the CDI spec could not be written (not ready; retrying with backoff): %s", text)
-            self.error = text
-            self.timers.call_later(TIMER, delay, lambda: self.sync(self.plans))
-            return False
-        if self.error is not None:
-            log.info("the CDI spec is written again")
-        self.error = None
-        self.backoff.reset()
-        return True
+        return self.writing.attempt(lambda: self.writer.sync(self.plans), lambda: self.sync(self.plans))
 
     def status(self) -> dict[str, Json]:
         return {"spec_dir": self.writer.spec_dir, "source": self.writer.source, "error": self.error}

@@ -24,7 +24,7 @@ from common.messages import Json
 from common.nvml import Nvml
 from supervisor.labels import LabelConfig, LabelFile, SharingView
 from supervisor.labels.host import DEFAULT_MACHINE_TYPE_FILE, SYSFS, label_node
-from supervisor.scheduler import Scheduler
+from supervisor.scheduler import Retrying, Scheduler
 
 log = logging.getLogger("gpuvisor.supervisor")
 
@@ -35,24 +35,30 @@ class NodeLabels:
     def __init__(self, nvml_module: Any, simulated: bool, timers: Scheduler) -> None:
         self.module = nvml_module
         self.simulated = simulated  # no sysfs of ours to read: machine type unknown, no vGPU
-        self.timers = timers
         self.file: LabelFile | None = None
-        self.error = ""
         self.writes = 0
-        self.backoff = Backoff(1.0, 60.0, jitter=0.2)
-        self._config: Config | None = None
+        self.writing = Retrying(
+            timers,
+            TIMER,
+            Backoff(1.0, 60.0, jitter=0.2),
+            "node labels could not be written (retrying with backoff): %s",
+            "node labels are written again",
+            describe=lambda exc: f"{type(exc).__name__}: {exc}",
+        )
 
     def refresh(self, config: Config) -> None:
-        """Compute the labels for `config` now and write them if they changed (retried on failure)."""
-        self._config = config
+        """Compute the labels for `config` now and write them if they changed (retried on failure:
+        NVML, a label rule, a full disk... never end the loop)."""
         path = config.labels_output_file
         if not path:
             self.file = None
+            self.writing.timers.cancel(TIMER)
             return
         if self.file is None or self.file.path != path:
             self.file = LabelFile(path)
-        self.timers.cancel(TIMER)
-        try:
+        file = self.file
+
+        def write() -> None:
             sysfs = None if self.simulated else SYSFS
             labels = label_node(
                 Nvml(self.module, sysfs).node_facts(),
@@ -61,25 +67,15 @@ class NodeLabels:
                 sysfs_root=sysfs,
                 timestamp=None,
             )
-            if self.file.write_if_changed(labels):
+            if file.write_if_changed(labels):
                 self.writes += 1
                 log.info("node labels written to %s (%d labels)", path, len(labels))
-        except Exception as exc:  # NVML, LabelError, OutputError...: never ends the loop; retried
-            text = f"{type(exc).__name__}: {exc}"
-            delay = self.backoff.next()
-            if text != self.error:
-                log.error("node labels could not be written to %s (retrying with backoff): %s", path, text)
-            self.error = text
-            self.timers.call_later(TIMER, delay, self._retry)
-            return
-        if self.error:
-            log.info("node labels are written again")
-        self.error = ""
-        self.backoff.reset()
 
-    def _retry(self) -> None:
-        if self._config is not None:
-            self.refresh(self._config)
+        self.writing.attempt(write, lambda: self.refresh(config))
+
+    @property
+    def error(self) -> str:
+        return self.writing.error
 
     def status(self) -> dict[str, Json]:
         return {"file": self.file.path if self.file is not None else None, "writes": self.writes, "error": self.error or None}

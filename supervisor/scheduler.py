@@ -9,9 +9,9 @@ one place that runs what is due. A timer has a key; setting a key again replaces
 The clock is injected: the supervisor runs on `SystemClock`, unit tests on a fake whose time
 moves only when the test says so, and drive the scheduler with `run_due()` by hand.
 
-A callback that raises is logged with its cause and counted (`errors`, by key); it never ends
-the loop, and it does not re-arm by itself: a part that must retry schedules its retry before
-doing the work that may fail.
+A callback that raises is logged with its cause and reported to `on_error` (a metric); it never
+ends the loop, and it does not re-arm by itself: a part that must retry uses `Retrying`, which
+schedules the retry itself.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+from common.backoff import Backoff
 
 log = logging.getLogger("gpuvisor.supervisor")
 
@@ -115,3 +117,50 @@ class Scheduler:
             if timer is not None and timer[1] == order:
                 return
             heapq.heappop(heap)
+
+
+class Retrying:
+    """One step of a part (write the CDI spec, write the node labels) that is retried on failure.
+
+    `attempt` runs the step now (a retry it had scheduled is cancelled first). On one of the
+    `catch` exceptions the step is retried under timer `key` after the backoff's next delay, and
+    the failure is logged once per distinct error (`failed` is the log line, with `%s` for the
+    error); `error` holds it for status until the step succeeds, which logs `again` once.
+    """
+
+    def __init__(
+        self,
+        timers: Scheduler,
+        key: str,
+        backoff: Backoff,
+        failed: str,
+        again: str,
+        catch: tuple[type[Exception], ...] = (Exception,),
+        describe: Callable[[Exception], str] = str,
+    ) -> None:
+        self.timers = timers
+        self.key = key
+        self.backoff = backoff
+        self.failed = failed
+        self.again = again
+        self.catch = catch
+        self.describe = describe
+        self.error = ""
+
+    def attempt(self, step: Callable[[], object], retry: Callable[[], object]) -> bool:
+        """Run `step`; True if it succeeded, else `retry` is scheduled."""
+        self.timers.cancel(self.key)
+        try:
+            step()
+        except self.catch as exc:
+            text = self.describe(exc)
+            if text != self.error:
+                log.error(self.failed, text)
+            self.error = text
+            self.timers.call_later(self.key, self.backoff.next(), retry)
+            return False
+        if self.error:
+            log.info("%s", self.again)
+        self.error = ""
+        self.backoff.reset()
+        return True

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from supervisor.scheduler import Scheduler
+import logging
+
+import pytest
+
+from common.backoff import Backoff
+from supervisor.scheduler import Retrying, Scheduler
 from tests.fakes import FakeClock
 
 
@@ -87,3 +92,34 @@ def test_a_timer_that_rearms_itself_at_now_waits_for_the_next_run() -> None:
     assert s.run_due() == 1
     assert s.run_due() == 1
     assert count == 2
+
+
+def test_a_retried_step_backs_off_logs_each_error_once_and_clears_on_success(caplog: pytest.LogCaptureFixture) -> None:
+    """Retrying: a failing step is retried after the backoff's delays (1, 2 s), the same error is
+    logged once, a new one again; success clears the error, logs once and resets the backoff."""
+    clock = FakeClock()
+    timers = Scheduler(clock)
+    retry = Retrying(timers, "write", Backoff(1.0, 10.0), "could not write: %s", "written again", catch=(OSError,))
+    errors = [OSError("disk full"), OSError("disk full"), OSError("read-only")]
+
+    def step() -> None:
+        if errors:
+            raise errors.pop(0)
+
+    def again() -> None:
+        retry.attempt(step, again)
+
+    with caplog.at_level(logging.INFO, logger="gpuvisor.supervisor"):
+        assert not retry.attempt(step, again)
+        assert retry.error == "disk full" and timers.when("write") == clock.now + 1.0
+        clock.advance(1.0)
+        timers.run_due()
+        assert timers.when("write") == clock.now + 2.0
+        clock.advance(2.0)
+        timers.run_due()
+        assert retry.error == "read-only"
+        clock.advance(4.0)
+        timers.run_due()
+    assert retry.error == "" and timers.when("write") is None and retry.backoff.attempts == 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["could not write: disk full", "could not write: read-only", "written again"]
