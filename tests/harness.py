@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -29,6 +29,34 @@ from common.kubeletapi import pb
 from common.kubeletapi.rpc import DevicePluginClient, unix_target
 from supervisor.commands import send_command
 from tests.helpers import REPO, wait_until
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a gpuvisor child process: this one's without GPUVISOR_* and DP_* (a test
+    sees only what it sets), `extra` over it, and the checkout on PYTHONPATH unless `extra` names
+    its own path (an older pynvml before the checkout)."""
+    extra = extra or {}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
+    env.update(extra)
+    env["PYTHONPATH"] = extra.get("PYTHONPATH", REPO)
+    return env
+
+
+def run_supervisor(
+    tmp: str, args: Sequence[str], env: Mapping[str, str] | None = None, run_dir: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `gpuvisor run` in `tmp` to completion (it is expected to fail at start): the kubelet
+    socket at `<tmp>/p/kubelet.sock`, the run dir at `run_dir` (default `<tmp>/r`), no metrics
+    endpoint, `args` after those, `env` over the cleaned environment (`child_env`)."""
+    os.makedirs(os.path.join(tmp, "p"), exist_ok=True)
+    argv = [
+        sys.executable, "-m", "supervisor", "run",
+        "--kubelet-socket", os.path.join(tmp, "p", "kubelet.sock"),
+        "--run-dir", run_dir or os.path.join(tmp, "r"),
+        "--metrics-address", "",
+        *args,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env(env), check=False)
 
 
 class SimNode:
@@ -75,13 +103,10 @@ class SimNode:
         ]  # fmt: skip
 
     def start_supervisor(self) -> subprocess.Popen[bytes]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
-        env.update(self.env)
-        # The checkout, unless the test's env names its own path (an older pynvml before the checkout).
-        env["PYTHONPATH"] = self.env.get("PYTHONPATH", REPO)
         self.proc = subprocess.Popen(
-            self.supervisor_argv(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO
-        )
+            self.supervisor_argv(),
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(self.env), cwd=REPO,
+        )  # fmt: skip
         self.pids_seen.add(self.proc.pid)
         return self.proc
 

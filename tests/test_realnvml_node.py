@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests import mocknvml
-from tests.harness import SimNode
+from tests.harness import SimNode, run_supervisor
 from tests.helpers import REPO, gone, short_tmpdir, sockets_in, wait_until
 
 GPU = "nvidia.com/gpu"
@@ -299,13 +299,7 @@ def test_no_library_exits_with_what_to_check(no_library: str) -> None:
     """No libnvidia-ml.so.1 with --fail-on-init-error (default): the real binding's LibraryNotFound
     becomes one clear line on stderr and exit status 3, no traceback, no socket left."""
     with short_tmpdir() as tmp:
-        os.makedirs(os.path.join(tmp, "p"))
-        proc = subprocess.run(
-            [sys.executable, "-m", "supervisor", "run",
-             "--kubelet-socket", os.path.join(tmp, "p", "kubelet.sock"),
-             "--run-dir", os.path.join(tmp, "r"), "--metrics-address", ""],
-            env=mocknvml.environ(no_library), cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        proc = run_supervisor(tmp, [], mocknvml.environ(no_library))
         assert proc.returncode == 3, proc.stderr
         assert "Traceback" not in proc.stderr
         last = proc.stderr.strip().splitlines()[-1]
