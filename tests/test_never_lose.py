@@ -17,22 +17,10 @@ import zmq
 
 from common.messages import Heartbeat, Hello, Shutdown, StatusReport, decode, encode
 from tests.benchmarks.bench_killstorm import storm
-from tests.harness import ExtraStreams, SimNode
+from tests.harness import ExtraStreams, SimNode, metrics_url, sample
 from tests.helpers import fill_filesystem, plant_stray, wait_until
 
 GPU = "nvidia.com/gpu"
-
-
-def metric(node: SimNode, name: str) -> float:
-    import urllib.request
-
-    url = str(node.command("status")["metrics_url"])
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not exported")
 
 
 def test_a_kill_storm_never_makes_the_worker_fatal() -> None:
@@ -44,7 +32,7 @@ def test_a_kill_storm_never_makes_the_worker_fatal() -> None:
         assert "-> FATAL" not in node.log() and "restart in" not in node.log(), "a backoff or FATAL"
         [worker] = node.command("status")["workers"]
         assert worker["state"] == "RUNNING" and worker["restarts"] == 8
-        assert metric(node, "gpuvisor_workers_fatal") == 0.0
+        assert sample(metrics_url(node), "gpuvisor_workers_fatal") == 0.0
 
 
 def test_a_worker_that_cannot_start_is_retried_while_fatal_and_comes_back() -> None:
@@ -61,14 +49,14 @@ def test_a_worker_that_cannot_start_is_retried_while_fatal_and_comes_back() -> N
         assert wait_until(lambda: node.command("status")["workers"][0]["state"] == "FATAL", 20), node.log()[-3000:]
         worker = node.command("status")["workers"][0]
         assert worker["next_retry_in"] is not None and "retried until it serves" in worker["reason"]
-        assert metric(node, "gpuvisor_workers_fatal") == 1.0
+        assert sample(metrics_url(node), "gpuvisor_workers_fatal") == 1.0
         assert wait_until(lambda: node.log().count("FATAL -> STARTING") >= 2, 30), node.log()[-3000:]
         with open(plan, "w", encoding="utf-8") as fh:
             fh.write(good)
         assert wait_until(lambda: node.command("status")["workers"][0]["state"] == "RUNNING", 60), node.log()[-3000:]
         node.wait_listed([GPU])
         assert node.kubelet.allocatable(GPU) == 4
-        assert metric(node, "gpuvisor_workers_fatal") == 0.0
+        assert sample(metrics_url(node), "gpuvisor_workers_fatal") == 0.0
 
 
 def test_extra_streams_never_starve_allocate_nor_cut_the_kubelets_stream() -> None:
@@ -186,12 +174,12 @@ def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there
         assert wait_until(lambda: node.command("status")["reconcile"]["pending"], 15), node.log()[-2000:]
         pending = node.command("status")["reconcile"]["pending"]
         assert "No space left on device" in pending["reason"] and pending["trigger"] == "SIGHUP"
-        assert metric(node, "gpuvisor_reload_pending") == 1.0
+        assert sample(metrics_url(node), "gpuvisor_reload_pending") == 1.0
         assert node.kubelet.capacity(GPU) == 4 and node.kubelet.allocatable(GPU) == 4  # the running plan serves
         os.unlink(filler)
         assert wait_until(lambda: node.kubelet.capacity(GPU) == 8, 60), node.log()[-2000:]
         assert node.command("status")["reconcile"]["pending"] is None
-        assert metric(node, "gpuvisor_reload_pending") == 0.0
+        assert sample(metrics_url(node), "gpuvisor_reload_pending") == 0.0
 
 
 def test_a_stopped_worker_left_by_a_killed_supervisor_is_ended_by_the_next() -> None:

@@ -15,47 +15,17 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from common.kubeletapi import api_pb2 as pb
-from tests.harness import SimNode
+from tests.harness import SimNode, get, metrics_url, sample
 from tests.helpers import REPO, short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
 METRICS_ARGS = ["--metrics-address", "127.0.0.1:0"]
-
-
-def get(url: str) -> tuple[int, str]:
-    """(HTTP status, body) of a GET; a 503 is an answer, not an error."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def metrics_url(node: SimNode) -> str:
-    """The supervisor's metrics base URL, from `status` (waits for the control socket)."""
-    assert wait_until(lambda: os.path.exists(os.path.join(node.run_dir, "control.sock")), 20), node.log()[-3000:]
-    url = node.command("status")["metrics_url"]
-    assert isinstance(url, str) and url.startswith("http://127.0.0.1:")
-    return url
-
-
-def sample(url: str, name: str, **labels: str) -> float | None:
-    """The value of one sample of /metrics (None when absent)."""
-    _status, body = get(url + "/metrics")
-    for family in text_string_to_metric_families(body):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return None
 
 
 def wait_sample(node: SimNode, url: str, name: str, at_least: float, timeout: float = 20.0, **labels: str) -> None:
