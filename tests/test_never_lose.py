@@ -4,12 +4,8 @@ stand-in: kill storms, a worker that cannot start for a while, stray entries in 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import psutil
 import pytest
@@ -18,7 +14,7 @@ import zmq
 from common.messages import Heartbeat, Hello, Shutdown, StatusReport, decode, encode
 from tests.benchmarks.bench_killstorm import storm
 from tests.harness import ExtraStreams, SimNode, metrics_url, sample
-from tests.helpers import fill_filesystem, plant_stray, wait_until
+from tests.helpers import fill_filesystem, plant_stray, tmpfs_at, wait_until
 
 GPU = "nvidia.com/gpu"
 
@@ -137,25 +133,6 @@ def test_a_forged_control_message_is_dropped_and_counted() -> None:
         assert node.worker_pid(GPU) == pid and node.kubelet.allocatable(GPU) == 4
 
 
-@contextmanager
-def small_tmpfs(path: str, size: str = "256k") -> Iterator[None]:
-    """A tmpfs of `size` at `path` (made 0700), unmounted after, and the dir holding `path`
-    removed (the node's temp dir, which its close() could not remove while mounted); skips where
-    mounting is not allowed."""
-    os.makedirs(path, mode=0o700)
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path], capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        os.rmdir(path)
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", path], check=False)
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # the node's temp dir, left for the mount
-
-
 def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there_is_room() -> None:
     """SIGHUP while the run dir is full: the running plan keeps serving, status and metrics show
     the pending reload and why, and it is applied by itself once space is freed."""
@@ -164,7 +141,9 @@ def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there
     with open(config, "w") as fh:
         fh.write("version: v1\n")
     node.args += ["--config-file", config]
-    with small_tmpfs(node.run_dir), node:
+    with tmpfs_at(node.run_dir, "256k") as mounted, node:
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
         node.wait_listed([GPU])
         filler = fill_filesystem(node.run_dir)
         with open(config, "w") as fh:

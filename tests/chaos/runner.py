@@ -27,14 +27,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +41,7 @@ import psutil
 
 from common.kubelet_standin import KubeletStandin
 from tests.harness import SimNode
-from tests.helpers import fill_filesystem, plant_stray, sockets_in
+from tests.helpers import fill_filesystem, plant_stray, sockets_in, tmpfs_at
 
 # Relative weights: health faults are cheap and common, process kills less so.
 WEIGHTS = {
@@ -189,6 +188,7 @@ class Chaos:
         self.lost: set[str] = set()
         self.strays: list[str] = []  # planted in the kubelet dir: must outlive every fault
         self.tmpfs = False  # the run dir is a tmpfs of our own (reload-full can fill it)
+        self.cleanup = ExitStack()
         self.weights = dict(WEIGHTS)
         self.left_out: list[str] = []
 
@@ -202,7 +202,7 @@ class Chaos:
         with open(self.config_path, "w") as fh:
             fh.write(CONFIG_A)
         self.node.args += ["--config-file", self.config_path]
-        self.tmpfs = self._mount_run_dir()
+        self.tmpfs = self.cleanup.enter_context(tmpfs_at(self.node.run_dir, RUN_DIR_TMPFS))
         if not self.tmpfs:
             self.weights.pop("reload-full")
             self.left_out.append("reload-full (no tmpfs could be mounted for the run dir: needs root)")
@@ -212,23 +212,11 @@ class Chaos:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.node is not None:
-            try:
+        try:
+            if self.node is not None:
                 self.node.close()
-            finally:
-                if self.tmpfs:
-                    # The mount point outlived close()'s removal of the temp dir: unmount, remove.
-                    subprocess.run(["umount", "-l", self.node.run_dir], check=False, capture_output=True)
-                    shutil.rmtree(self.node.base, ignore_errors=True)
-
-    def _mount_run_dir(self) -> bool:
-        assert self.node is not None
-        os.makedirs(self.node.run_dir, mode=0o700)
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={RUN_DIR_TMPFS},mode=0700", "tmpfs", self.node.run_dir],
-            capture_output=True,
-        )
-        return done.returncode == 0
+        finally:
+            self.cleanup.close()  # the run dir's tmpfs, after the node that used it
 
     @property
     def kubelet(self) -> KubeletStandin:
