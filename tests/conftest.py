@@ -26,11 +26,8 @@ def mock_nvml_libdir() -> Iterator[str]:
     reason = mocknvml.skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    path = tempfile.mkdtemp(prefix="gv-mocknvml-")
-    try:
-        yield mocknvml.unpack(path)
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+    with mocknvml.unpacked() as path:
+        yield path
 
 
 @pytest.fixture(scope="session")

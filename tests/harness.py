@@ -62,6 +62,13 @@ def run_supervisor(
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env(env), check=False)
 
 
+def gpuvisor_status(node: SimNode, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`gpuvisor status *extra` on `node`'s run dir, in the node's environment, reading allocations
+    from the checkpoint only (no pod-resources socket: this machine's kubelet, if any, is not the node's)."""
+    argv = [sys.executable, "-m", "supervisor", "status", "--run-dir", node.run_dir, "--pod-resources-socket", "", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=child_env(node.env), cwd=REPO, check=False)
+
+
 class SimNode:
     def __init__(
         self,
