@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -192,6 +193,29 @@ class SimNode:
 
     def elapsed(self, since: float) -> float:
         return time.monotonic() - since
+
+
+# ---------------------------------------------------------------- a config file and SIGHUP
+
+
+def config_node(directory: Path, text: str, profile: str = "pcie-l4", args: Sequence[str] = ()) -> tuple[SimNode, Path]:
+    """A node (not started) on `profile` whose config file is `<directory>/config.yaml`, holding `text`."""
+    path = directory / "config.yaml"
+    path.write_text(text)
+    return SimNode(profile, args=["--config-file", str(path), *args]), path
+
+
+def reloads(node: SimNode) -> int:
+    """How many reloads the supervisor has been through (`status`)."""
+    return int(node.command("status")["reloads"])
+
+
+def sighup_and_wait(node: SimNode) -> None:
+    """SIGHUP, and wait until the supervisor has been through one reload."""
+    assert node.proc is not None
+    before = reloads(node)
+    node.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: reloads(node) > before, 15), node.log()[-4000:]
 
 
 # ---------------------------------------------------------------- the metrics endpoint

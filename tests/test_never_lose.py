@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -13,7 +14,7 @@ import zmq
 
 from common.messages import Heartbeat, Hello, Shutdown, StatusReport, decode, encode
 from tests.benchmarks.bench_killstorm import storm
-from tests.harness import ExtraStreams, SimNode, metrics_url, sample
+from tests.harness import ExtraStreams, SimNode, config_node, metrics_url, sample
 from tests.helpers import fill_filesystem, plant_stray, tmpfs_at, wait_until
 
 GPU = "nvidia.com/gpu"
@@ -133,23 +134,18 @@ def test_a_forged_control_message_is_dropped_and_counted() -> None:
         assert node.worker_pid(GPU) == pid and node.kubelet.allocatable(GPU) == 4
 
 
-def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there_is_room() -> None:
+def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there_is_room(tmp_path: Path) -> None:
     """SIGHUP while the run dir is full: the running plan keeps serving, status and metrics show
     the pending reload and why, and it is applied by itself once space is freed."""
-    node = SimNode("pcie-l4", args=["--metrics-address", "127.0.0.1:0"])
-    config = os.path.join(node.base, "config.yaml")
-    with open(config, "w") as fh:
-        fh.write("version: v1\n")
-    node.args += ["--config-file", config]
+    node, config = config_node(tmp_path, "version: v1\n", args=["--metrics-address", "127.0.0.1:0"])
     with tmpfs_at(node.run_dir, "256k") as mounted, node:
         if not mounted:
             pytest.skip("cannot mount a tmpfs here (needs root)")
         node.wait_listed([GPU])
         filler = fill_filesystem(node.run_dir)
-        with open(config, "w") as fh:
-            fh.write("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n")
+        config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n")
         assert node.proc is not None
-        os.kill(node.proc.pid, signal.SIGHUP)
+        os.kill(node.proc.pid, signal.SIGHUP)  # no sighup_and_wait: this reload stays pending
         assert wait_until(lambda: node.command("status")["reconcile"]["pending"], 15), node.log()[-2000:]
         pending = node.command("status")["reconcile"]["pending"]
         assert "No space left on device" in pending["reason"] and pending["trigger"] == "SIGHUP"
