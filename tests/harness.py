@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from common.kubelet_standin import KubeletStandin
 from common.kubeletapi import pb
 from common.kubeletapi.rpc import DevicePluginClient, unix_target
 from supervisor.commands import send_command
-from tests.helpers import REPO, wait_until
+from tests.helpers import REPO, sockets_in, wait_until
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -216,6 +217,67 @@ def sighup_and_wait(node: SimNode) -> None:
     before = reloads(node)
     node.proc.send_signal(signal.SIGHUP)
     assert wait_until(lambda: reloads(node) > before, 15), node.log()[-4000:]
+
+
+# ---------------------------------------------------------------- a standalone worker
+# `python -m worker` with no supervisor, against a kubelet stand-in: the `env` and `procs`
+# fixtures (tests/conftest.py) give it a temp dir with dgx-h100's plan for GPU, and end what it started.
+
+GPU = "nvidia.com/gpu"
+
+
+@dataclass
+class Env:
+    """A standalone worker's temp dir: its plan, its log, and where the kubelet's socket goes."""
+
+    dir: str
+    plan_path: str
+    log_path: str
+    kubelet_socket: str
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+
+def start_worker(env: Env, procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Start `python -m worker` for GPU on `env`'s plan, logging to `env.log_path`; noted in `procs`."""
+    with open(env.log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "--resource", GPU, "--plan", env.plan_path,
+             "--kubelet-socket", env.kubelet_socket],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": REPO},
+        )  # fmt: skip
+    procs.append(proc)
+    return proc
+
+
+def plugin_sockets(env: Env) -> list[str]:
+    return [s for s in sockets_in(env.dir) if s != "kubelet.sock"]
+
+
+def listed_after(kubelet: KubeletStandin, since: float, other_than: str = "") -> bool:
+    """Registered after `since` (on a socket other than `other_than`), connected and listed."""
+    res = kubelet.resource(GPU)
+    ep = res.endpoint if res is not None else None
+    return bool(
+        ep is not None
+        and ep.connected
+        and ep.updates > 0
+        and ep.registered_at >= since
+        and os.path.basename(ep.socket_path) != other_than
+    )
+
+
+def settled(env: Env, kubelet: KubeletStandin) -> bool:
+    """One live registration, served from the one plugin socket in the dir."""
+    socks = plugin_sockets(env)
+    return (
+        kubelet.connected(GPU)
+        and len(socks) == 1
+        and os.path.basename(kubelet.endpoint_socket(GPU)) == socks[0]
+    )
 
 
 # ---------------------------------------------------------------- the metrics endpoint

@@ -18,11 +18,8 @@ import grpc
 from common.kubelet_standin import KubeletStandin
 from common.kubeletapi import pb
 from common.procutil import unix_socket_listening
-from tests.harness import SimNode, metrics_url, sample
+from tests.harness import GPU, Env, SimNode, listed_after, metrics_url, sample, settled, start_worker
 from tests.helpers import wait_until
-from tests.test_registration import GPU, Env, env, listed_after, procs, settled, start_worker
-
-__all__ = ["env", "procs"]  # fixtures shared with test_registration
 
 
 class OrderKubelet(KubeletStandin):
