@@ -41,7 +41,7 @@ import psutil
 
 from common.kubelet_standin import KubeletStandin
 from tests.harness import SimNode
-from tests.helpers import fill_filesystem, plant_stray, sockets_in, tmpfs_at
+from tests.helpers import fill_filesystem, plant_stray, sockets_in, tmpfs_at, wait_until
 
 # Relative weights: health faults are cheap and common, process kills less so.
 WEIGHTS = {
@@ -331,11 +331,11 @@ class Chaos:
     def _await_replaced(self, resource: str, pid: int) -> None:
         """Until the supervisor no longer shows `pid` for `resource` (it noticed the fault): the
         invariants checked before that would only see the state from before the fault."""
-        deadline = time.monotonic() + self.deadline
-        while any(w["resource"] == resource and w.get("pid") == pid for w in self.status()["workers"]):
-            if time.monotonic() > deadline:
-                raise Violation(f"{resource}: the supervisor still shows pid {pid} as its worker")
-            time.sleep(0.01)
+        def replaced() -> bool:
+            return not any(w["resource"] == resource and w.get("pid") == pid for w in self.status()["workers"])
+
+        if not wait_until(replaced, self.deadline, interval=0.01):
+            raise Violation(f"{resource}: the supervisor still shows pid {pid} as its worker")
 
     def _worker_pid(self, resource: str) -> int:
         for w in self.status()["workers"]:
@@ -370,19 +370,19 @@ class Chaos:
             with open(self.config_path, "w") as fh:
                 fh.write(CONFIG_B if current == CONFIG_A else CONFIG_A)
             os.kill(node.proc.pid, signal.SIGHUP)
-            deadline = time.monotonic() + self.deadline
-            while not (self.status().get("reconcile") or {}).get("pending"):
-                if time.monotonic() > deadline:
-                    raise Violation("a reload into a full run dir did not become pending")
-                time.sleep(0.02)
+            deadline = time.monotonic() + self.deadline  # one deadline for the whole fault
+            if not wait_until(self._reload_pending, self.deadline):
+                raise Violation("a reload into a full run dir did not become pending")
             self.check(deadline)  # the running config still serves every resource
         finally:
             os.unlink(filler)
-        while (self.status().get("reconcile") or {}).get("pending"):  # room again: it applies by itself
-            if time.monotonic() > deadline:
-                raise Violation("a pending reload did not apply once the run dir had room again")
-            time.sleep(0.02)
+        # Room again: it applies by itself.
+        if not wait_until(lambda: not self._reload_pending(), max(0.0, deadline - time.monotonic())):
+            raise Violation("a pending reload did not apply once the run dir had room again")
         return "reload pending while the run dir was full, then applied"
+
+    def _reload_pending(self) -> bool:
+        return bool((self.status().get("reconcile") or {}).get("pending"))
 
     def _sim(self, action: str, **args: Any) -> None:
         assert self.node is not None
