@@ -6,6 +6,11 @@ real NVML instead, which the real-binding tier points at NVIDIA's mock library t
 
 Everything lives in a short temp dir (unix socket paths must stay under 108 bytes) that is
 removed on exit, and only the processes started here are ever signalled, by PID.
+
+Beside the node, what several test modules do with it: one-off `gpuvisor run` (expected to fail at
+start) and `gpuvisor status` children in `child_env`'s environment, a config file and a SIGHUP
+that is waited for (`config_node`, `sighup_and_wait`), a standalone worker with no supervisor
+(`Env`, `start_worker`), reading /metrics (`metrics_url`, `sample`), and extra ListAndWatch streams.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from common.kubeletapi import pb
 from common.kubeletapi.rpc import DevicePluginClient, unix_target
 from supervisor.commands import send_command
 from tests.helpers import REPO, sockets_in, wait_until
+
+# ---------------------------------------------------------------- gpuvisor as a one-off child
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -308,6 +315,9 @@ def sample(url: str, name: str, **labels: str) -> float | None:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 return float(s.value)
     return None
+
+
+# ---------------------------------------------------------------- streams beside the kubelet's
 
 
 class ExtraStreams:
