@@ -1,4 +1,5 @@
-"""Session fixtures shared by several test modules.
+"""Fixtures shared by several test modules: the real-binding tier's session directories, and a
+standalone worker's temp dir (`env`) with the processes a test started (`procs`).
 
 The real-binding tier's session directories are made with `tempfile`, not `tmp_path_factory`:
 with `tmp_path_retention_policy = "none"` pytest takes no lock on its base temp dir, and any other
@@ -8,13 +9,19 @@ which would pull the mock library from under later child processes.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 
 import pytest
 
-from tests import mocknvml
+from common.config import config_from_data
+from common.planning import plan_resources
+from tests import mocknvml, nodes
+from tests.harness import GPU, Env
+from tests.helpers import short_tmpdir
 
 
 @pytest.fixture(scope="session")
@@ -26,11 +33,8 @@ def mock_nvml_libdir() -> Iterator[str]:
     reason = mocknvml.skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    path = tempfile.mkdtemp(prefix="gv-mocknvml-")
-    try:
-        yield mocknvml.unpack(path)
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+    with mocknvml.unpacked() as path:
+        yield path
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +47,25 @@ def oldest_binding() -> Iterator[str]:
         yield mocknvml.install_binding(version, path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    """A temp dir for a standalone worker (`tests.harness.start_worker`), holding dgx-h100's plan for GPU."""
+    plan = plan_resources(nodes.dgx_h100(), config_from_data(None))[GPU]
+    with short_tmpdir() as d:
+        plan_path = os.path.join(d, "plan.json")
+        with open(plan_path, "w", encoding="utf-8") as fh:
+            fh.write(plan.to_json())
+        yield Env(d, plan_path, os.path.join(d, "worker.log"), os.path.join(d, "kubelet.sock"))
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The processes a test started (`start_worker` notes them); any still running is killed after it, by PID."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:  # only what this test started, by PID
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)

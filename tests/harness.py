@@ -6,6 +6,11 @@ real NVML instead, which the real-binding tier points at NVIDIA's mock library t
 
 Everything lives in a short temp dir (unix socket paths must stay under 108 bytes) that is
 removed on exit, and only the processes started here are ever signalled, by PID.
+
+Beside the node, what several test modules do with it: one-off `gpuvisor run` (expected to fail at
+start) and `gpuvisor status` children in `child_env`'s environment, a config file and a SIGHUP
+that is waited for (`config_node`, `sighup_and_wait`), a standalone worker with no supervisor
+(`Env`, `start_worker`), reading /metrics (`metrics_url`, `sample`), and extra ListAndWatch streams.
 """
 
 from __future__ import annotations
@@ -18,17 +23,59 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from common.kubelet_standin import KubeletStandin
 from common.kubeletapi import pb
 from common.kubeletapi.rpc import DevicePluginClient, unix_target
 from supervisor.commands import send_command
-from tests.helpers import REPO, wait_until
+from tests.helpers import REPO, sockets_in, wait_until
+
+# ---------------------------------------------------------------- gpuvisor as a one-off child
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a gpuvisor child process: this one's without GPUVISOR_* and DP_* (a test
+    sees only what it sets), `extra` over it, and the checkout on PYTHONPATH unless `extra` names
+    its own path (an older pynvml before the checkout)."""
+    extra = extra or {}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
+    env.update(extra)
+    env["PYTHONPATH"] = extra.get("PYTHONPATH", REPO)
+    return env
+
+
+def run_supervisor(
+    tmp: str, args: Sequence[str], env: Mapping[str, str] | None = None, run_dir: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `gpuvisor run` in `tmp` to completion (it is expected to fail at start): the kubelet
+    socket at `<tmp>/p/kubelet.sock`, the run dir at `run_dir` (default `<tmp>/r`), no metrics
+    endpoint, `args` after those, `env` over the cleaned environment (`child_env`)."""
+    os.makedirs(os.path.join(tmp, "p"), exist_ok=True)
+    argv = [
+        sys.executable, "-m", "supervisor", "run",
+        "--kubelet-socket", os.path.join(tmp, "p", "kubelet.sock"),
+        "--run-dir", run_dir or os.path.join(tmp, "r"),
+        "--metrics-address", "",
+        *args,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env(env), check=False)
+
+
+def gpuvisor_status(node: SimNode, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`gpuvisor status *extra` on `node`'s run dir, in the node's environment, reading allocations
+    from the checkpoint only (no pod-resources socket: this machine's kubelet, if any, is not the node's)."""
+    argv = [sys.executable, "-m", "supervisor", "status", "--run-dir", node.run_dir, "--pod-resources-socket", "", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=child_env(node.env), cwd=REPO, check=False)
 
 
 class SimNode:
@@ -75,13 +122,10 @@ class SimNode:
         ]  # fmt: skip
 
     def start_supervisor(self) -> subprocess.Popen[bytes]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
-        env.update(self.env)
-        # The checkout, unless the test's env names its own path (an older pynvml before the checkout).
-        env["PYTHONPATH"] = self.env.get("PYTHONPATH", REPO)
         self.proc = subprocess.Popen(
-            self.supervisor_argv(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO
-        )
+            self.supervisor_argv(),
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env(self.env), cwd=REPO,
+        )  # fmt: skip
         self.pids_seen.add(self.proc.pid)
         return self.proc
 
@@ -157,6 +201,123 @@ class SimNode:
 
     def elapsed(self, since: float) -> float:
         return time.monotonic() - since
+
+
+# ---------------------------------------------------------------- a config file and SIGHUP
+
+
+def config_node(directory: Path, text: str, profile: str = "pcie-l4", args: Sequence[str] = ()) -> tuple[SimNode, Path]:
+    """A node (not started) on `profile` whose config file is `<directory>/config.yaml`, holding `text`."""
+    path = directory / "config.yaml"
+    path.write_text(text)
+    return SimNode(profile, args=["--config-file", str(path), *args]), path
+
+
+def reloads(node: SimNode) -> int:
+    """How many reloads the supervisor has been through (`status`)."""
+    return int(node.command("status")["reloads"])
+
+
+def sighup_and_wait(node: SimNode) -> None:
+    """SIGHUP, and wait until the supervisor has been through one reload."""
+    assert node.proc is not None
+    before = reloads(node)
+    node.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: reloads(node) > before, 15), node.log()[-4000:]
+
+
+# ---------------------------------------------------------------- a standalone worker
+# `python -m worker` with no supervisor, against a kubelet stand-in: the `env` and `procs`
+# fixtures (tests/conftest.py) give it a temp dir with dgx-h100's plan for GPU, and end what it started.
+
+GPU = "nvidia.com/gpu"
+
+
+@dataclass
+class Env:
+    """A standalone worker's temp dir: its plan, its log, and where the kubelet's socket goes."""
+
+    dir: str
+    plan_path: str
+    log_path: str
+    kubelet_socket: str
+
+    def log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+
+
+def start_worker(env: Env, procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Start `python -m worker` for GPU on `env`'s plan, logging to `env.log_path`; noted in `procs`."""
+    with open(env.log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker", "--resource", GPU, "--plan", env.plan_path,
+             "--kubelet-socket", env.kubelet_socket],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": REPO},
+        )  # fmt: skip
+    procs.append(proc)
+    return proc
+
+
+def plugin_sockets(env: Env) -> list[str]:
+    return [s for s in sockets_in(env.dir) if s != "kubelet.sock"]
+
+
+def listed_after(kubelet: KubeletStandin, since: float, other_than: str = "") -> bool:
+    """Registered after `since` (on a socket other than `other_than`), connected and listed."""
+    res = kubelet.resource(GPU)
+    ep = res.endpoint if res is not None else None
+    return bool(
+        ep is not None
+        and ep.connected
+        and ep.updates > 0
+        and ep.registered_at >= since
+        and os.path.basename(ep.socket_path) != other_than
+    )
+
+
+def settled(env: Env, kubelet: KubeletStandin) -> bool:
+    """One live registration, served from the one plugin socket in the dir."""
+    socks = plugin_sockets(env)
+    return (
+        kubelet.connected(GPU)
+        and len(socks) == 1
+        and os.path.basename(kubelet.endpoint_socket(GPU)) == socks[0]
+    )
+
+
+# ---------------------------------------------------------------- the metrics endpoint
+
+
+def get(url: str) -> tuple[int, str]:
+    """(HTTP status, body) of a GET; a 503 is an answer, not an error."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def metrics_url(node: SimNode) -> str:
+    """The supervisor's metrics base URL, from `status` (waits for the control socket)."""
+    assert wait_until(lambda: os.path.exists(os.path.join(node.run_dir, "control.sock")), 20), node.log()[-3000:]
+    url = node.command("status")["metrics_url"]
+    assert isinstance(url, str) and url.startswith("http://127.0.0.1:")
+    return url
+
+
+def sample(url: str, name: str, **labels: str) -> float | None:
+    """The value of one sample of /metrics (None when absent)."""
+    _status, body = get(url + "/metrics")
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+# ---------------------------------------------------------------- streams beside the kubelet's
 
 
 class ExtraStreams:

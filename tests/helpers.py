@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,23 @@ def short_tmpdir(prefix: str = "gv") -> Iterator[str]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def tmpfs_at(path: str, size: str) -> Iterator[bool]:
+    """A tmpfs of `size` mounted at `path` (made here, 0700) for the block; yields whether it could
+    be mounted (it needs root). Afterwards a tmpfs is unmounted (lazily: a process may still hold a
+    file there) and the dir holding `path` is removed, as its owner (a SimNode's temp dir, closed
+    first) could not while a mount point was in it; an unmounted `path` is just removed."""
+    os.makedirs(path, mode=0o700)
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path]
+    mounted = subprocess.run(mount, capture_output=True, check=False).returncode == 0
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", path], capture_output=True, check=False)
+        shutil.rmtree(os.path.dirname(path) if mounted else path, ignore_errors=True)
 
 
 def sockets_in(directory: str) -> list[str]:

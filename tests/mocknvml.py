@@ -6,28 +6,33 @@ binding loads it with its ordinary dlopen of `libnvidia-ml.so.1` when its direct
 process starts and the library loads: one profile per process, so tests run the binding in a
 child process (`python -c ...`, `gpuvisor run`) with `environ(...)`.
 
-The library is unpacked once per test session into a temp dir that the session removes.
+The library is unpacked once per test session into a temp dir that the session removes
+(`unpacked`); `child_report` runs the adapter over it in a child, `real_node` a whole supervisor.
 
 Beside that: what a profile file says the node is (`expected_node`, read straight from the YAML,
 independently of the code under test), the sysfs tree the mock's own `render-pci-sysfs` would
-make from it (`render_sysfs`), fault injection at run time (`write_overrides`), and the oldest
-`nvidia-ml-py` the project accepts (`binding_floor`, `install_binding`).
+make from it (`render_sysfs`), fault injection at run time (`write_overrides`, `overrides_file`),
+and the oldest `nvidia-ml-py` the project accepts (`binding_floor`, `install_binding`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from tests.harness import SimNode
 from tests.helpers import REPO
 
 LIB_NAME = "libnvidia-ml.so.550.163.01"
@@ -92,6 +97,18 @@ def unpack(dest: str) -> str:
     return dest
 
 
+@contextmanager
+def unpacked(prefix: str = "gv-mocknvml-") -> Iterator[str]:
+    """A temp dir holding the unpacked library (see `unpack`), removed after the block.
+
+    Made with `tempfile`, not pytest's tmp_path_factory: see tests/conftest.py for why."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield unpack(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def environ(
     libdir: str,
     profile: str | None = None,
@@ -116,6 +133,25 @@ def environ(
         env["MOCK_NVML_OVERRIDES"] = overrides
         env["MOCK_NVML_OVERRIDES_TTL"] = overrides_ttl
     return env
+
+
+def child_report(env: dict[str, str], *args: str, timeout: float = 60) -> dict[str, Any]:
+    """Run the adapter in a child process (`tests.mocknvml_child *args`) with `env`; returns its
+    JSON report, with the child's stderr under "stderr"."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.mocknvml_child", *args],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"adapter child failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(proc.stdout)
+    report["stderr"] = proc.stderr
+    return report
+
+
+def real_node(libdir: str, profile: str | None, args: Sequence[str] = (), **env: Any) -> SimNode:
+    """A supervisor on real NVML (no --simulate): the mock in `libdir` with `profile`; `env` are
+    `environ`'s keywords (overrides, pythonpath, ...)."""
+    return SimNode(None, args=args, env=environ(libdir, profile, **env))
 
 
 # ------------------------------------------------------------------ what a profile describes
@@ -229,6 +265,13 @@ def write_overrides(path: str, devices: Mapping[int, Mapping[str, Any]] | None =
     with open(tmp, "w", encoding="utf-8") as fh:
         yaml.safe_dump(doc, fh)
     os.replace(tmp, path)
+
+
+def overrides_file(directory: str, devices: Mapping[int, Mapping[str, Any]] | None = None) -> str:
+    """`<directory>/overrides.yaml`, written with `devices` (None: no fault); returns its path."""
+    path = os.path.join(directory, "overrides.yaml")
+    write_overrides(path, devices)
+    return path
 
 
 def xid_fault(xid: int) -> dict[str, Any]:

@@ -13,7 +13,6 @@ strategy, a misspelt key) fails here and not on a node.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import re
 import shutil
@@ -25,6 +24,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests import manifests
 
 REPO = Path(__file__).resolve().parents[1]
 KUBE = REPO / "deploy" / "kubernetes"
@@ -82,29 +83,14 @@ def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
-def _daemonset(docs: list[dict[str, Any]], name: str = "gpuvisor") -> dict[str, Any]:
-    found = [doc for doc in docs if doc["kind"] == "DaemonSet" and doc["metadata"]["name"] == name]
-    assert len(found) == 1, f"expected one DaemonSet {name}, found {len(found)}"
-    return found[0]
-
-
 def _pod_spec(docs: list[dict[str, Any]], name: str = "gpuvisor") -> dict[str, Any]:
-    spec: dict[str, Any] = _daemonset(docs, name)["spec"]["template"]["spec"]
-    return spec
+    return manifests.pod(manifests.daemonset(docs, name))
 
 
 def _container(docs: list[dict[str, Any]], name: str = "gpuvisor", container_name: str = "gpuvisor") -> dict[str, Any]:
-    containers = _pod_spec(docs, name)["containers"]
-    assert [c["name"] for c in containers] == [container_name]
-    container: dict[str, Any] = containers[0]
+    container = manifests.container(manifests.daemonset(docs, name))
+    assert container["name"] == container_name
     return container
-
-
-def _env(container: dict[str, Any]) -> dict[str, str]:
-    env = container.get("env", [])
-    names = [item["name"] for item in env]
-    assert len(names) == len(set(names)), f"an env var is set twice: {names}"
-    return {item["name"]: item["value"] for item in env}
 
 
 def _volume_sources(docs: list[dict[str, Any]], name: str = "gpuvisor") -> dict[str, dict[str, Any]]:
@@ -118,18 +104,6 @@ def _mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # --- kustomize + schema validation -------------------------------------------------------------
 
 
-def _validate(path: Path) -> subprocess.CompletedProcess[str]:
-    if importlib.util.find_spec("kubernetes_validate") is None:
-        pytest.skip("kubernetes-validate is not installed (pip install kubernetes-validate; test extra)")
-    return subprocess.run(
-        [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT,
-        check=False,
-    )
-
-
 def test_every_kustomization_validates_strictly(tmp_path: Path) -> None:
     """Base and every overlay render with kubectl kustomize and pass strict schema validation."""
     paths = []
@@ -138,7 +112,7 @@ def test_every_kustomization_validates_strictly(tmp_path: Path) -> None:
         path.write_text(_rendered_text(kustomization))
         paths.append(path)
     for path in paths:  # one validator run per file keeps the failure message pointed
-        proc = _validate(path)
+        proc = manifests.validate_strict([path], "--quiet")
         assert proc.returncode == 0, f"{path.name} is not valid:\n{proc.stdout}{proc.stderr}"
 
 
@@ -148,7 +122,7 @@ def test_strict_validation_rejects_an_unknown_field(tmp_path: Path) -> None:
     _container(docs)["securityContext"]["readOnlyRootFilesytem"] = True
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump_all(docs))
-    proc = _validate(path)
+    proc = manifests.validate_strict([path], "--quiet")
     assert proc.returncode != 0
     assert "readOnlyRootFilesytem" in proc.stdout + proc.stderr
 
@@ -167,7 +141,7 @@ def test_objects_live_in_their_own_namespace(kustomization: str) -> None:
     for doc in docs:
         if doc["kind"] != "Namespace":
             assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
-    assert _daemonset(docs)["metadata"]["name"] == "gpuvisor"
+    assert manifests.daemonset(docs, "gpuvisor")["metadata"]["name"] == "gpuvisor"
     assert _one(docs, "ConfigMap")["metadata"]["name"] == "gpuvisor-config"
 
 
@@ -206,7 +180,7 @@ def test_probes_hit_healthz_and_readyz_on_the_metrics_port(kustomization: str) -
         ("readinessProbe", "/readyz"),
     ):
         assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}, probe
-    assert _env(container)["GPUVISOR_METRICS_ADDRESS"] == f"0.0.0.0:{METRICS_PORT}"
+    assert manifests.env_of(container)["GPUVISOR_METRICS_ADDRESS"] == f"0.0.0.0:{METRICS_PORT}"
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
@@ -257,7 +231,7 @@ def test_volumes_reach_the_kubelet_and_the_config_directory(kustomization: str) 
     assert not plugins.get("readOnly", False)
 
     assert "emptyDir" in volumes[mounts[RUN_VOLUME]["name"]]
-    assert _env(container)["GPUVISOR_RUN_DIR"] == RUN_DIR
+    assert manifests.env_of(container)["GPUVISOR_RUN_DIR"] == RUN_DIR
     # Strictly inside the emptyDir (which is 0777): gpuvisor creates the run dir itself, 0700.
     assert os.path.dirname(RUN_DIR) == RUN_VOLUME
 
@@ -268,7 +242,7 @@ def test_volumes_reach_the_kubelet_and_the_config_directory(kustomization: str) 
     config = mounts[CONFIG_MOUNT]
     assert config["readOnly"] is True
     assert volumes[config["name"]]["configMap"]["name"] == "gpuvisor-config"
-    assert _env(container)["CONFIG_FILE"] == f"{CONFIG_MOUNT}/config.yaml"
+    assert manifests.env_of(container)["CONFIG_FILE"] == f"{CONFIG_MOUNT}/config.yaml"
     assert "config.yaml" in _one(docs, "ConfigMap")["data"]
 
 
@@ -278,7 +252,7 @@ def test_image_env_and_resources(kustomization: str) -> None:
     container = _container(_render(kustomization))
     assert container["image"] == "gpuvisor:latest"
     assert container["args"] == ["run"]
-    env = _env(container)
+    env = manifests.env_of(container)
     assert env["GPUVISOR_LOG_FORMAT"] == "json"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     # The MPS overlay runs MPS control daemons: their binaries come with the "compute" capability.
@@ -306,7 +280,7 @@ def test_overlay_sets_its_own_settings_only(
 ) -> None:
     """Each overlay adds its env var (MIG_STRATEGY, PASS_DEVICE_SPECS, MPS_ROOT) and nothing of the others."""
     docs = _render(kustomization)
-    env = _env(_container(docs))
+    env = manifests.env_of(_container(docs))
     for name in ("MIG_STRATEGY", "PASS_DEVICE_SPECS", "MPS_ROOT"):
         assert env.get(name) == env_expected.get(name), name
     assert _pod_spec(docs).get("hostIPC", False) is host_ipc
@@ -332,7 +306,7 @@ def test_rendered_config_loads_under_the_daemonset_env(kustomization: str, tmp_p
     docs = _render(kustomization)
     path = tmp_path / "config.yaml"
     path.write_text(_one(docs, "ConfigMap")["data"]["config.yaml"])
-    env = {**_env(_container(docs)), "CONFIG_FILE": str(path)}
+    env = {**manifests.env_of(_container(docs)), "CONFIG_FILE": str(path)}
     config = load_config(None, env)
     assert config.unknown_keys == ()
     assert config.metrics_address == f"0.0.0.0:{METRICS_PORT}"
@@ -349,7 +323,7 @@ def test_labels_overlay_runs_the_labeller_into_nfds_features_d() -> None:
     docs = _render("overlays/labels")
     container = _container(docs, "gpuvisor-labels", "labels")
     assert container["image"] == "gpuvisor:latest" and container["args"] == ["labels"]
-    env = _env(container)
+    env = manifests.env_of(container)
     assert env["GFD_USE_NODE_FEATURE_API"] == "false"
     assert "GFD_OUTPUT_FILE" not in env  # GFD's default path, inside the mount below
     mount = _mounts(container)[FEATURES_D]
@@ -382,7 +356,7 @@ def test_labels_overlay_config_loads_for_the_labeller(tmp_path: Path) -> None:
     docs = _render("overlays/labels")
     path = tmp_path / "config.yaml"
     path.write_text(_one(docs, "ConfigMap")["data"]["config.yaml"])
-    env = {**_env(_container(docs, "gpuvisor-labels", "labels")), "CONFIG_FILE": str(path)}
+    env = {**manifests.env_of(_container(docs, "gpuvisor-labels", "labels")), "CONFIG_FILE": str(path)}
     settings = load_label_settings(None, env)
     assert settings.use_node_feature_api is False
     assert settings.output_file == DEFAULT_OUTPUT_FILE and settings.output_file.startswith(FEATURES_D + "/")
@@ -618,5 +592,5 @@ def test_install_builds_a_dedicated_venv(tmp_path: Path) -> None:
 
 def test_mig_overlay_asks_the_runtime_for_the_mig_monitor_devices() -> None:
     """mig: NVIDIA_MIG_MONITOR_DEVICES=all, as NVIDIA's chart sets it on MIG nodes; not elsewhere."""
-    assert _env(_container(_render("overlays/mig"))).get("NVIDIA_MIG_MONITOR_DEVICES") == "all"
-    assert "NVIDIA_MIG_MONITOR_DEVICES" not in _env(_container(_render("overlays/default")))
+    assert manifests.env_of(_container(_render("overlays/mig"))).get("NVIDIA_MIG_MONITOR_DEVICES") == "all"
+    assert "NVIDIA_MIG_MONITOR_DEVICES" not in manifests.env_of(_container(_render("overlays/default")))

@@ -14,15 +14,14 @@ misspelt env var name or a config key the chart points at wrongly fails here.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests import manifests
 
 helm_python = pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (test extra)")
 
@@ -34,7 +33,6 @@ NAMESPACE = "gpu-system"
 CONFIG_DIR = "/etc/gpuvisor"
 PLUGINS = "/var/lib/kubelet/device-plugins"
 FEATURES_D = "/etc/kubernetes/node-feature-discovery/features.d"
-SUBPROCESS_TIMEOUT = 60
 
 # --- values files, as NVIDIA's documentation writes them -----------------------------------------
 
@@ -155,49 +153,23 @@ def _refusal(values: dict[str, Any], namespace: str = NAMESPACE) -> str:
     return str(caught.value)
 
 
-def _find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    assert len(found) == 1, (
-        f"expected one {kind} {name}: {[(d['kind'], d['metadata']['name']) for d in docs]}"
-    )
-    return found[0]
-
-
 def _plugin(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return _find(docs, "DaemonSet", "gpuvisor")
+    return manifests.daemonset(docs, "gpuvisor")
 
 
 def _labeller(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    return _find(docs, "DaemonSet", "gpuvisor-gpu-feature-discovery")
-
-
-def _pod(daemonset: dict[str, Any]) -> dict[str, Any]:
-    pod: dict[str, Any] = daemonset["spec"]["template"]["spec"]
-    return pod
-
-
-def _container(daemonset: dict[str, Any]) -> dict[str, Any]:
-    containers = _pod(daemonset)["containers"]
-    assert len(containers) == 1, "one container: no config-manager sidecar"
-    container: dict[str, Any] = containers[0]
-    return container
+    return manifests.daemonset(docs, "gpuvisor-gpu-feature-discovery")
 
 
 def _env(daemonset: dict[str, Any]) -> dict[str, str]:
     """Plain env values; downward-API entries appear as `fieldRef:<path>`."""
-    entries = _container(daemonset).get("env", [])
-    names = [e["name"] for e in entries]
-    assert len(names) == len(set(names)), f"an env var is set twice: {names}"
-    return {
-        e["name"]: e["value"] if "value" in e else "fieldRef:" + e["valueFrom"]["fieldRef"]["fieldPath"]
-        for e in entries
-    }
+    return manifests.env_of(manifests.container(daemonset))
 
 
 def _mounts(daemonset: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """mountPath -> (mount, volume)."""
-    volumes = {v["name"]: v for v in _pod(daemonset).get("volumes", [])}
-    return {m["mountPath"]: (m, volumes[m["name"]]) for m in _container(daemonset)["volumeMounts"]}
+    volumes = {v["name"]: v for v in manifests.pod(daemonset).get("volumes", [])}
+    return {m["mountPath"]: (m, volumes[m["name"]]) for m in manifests.container(daemonset)["volumeMounts"]}
 
 
 def _host_paths(daemonset: dict[str, Any]) -> dict[str, str]:
@@ -208,7 +180,7 @@ def _host_paths(daemonset: dict[str, Any]) -> dict[str, str]:
 
 
 def _capabilities_added(daemonset: dict[str, Any]) -> list[str]:
-    added: list[str] = _container(daemonset)["securityContext"]["capabilities"].get("add", [])
+    added: list[str] = manifests.container(daemonset)["securityContext"]["capabilities"].get("add", [])
     return added
 
 
@@ -231,7 +203,7 @@ def _container_env(docs: list[dict[str, Any]], daemonset: dict[str, Any], tmp_pa
     env = {k: v for k, v in _env(daemonset).items() if not v.startswith("fieldRef:")}
     mounts = _mounts(daemonset)
     if CONFIG_DIR in mounts:
-        config_map = _find(docs, "ConfigMap", mounts[CONFIG_DIR][1]["configMap"]["name"])
+        config_map = manifests.find(docs, "ConfigMap", mounts[CONFIG_DIR][1]["configMap"]["name"])
         for key, text in config_map["data"].items():
             (tmp_path / key).write_text(text)
         env["CONFIG_FILE"] = env["CONFIG_FILE"].replace(CONFIG_DIR, str(tmp_path))
@@ -250,18 +222,6 @@ def test_chart_lints_clean_with_every_values_file() -> None:
         assert [m for m in report["messages"] if m["severity"] >= 2] == [], name
 
 
-def _validate(paths: list[Path]) -> subprocess.CompletedProcess[str]:
-    if importlib.util.find_spec("kubernetes_validate") is None:
-        pytest.skip("kubernetes-validate is not installed (pip install kubernetes-validate; test extra)")
-    return subprocess.run(
-        [sys.executable, "-m", "kubernetes_validate", "--strict", *map(str, paths)],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT,
-        check=False,
-    )
-
-
 def test_every_rendered_object_validates_strictly(tmp_path: Path) -> None:
     """Every object of every values file passes kubernetes-validate --strict, with no kind left unchecked."""
     paths = []
@@ -272,7 +232,7 @@ def test_every_rendered_object_validates_strictly(tmp_path: Path) -> None:
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump_all(docs))
         paths.append(path)
-    proc = _validate(paths)
+    proc = manifests.validate_strict(paths)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     # A kind without a schema is only a WARN (exit 0): none may slip through unvalidated.
@@ -285,10 +245,10 @@ def test_every_rendered_object_validates_strictly(tmp_path: Path) -> None:
 def test_strict_validation_rejects_a_misspelt_field(tmp_path: Path) -> None:
     """The validator run above fails a rendered DaemonSet with a misspelt field (a pass means something)."""
     docs = _render({})
-    _container(_plugin(docs))["securityContext"]["readOnlyRootFilesytem"] = True
+    manifests.container(_plugin(docs))["securityContext"]["readOnlyRootFilesytem"] = True
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump_all(docs))
-    proc = _validate([path])
+    proc = manifests.validate_strict([path])
     assert proc.returncode != 0
     assert "readOnlyRootFilesytem" in proc.stdout + proc.stderr
 
@@ -331,7 +291,7 @@ def test_default_install_is_the_kustomize_base() -> None:
         "resources",
         "securityContext",
     ):
-        assert _container(chart)[key] == _container(kustomize)[key], key
+        assert manifests.container(chart)[key] == manifests.container(kustomize)[key], key
     base_env = {k: v for k, v in _env(kustomize).items() if k != "CONFIG_FILE"}
     assert _env(chart) == base_env  # no config.map/config.name: no config file, as NVIDIA's chart
     base_mounts = {p: (m, v) for p, (m, v) in _mounts(kustomize).items() if p != CONFIG_DIR}
@@ -342,31 +302,31 @@ def test_default_install_is_the_kustomize_base() -> None:
         "enableServiceLinks",
         "terminationGracePeriodSeconds",
     ):
-        assert _pod(chart)[key] == _pod(kustomize)[key], key
-    assert _canon(_pod(chart)["tolerations"]) == _canon(_pod(kustomize)["tolerations"])
-    terms = _pod(chart)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    base_terms = _pod(kustomize)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert manifests.pod(chart)[key] == manifests.pod(kustomize)[key], key
+    assert _canon(manifests.pod(chart)["tolerations"]) == _canon(manifests.pod(kustomize)["tolerations"])
+    terms = manifests.pod(chart)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    base_terms = manifests.pod(kustomize)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert _canon(terms["nodeSelectorTerms"]) == _canon(base_terms["nodeSelectorTerms"])
     assert (
         chart["spec"]["template"]["metadata"]["annotations"]
         == kustomize["spec"]["template"]["metadata"]["annotations"]
     )
     for key in ("hostNetwork", "hostIPC", "hostPID", "runtimeClassName"):
-        assert key not in _pod(chart), key
-    assert _find(docs, "ServiceAccount", "gpuvisor")["automountServiceAccountToken"] is False
+        assert key not in manifests.pod(chart), key
+    assert manifests.find(docs, "ServiceAccount", "gpuvisor")["automountServiceAccountToken"] is False
 
 
 def test_image_is_gpuvisor_at_the_app_version_unless_set() -> None:
     """image.repository/tag/pullPolicy and imagePullSecrets land on the container and pod."""
-    assert _container(_plugin(_render({})))["image"] == "gpuvisor:0.1.0"
+    assert manifests.container(_plugin(_render({})))["image"] == "gpuvisor:0.1.0"
     values = {
         "image": {"repository": "registry.example/gpuvisor", "tag": "1.2.3", "pullPolicy": "Always"},
         "imagePullSecrets": [{"name": "pull"}],
     }
     daemonset = _plugin(_render(values))
-    assert _container(daemonset)["image"] == "registry.example/gpuvisor:1.2.3"
-    assert _container(daemonset)["imagePullPolicy"] == "Always"
-    assert _pod(daemonset)["imagePullSecrets"] == [{"name": "pull"}]
+    assert manifests.container(daemonset)["image"] == "registry.example/gpuvisor:1.2.3"
+    assert manifests.container(daemonset)["imagePullPolicy"] == "Always"
+    assert manifests.pod(daemonset)["imagePullSecrets"] == [{"name": "pull"}]
 
 
 # --- each NVIDIA value's meaning ----------------------------------------------------------------
@@ -468,27 +428,27 @@ def test_values_file_means_what_it_means_for_nvidia(name: str, check: str, tmp_p
         assert host_paths["/run/nvidia/mps"] == "/run/nvidia/mps"  # same path: clients mount it too
         assert host_paths["/dev/shm"] == "/run/nvidia/mps/shm"
         assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"  # the MPS binaries gpuvisor runs
-        assert _pod(plugin)["hostIPC"] is True
-        assert _pod(plugin)["hostPID"] is True  # mps.enableHostPID, NVIDIA's default
+        assert manifests.pod(plugin)["hostIPC"] is True
+        assert manifests.pod(plugin)["hostPID"] is True  # mps.enableHostPID, NVIDIA's default
     elif check == "mig":
         assert (config.mig_strategy, config.pass_device_specs) == ("mixed", True)
         assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
         assert _capabilities_added(plugin) == ["SYS_ADMIN"]
         # NVIDIA's chart makes compatWithCPUManager privileged; gpuvisor needs no privilege for it.
-        assert "privileged" not in _container(plugin)["securityContext"]
+        assert "privileged" not in manifests.container(plugin)["securityContext"]
     elif check == "cdi":
         assert config.device_list_strategy == ("cdi-annotations",)
         assert config.driver_root == "/"
         assert config.cdi_spec_dir == "/var/run/cdi"
         assert host_paths["/var/run/cdi"] == "/var/run/cdi"
         assert host_paths["/driver-root"] == "/"
-        assert _pod(plugin)["runtimeClassName"] == "nvidia"
+        assert manifests.pod(plugin)["runtimeClassName"] == "nvidia"
         assert not _mounts(plugin)["/var/run/cdi"][0].get("readOnly", False)
     else:
         assert env["CONFIG_FILE"] == f"{CONFIG_DIR}/config0"
         assert config.mig_strategy == "none"
         assert config.device_list_strategy == ("envvar",)
-        assert set(_find(docs, "ConfigMap", "gpuvisor-configs")["data"]) == {"config0", "config1"}
+        assert set(manifests.find(docs, "ConfigMap", "gpuvisor-configs")["data"]) == {"config0", "config1"}
         # config1 (mixed) never runs, so it grants nothing.
         assert _capabilities_added(plugin) == []
         assert "NVIDIA_MIG_MONITOR_DEVICES" not in env
@@ -498,7 +458,7 @@ def test_config_map_is_kept_verbatim_and_mounted_for_live_reload() -> None:
     """The ConfigMap holds each config.map entry verbatim, mounted as a read-only directory (no subPath)."""
     values = _values("several-configs")
     docs = _render(values)
-    config_map = _find(docs, "ConfigMap", "gpuvisor-configs")
+    config_map = manifests.find(docs, "ConfigMap", "gpuvisor-configs")
     assert config_map["data"] == values["config"]["map"]
     mount, volume = _mounts(_plugin(docs))[CONFIG_DIR]
     assert mount["readOnly"] is True and "subPath" not in mount
@@ -554,7 +514,7 @@ def test_external_config_map_is_mounted_with_its_default() -> None:
     plugin = _plugin(_render({"config": {"name": "c", "default": "k"}, "gpuvisor": {"features": narrowed}}))
     assert _capabilities_added(plugin) == []
     assert set(_host_paths(plugin)) == {PLUGINS, "/var/lib/kubelet/pod-resources"}
-    assert "hostIPC" not in _pod(plugin)
+    assert "hostIPC" not in manifests.pod(plugin)
 
 
 # --- render-time refusals -----------------------------------------------------------------------
@@ -657,7 +617,7 @@ def test_sys_admin_only_where_nvidia_adds_it(values: dict[str, Any], sys_admin: 
     """SYS_ADMIN is added back (everything else stays dropped) only for MIG or volume-mounts (NVIDIA _helpers.tpl:127-135)."""
     docs = _render({**values, "gfd": {"enabled": True}})
     for daemonset in (_plugin(docs), _labeller(docs)):
-        context = _container(daemonset)["securityContext"]
+        context = manifests.container(daemonset)["securityContext"]
         assert context["capabilities"]["drop"] == ["ALL"]
         assert _capabilities_added(daemonset) == (["SYS_ADMIN"] if sys_admin else [])
         assert context["allowPrivilegeEscalation"] is False
@@ -675,16 +635,16 @@ def test_security_context_values_replace_the_chart_context() -> None:
         "gfd": {"enabled": True, "securityContext": {"runAsUser": 1000}},
     }
     docs = _render(values)
-    assert _container(_plugin(docs))["securityContext"] == {"privileged": True}
-    assert _container(_labeller(docs))["securityContext"] == {"runAsUser": 1000}
-    assert _pod(_plugin(docs))["securityContext"] == {"fsGroup": 0}
+    assert manifests.container(_plugin(docs))["securityContext"] == {"privileged": True}
+    assert manifests.container(_labeller(docs))["securityContext"] == {"runAsUser": 1000}
+    assert manifests.pod(_plugin(docs))["securityContext"] == {"fsGroup": 0}
 
 
 def test_mps_host_pid_follows_mps_enable_host_pid() -> None:
     """mps.enableHostPID=false keeps the MPS pod in its own PID namespace; mps.root moves every MPS path."""
     values = _values("mps") | {"mps": {"enableHostPID": False, "root": "/var/run/mps"}}
     plugin = _plugin(_render(values))
-    assert "hostPID" not in _pod(plugin) and _pod(plugin)["hostIPC"] is True
+    assert "hostPID" not in manifests.pod(plugin) and manifests.pod(plugin)["hostIPC"] is True
     assert _env(plugin)["MPS_ROOT"] == "/var/run/mps"
     assert _host_paths(plugin)["/var/run/mps"] == "/var/run/mps"
     assert _host_paths(plugin)["/dev/shm"] == "/var/run/mps/shm"
@@ -707,14 +667,14 @@ def test_pod_values_land_where_nvidias_chart_puts_them() -> None:
         "devicePlugin": {"enableHostNetwork": True},
     }
     plugin = _plugin(_render(values))
-    pod = _pod(plugin)
+    pod = manifests.pod(plugin)
     assert pod["nodeSelector"] == {"gpu": "yes"}
     assert "affinity" not in pod
     assert pod["tolerations"] == [{"operator": "Exists"}]
     assert (pod["priorityClassName"], pod["runtimeClassName"]) == ("high", "nvidia")
     assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     assert plugin["spec"]["updateStrategy"] == {"type": "OnDelete"}
-    assert _container(plugin)["resources"] == {"limits": {"memory": "1Gi"}}  # verbatim, not merged
+    assert manifests.container(plugin)["resources"] == {"limits": {"memory": "1Gi"}}  # verbatim, not merged
     assert plugin["spec"]["template"]["metadata"]["annotations"]["team"] == "ml"
 
 
@@ -725,7 +685,7 @@ def test_name_and_namespace_overrides() -> None:
     assert ("DaemonSet", "nvdp") in names and ("DaemonSet", "nvdp-gpu-feature-discovery") in names
     assert {d["metadata"]["namespace"] for d in docs} == {"other"}
     docs = _render({"nameOverride": "nvidia-device-plugin"})
-    plugin = _find(docs, "DaemonSet", "gpuvisor-nvidia-device-plugin")
+    plugin = manifests.find(docs, "DaemonSet", "gpuvisor-nvidia-device-plugin")
     assert plugin["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "nvidia-device-plugin"
 
 
@@ -770,8 +730,8 @@ def test_labeller_runs_gpuvisor_labels_with_gfds_env() -> None:
         "nvidiaDriverRoot": "/run/nvidia/driver",
     }
     labeller = _labeller(_render(values))
-    assert _container(labeller)["args"] == ["labels"]
-    assert _container(labeller)["image"] == "gpuvisor:0.1.0"
+    assert manifests.container(labeller)["args"] == ["labels"]
+    assert manifests.container(labeller)["image"] == "gpuvisor:0.1.0"
     env = _env(labeller)
     assert {
         "NODE_NAME": "fieldRef:spec.nodeName",
@@ -783,7 +743,7 @@ def test_labeller_runs_gpuvisor_labels_with_gfds_env() -> None:
         "NVIDIA_MIG_MONITOR_DEVICES": "all",
     }.items() <= env.items()
     assert _host_paths(labeller) == {"/driver-root": "/run/nvidia/driver"}
-    assert "ports" not in _container(labeller)
+    assert "ports" not in manifests.container(labeller)
 
 
 @pytest.mark.parametrize("name", ["time-slicing", "mps", "mig-mixed", "cdi", "several-configs"])
@@ -809,10 +769,10 @@ def test_labeller_uses_the_node_feature_api_by_default() -> None:
     docs = _render(_values("gfd"))
     labeller = _labeller(docs)
     assert "GFD_USE_NODE_FEATURE_API" not in _env(labeller)  # the command's default, true
-    assert _pod(labeller)["automountServiceAccountToken"] is True
-    account = _find(docs, "ServiceAccount", "gpuvisor-gpu-feature-discovery")
-    assert _pod(labeller)["serviceAccountName"] == account["metadata"]["name"]
-    role = _find(docs, "Role", "gpuvisor-gpu-feature-discovery")
+    assert manifests.pod(labeller)["automountServiceAccountToken"] is True
+    account = manifests.find(docs, "ServiceAccount", "gpuvisor-gpu-feature-discovery")
+    assert manifests.pod(labeller)["serviceAccountName"] == account["metadata"]["name"]
+    role = manifests.find(docs, "Role", "gpuvisor-gpu-feature-discovery")
     # NVIDIA's verbs (templates/role.yml:13-18), namespaced: the objects live in $NAMESPACE.
     assert role["rules"] == [
         {
@@ -822,7 +782,7 @@ def test_labeller_uses_the_node_feature_api_by_default() -> None:
         },
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
     ]
-    binding = _find(docs, "RoleBinding", "gpuvisor-gpu-feature-discovery")
+    binding = manifests.find(docs, "RoleBinding", "gpuvisor-gpu-feature-discovery")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
     ]
@@ -843,7 +803,7 @@ def test_labeller_writes_features_d_without_the_api() -> None:
     assert env["GFD_USE_NODE_FEATURE_API"] == "false"
     assert env["GFD_OUTPUT_FILE"] == f"{FEATURES_D}/gfd"
     assert _host_paths(labeller)[FEATURES_D] == FEATURES_D
-    assert _pod(labeller)["automountServiceAccountToken"] is False
+    assert manifests.pod(labeller)["automountServiceAccountToken"] is False
     assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
 
 
@@ -882,16 +842,16 @@ def test_service_monitor_scrapes_the_plugins_metrics_port() -> None:
     """serviceMonitor: a headless Service on the plugin pods' metrics port, and a ServiceMonitor selecting it."""
     docs = _render(_values("service-monitor"))
     plugin = _plugin(docs)
-    assert _container(plugin)["ports"] == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]
+    assert manifests.container(plugin)["ports"] == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]
     assert _env(plugin)["GPUVISOR_METRICS_ADDRESS"] == "0.0.0.0:9500"
     assert plugin["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9500"
-    service = _find(docs, "Service", "gpuvisor-metrics")
+    service = manifests.find(docs, "Service", "gpuvisor-metrics")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"].items() <= plugin["spec"]["template"]["metadata"]["labels"].items()
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 9500, "targetPort": "metrics", "protocol": "TCP"}
     ]
-    monitor = _find(docs, "ServiceMonitor", "gpuvisor")
+    monitor = manifests.find(docs, "ServiceMonitor", "gpuvisor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -927,7 +887,7 @@ def test_readme_per_node_group_release_renders_as_described(tmp_path: Path) -> N
     [block] = _readme_helm_yaml_blocks()
     docs = _render(yaml.safe_load(block))
     plugin = _plugin(docs)
-    assert _pod(plugin)["nodeSelector"] == {"nvidia.com/device-plugin.config": "mig-mixed"}
+    assert manifests.pod(plugin)["nodeSelector"] == {"nvidia.com/device-plugin.config": "mig-mixed"}
     assert _env(plugin)["CONFIG_FILE"] == f"{CONFIG_DIR}/mig-mixed"
     assert _loaded_config(docs, plugin, tmp_path).mig_strategy == "mixed"
     assert _capabilities_added(plugin) == ["SYS_ADMIN"]

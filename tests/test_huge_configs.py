@@ -8,7 +8,6 @@ it is refused: the running config keeps serving and `gpuvisor status` keeps answ
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import psutil
 import pytest
 
 from common.config import EXIT_CONFIG_ERROR
-from tests.harness import SimNode
+from tests.harness import config_node, reloads, sighup_and_wait
 from tests.helpers import REPO, short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
@@ -91,19 +90,17 @@ def test_huge_config_at_start_is_a_config_error(replicas: int, error: str) -> No
 @pytest.mark.parametrize("replicas", [1_000_000_000, 10_000])
 def test_huge_config_at_reload_is_refused_and_the_running_one_keeps_serving(tmp_path: Path, replicas: int) -> None:
     """SIGHUP with a config the kubelet could never receive is refused: the 16 devices stay listed, status answers, memory stays flat."""
-    config = tmp_path / "config.yaml"
-    config.write_text(time_slicing(2))
-    with SimNode("dgx-h100", args=["--config-file", str(config)]) as node:
+    node, config = config_node(tmp_path, time_slicing(2), "dgx-h100")
+    with node:
         node.wait_listed([GPU])
         assert wait_until(lambda: len(node.kubelet.devices(GPU)) == 16, 30)
         assert node.proc is not None
         supervisor = psutil.Process(node.proc.pid)
         pids = {p.pid for p in node.workers()}
         registrations = len(node.kubelet.registrations)
-        before = int(node.command("status")["reloads"])
+        before = reloads(node)
         config.write_text(time_slicing(replicas))
-        node.proc.send_signal(signal.SIGHUP)
-        assert wait_until(lambda: int(node.command("status")["reloads"]) > before, 15), node.log()[-4000:]
+        sighup_and_wait(node)
         assert wait_until(lambda: "refused, keeping the running config" in node.log(), 10), node.log()[-4000:]
         status = node.command("status")  # still answering, with the old plan
         assert status["reloads"] > before

@@ -9,47 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from supervisor.labels.settings import LABEL_SETTINGS
-from tests.helpers import REPO, wait_until
+from tests.helpers import wait_until
+from tests.labelsrun import labels_env, run_labels, start_labels
 
 TIMEOUT = 60.0
-
-
-def _env(**extra: str) -> dict[str, str]:
-    names = {n for s in LABEL_SETTINGS for n in s.envs}
-    env = {k: v for k, v in os.environ.items() if k not in names and not k.startswith(("GFD_", "GPUVISOR_", "MOCK_NVML_"))}
-    env["PYTHONPATH"] = REPO
-    env.update(extra)
-    return env
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "supervisor", "labels", *args],
-        env=env or _env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-
-
-def start(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with open(log, "w") as fh:
-        return subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "labels", *args],
-            env=env or _env(),
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=fh,
-        )
 
 
 def lines(path: Path) -> dict[str, str]:
@@ -63,7 +30,7 @@ def test_oneshot_writes_the_file_once_and_exits_0(tmp_path: Path) -> None:
     """--oneshot: the features.d file (0644, sorted key=value lines, a timestamp) and exit 0, no temp file left."""
     out = tmp_path / "features.d" / "gfd"
     out.parent.mkdir()
-    proc = run("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--output-file", str(out))
+    proc = run_labels("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--output-file", str(out))
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert text.splitlines() == sorted(text.splitlines()) and text.endswith("\n")
@@ -77,11 +44,11 @@ def test_oneshot_writes_the_file_once_and_exits_0(tmp_path: Path) -> None:
 def test_env_vars_work_like_flags(tmp_path: Path) -> None:
     """GFD's env names: GFD_ONESHOT, GFD_OUTPUT_FILE, GFD_NO_TIMESTAMP, MIG_STRATEGY, USE_NODE_FEATURE_API."""
     out = tmp_path / "gfd"
-    env = _env(
+    env = labels_env(
         GFD_ONESHOT="true", GFD_OUTPUT_FILE=str(out), GFD_NO_TIMESTAMP="TRUE", MIG_STRATEGY="mixed",
         USE_NODE_FEATURE_API="false", GFD_MACHINE_TYPE_FILE="", GPUVISOR_SIMULATE="mig-a100",
     )  # fmt: skip
-    proc = run(env=env)
+    proc = run_labels(env=env)
     assert proc.returncode == 0, proc.stderr
     labels = lines(out)
     assert "nvidia.com/gfd.timestamp" not in labels
@@ -90,7 +57,7 @@ def test_env_vars_work_like_flags(tmp_path: Path) -> None:
 
 def test_empty_output_file_writes_to_stdout(tmp_path: Path) -> None:
     """--output-file "" prints the labels on stdout, as GFD does."""
-    proc = run("--simulate", "dgx-a100", "--oneshot", "--no-timestamp", *FILE_MODE, "--output-file", "")
+    proc = run_labels("--simulate", "dgx-a100", "--oneshot", "--no-timestamp", *FILE_MODE, "--output-file", "")
     assert proc.returncode == 0, proc.stderr
     assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB\n" in proc.stdout
 
@@ -101,10 +68,10 @@ def test_machine_type_file_is_read_and_a_bad_one_falls_back_to_unknown(tmp_path:
     machine.write_text("DGX A100 (rev 2)\n")
     out = tmp_path / "gfd"
     common = ("--simulate", "dgx-a100", "--oneshot", "--use-node-feature-api=false", "--output-file", str(out))
-    assert run(*common, "--machine-type-file", str(machine)).returncode == 0
+    assert run_labels(*common, "--machine-type-file", str(machine)).returncode == 0
     assert lines(out)["nvidia.com/gpu.machine"] == "DGX-A100-rev-2"
     for bad in (tmp_path / "missing", tmp_path):  # a file that is not there, a directory
-        proc = run(*common, "--machine-type-file", str(bad))
+        proc = run_labels(*common, "--machine-type-file", str(bad))
         assert proc.returncode == 0, proc.stderr
         assert lines(out)["nvidia.com/gpu.machine"] == "unknown"
         assert f"cannot read the machine type from {bad}" in proc.stderr
@@ -113,7 +80,7 @@ def test_machine_type_file_is_read_and_a_bad_one_falls_back_to_unknown(tmp_path:
 def test_missing_output_directory_is_a_clear_error(tmp_path: Path) -> None:
     """An output file whose directory does not exist: exit 1 and one line naming the file and the directory."""
     out = tmp_path / "no-such-dir" / "gfd"
-    proc = run("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--output-file", str(out))
+    proc = run_labels("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--output-file", str(out))
     assert proc.returncode == 1
     assert f"the directory {out.parent} does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -135,11 +102,11 @@ def test_nvml_failure_is_a_clear_error_or_gfds_fallback(tmp_path: Path) -> None:
     if _nvml_loads():
         pytest.skip("NVML loads on this machine: this test needs a node without libnvidia-ml")
     out = tmp_path / "gfd"
-    proc = run("--oneshot", *FILE_MODE, "--output-file", str(out))
+    proc = run_labels("--oneshot", *FILE_MODE, "--output-file", str(out))
     assert proc.returncode == 1
     assert "NVML could not be initialised" in proc.stderr and "NVIDIA driver is loaded" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
-    proc = run("--oneshot", "--fail-on-init-error=false", *FILE_MODE, "--output-file", str(out))
+    proc = run_labels("--oneshot", "--fail-on-init-error=false", *FILE_MODE, "--output-file", str(out))
     assert proc.returncode == 0, proc.stderr
     # GFD's null manager: no device, so only the timestamp and the vGPU labels (lm/nvml.go:49-51)
     assert set(lines(out)) <= {"nvidia.com/gfd.timestamp", "nvidia.com/vgpu.present"}
@@ -159,7 +126,7 @@ def test_nvml_failure_is_a_clear_error_or_gfds_fallback(tmp_path: Path) -> None:
 )
 def test_bad_settings_exit_78_with_one_line(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
     """A bad flag value or profile ends with status 78 (EX_CONFIG) and a line saying where and why."""
-    proc = run("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--output-file", str(tmp_path / "gfd"), *args)
+    proc = run_labels("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--output-file", str(tmp_path / "gfd"), *args)
     assert proc.returncode == 78, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -169,7 +136,7 @@ def test_bad_config_file_is_refused(tmp_path: Path) -> None:
     """A config file with replicas < 2 is refused with the file, the key and GFD's reason."""
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 1}]\n")
-    proc = run("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--config-file", str(config))
+    proc = run_labels("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--config-file", str(config))
     assert proc.returncode == 78
     assert f"{config}: sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2" in proc.stderr
 
@@ -179,8 +146,8 @@ def test_loop_rewrites_only_on_change_reloads_on_sighup_and_cleans_up_on_sigterm
     SIGTERM exits 0 and removes the file so NFD drops the labels (GFD's cleanup)."""
     out, log, config = tmp_path / "gfd", tmp_path / "log", tmp_path / "config.yaml"
     config.write_text("version: v1\n")
-    proc = start("--simulate", "dgx-h100", "--sleep-interval", "1s", *FILE_MODE, "--output-file", str(out),
-                 "--config-file", str(config), "--log-level", "debug", log=log)  # fmt: skip
+    proc = start_labels("--simulate", "dgx-h100", "--sleep-interval", "1s", *FILE_MODE, "--output-file", str(out),
+                        "--config-file", str(config), "--log-level", "debug", log=log)  # fmt: skip
     try:
         assert wait_until(out.exists, timeout=TIMEOUT), log.read_text()
         inode = os.stat(out).st_ino
@@ -208,7 +175,7 @@ def test_loop_rewrites_only_on_change_reloads_on_sighup_and_cleans_up_on_sigterm
 def test_infinite_interval_labels_once_and_keeps_the_file(tmp_path: Path) -> None:
     """--sleep-interval infinite labels once and waits; SIGTERM then leaves the file (GFD keeps it too)."""
     out, log = tmp_path / "gfd", tmp_path / "log"
-    proc = start("--simulate", "pcie-l4", "--sleep-interval", "infinite", *FILE_MODE, "--output-file", str(out), log=log)
+    proc = start_labels("--simulate", "pcie-l4", "--sleep-interval", "infinite", *FILE_MODE, "--output-file", str(out), log=log)
     try:
         assert wait_until(lambda: "waiting for a signal" in log.read_text(), timeout=TIMEOUT), log.read_text()
         proc.send_signal(signal.SIGTERM)

@@ -168,6 +168,8 @@ CASES = [(p, s, m) for p in BASE for s in SHARING_CONFIG for m in ("none", "sing
 
 
 def compute(tmp_path: Path, profile: str, sharing: str, strategy: str) -> dict[str, str]:
+    """The labels `gpuvisor labels` computes for `profile` (a built-in name or a description file, as
+    --simulate takes), one of SHARING_CONFIG's configs (written to tmp_path) and a MIG strategy."""
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\n" + (f"sharing: {{{SHARING_CONFIG[sharing]}}}\n" if SHARING_CONFIG[sharing] else ""))
     flags = {
@@ -217,7 +219,7 @@ def test_golden_single_strategy_on_a_uniform_mig_node(tmp_path: Path) -> None:
     """Two H100s, each split into two 3g.40gb: single overloads nvidia.com/gpu with the MIG devices."""
     node = tmp_path / "uniform.yaml"
     node.write_text(UNIFORM_MIG)
-    out = compute_custom(tmp_path, str(node), "single")
+    out = compute(tmp_path, str(node), "none", "single")
     assert {k: v for k, v in out.items() if k.startswith("nvidia.com/gpu.") or k.startswith("nvidia.com/mig")} == {
         "nvidia.com/mig.capable": "true",
         "nvidia.com/mig.strategy": "single",
@@ -241,14 +243,6 @@ def test_golden_single_strategy_on_a_uniform_mig_node(tmp_path: Path) -> None:
         "nvidia.com/gpu.machine": "unknown",
         "nvidia.com/gpu.mode": "compute",
     }
-
-
-def compute_custom(tmp_path: Path, node: str, strategy: str) -> dict[str, str]:
-    flags = {"simulate": node, "mig_strategy": strategy, "no_timestamp": "true", "machine_type_file": "", "use_node_feature_api": "false"}
-    settings = load_label_settings(flags, {})
-    labeller = Labeller(settings, lambda: settings)
-    labeller.apply(settings)
-    return labeller.compute()
 
 
 @pytest.mark.parametrize(("profile", "strategy"), [("dgx-h100", "none"), ("dgx-a100", "none"), ("pcie-l4", "none"), ("mig-a100", "mixed")])

@@ -4,9 +4,9 @@ current itself, rewritten as soon as what it advertises changes, on a real super
 from __future__ import annotations
 
 import os
-import signal
+from pathlib import Path
 
-from tests.harness import SimNode
+from tests.harness import SimNode, config_node, sighup_and_wait
 from tests.helpers import wait_until
 
 MIXED = ["--mig-strategy", "mixed"]
@@ -40,21 +40,15 @@ def test_labels_follow_a_mig_reconfiguration_at_once() -> None:
         assert node.command("status")["labels"]["writes"] == 2
 
 
-def test_labels_follow_a_reload_that_adds_replicas() -> None:
+def test_labels_follow_a_reload_that_adds_replicas(tmp_path: Path) -> None:
     """A SIGHUP that shares the GPUs 4 ways rewrites gpu.replicas and the sharing strategy at once."""
-    node = SimNode("pcie-l4")
-    path = os.path.join(node.base, "gfd")
-    config = os.path.join(node.base, "config.yaml")
-    with open(config, "w") as fh:
-        fh.write("version: v1\n")
-    node.args += ["--labels-output-file", path, "--config-file", config]
+    path = str(tmp_path / "gfd")
+    node, config = config_node(tmp_path, "version: v1\n", args=["--labels-output-file", path])
     with node:
         node.wait_listed(["nvidia.com/gpu"])
         assert wait_until(lambda: read_labels(path).get("nvidia.com/gpu.replicas") == "1", 15)
-        with open(config, "w") as fh:
-            fh.write("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 4}\n")
-        assert node.proc is not None
-        os.kill(node.proc.pid, signal.SIGHUP)
+        config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 4}\n")
+        sighup_and_wait(node)
         assert wait_until(lambda: read_labels(path).get("nvidia.com/gpu.replicas") == "4", 15), read_labels(path)
         assert read_labels(path)["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
 

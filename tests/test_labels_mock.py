@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from supervisor.labels.settings import LABEL_SETTINGS
 from tests import mocknvml
 from tests.helpers import REPO, wait_until
+from tests.labelsrun import labels_argv, labels_env, start_labels
 
 GOLDEN_DIR = Path(os.environ.get("GPUVISOR_GFD_GOLDEN_DIR") or Path(mocknvml.MOCK_DIR).parent / "gfd-golden")
 # The configs of the golden README's table.
@@ -119,20 +117,15 @@ def _host_has_nvidia_pci() -> bool:
 
 
 def _child_env(libdir: str, profile: str) -> dict[str, str]:
-    env = mocknvml.environ(libdir, profile)
-    for setting in LABEL_SETTINGS:  # only what the golden command line sets
-        for name in setting.envs:
-            env.pop(name, None)
-    return env
+    return mocknvml.environ(libdir, profile, base=labels_env())  # only what the golden command line sets
 
 
 def _argv(config: Path | None, output: Path, machine_type: Path) -> list[str]:
     # The golden README's command line, word for word.
-    argv = [sys.executable, "-m", "supervisor", "labels", "--oneshot", "--no-timestamp", "--use-node-feature-api=false"]
-    argv += ["--machine-type-file", str(machine_type)]
+    args = ["--oneshot", "--no-timestamp", "--use-node-feature-api=false", "--machine-type-file", str(machine_type)]
     if config is not None:
-        argv += ["--config-file", str(config)]
-    return [*argv, "--output-file", str(output)]
+        args += ["--config-file", str(config)]
+    return labels_argv(*args, "--output-file", str(output))
 
 
 @pytest.fixture(scope="module")
@@ -199,21 +192,19 @@ def test_goldens_are_all_covered() -> None:
 def test_a_lost_gpu_mid_run_keeps_the_last_labels(mock_nvml_libdir: str, tmp_path: Path) -> None:
     """A GPU lost after the first labelling (mock fault): the error is logged, the file stays, and it
     is labelled again once the GPU answers."""
-    overrides = tmp_path / "overrides.yaml"
-    overrides.write_text("version: 1\n")
+    overrides = str(tmp_path / "overrides.yaml")
+    mocknvml.write_overrides(overrides)
     out, log = tmp_path / "gfd", tmp_path / "log"
-    env = mocknvml.environ(mock_nvml_libdir, "a100", overrides=str(overrides))
-    argv = [sys.executable, "-m", "supervisor", "labels", "--no-timestamp", "--use-node-feature-api=false",
-            "--sleep-interval=1s", "--machine-type-file", "", "--output-file", str(out), "--log-level", "debug"]  # fmt: skip
-    with open(log, "w") as log_fh:
-        proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=log_fh)
+    env = mocknvml.environ(mock_nvml_libdir, "a100", overrides=overrides, base=labels_env())
+    proc = start_labels("--no-timestamp", "--use-node-feature-api=false", "--sleep-interval=1s", "--machine-type-file", "",
+                        "--output-file", str(out), "--log-level", "debug", log=log, env=env)  # fmt: skip
     try:
         assert wait_until(out.exists, timeout=30)
         first = out.read_text()
-        overrides.write_text('version: 1\ndevices:\n  "3":\n    failure:\n      mode: lost\n')
+        mocknvml.write_overrides(overrides, {3: mocknvml.LOST})
         assert wait_until(lambda: "labelling failed" in log.read_text(), timeout=30), log.read_text()
         assert "GPU is lost" in log.read_text() and out.read_text() == first
-        overrides.write_text("version: 1\n")
+        mocknvml.write_overrides(overrides)
         mark = log.read_text().count("labels unchanged")
         assert wait_until(lambda: log.read_text().count("labels unchanged") > mark, timeout=30), log.read_text()
         assert out.read_text() == first
@@ -222,4 +213,3 @@ def test_a_lost_gpu_mid_run_keeps_the_last_labels(mock_nvml_libdir: str, tmp_pat
         status = proc.wait(timeout=30)
     assert status == 0
     assert not out.exists()  # a clean stop removes the file, as GFD does
-    time.sleep(0)  # nothing left behind: the process is reaped above

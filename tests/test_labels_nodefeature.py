@@ -9,18 +9,14 @@ v0.20.0 sends is in internal/lm/output.go:115-218.
 from __future__ import annotations
 
 import http
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from supervisor.labels.nodefeature import ApiError, NodeFeaturePublisher, api_client_for, node_feature_object
-from supervisor.labels.settings import LABEL_SETTINGS
-from tests.helpers import REPO
 from tests.kubeapi import RunningApiServer, node_feature_problems
+from tests.labelsrun import labels_env, run_labels
 
 NS, NODE, POD = "gpuvisor", "gpu-node-1", "gpuvisor-labels-x7k2p"
 NAME = "nvidia-features-for-gpu-node-1"  # output.go:115, 130
@@ -182,17 +178,14 @@ def test_gpuvisor_labels_publishes_through_the_api_by_default(api: RunningApiSer
     """`gpuvisor labels --oneshot` with GFD's pod env (NODE_NAME, NAMESPACE, POD_NAME) and KUBECONFIG creates the
     object with the labels it computed (the NodeFeature API is GFD's default, main.go:102)."""
     api.state.add_daemonset_pod(NS, POD)
-    names = {n for s in LABEL_SETTINGS for n in s.envs}
-    env = {k: v for k, v in os.environ.items() if k not in names and not k.startswith(("GFD_", "GPUVISOR_"))}
-    env.update(PYTHONPATH=REPO, KUBECONFIG=str(api.kubeconfig), NODE_NAME=NODE, NAMESPACE=NS, POD_NAME=POD)
-    argv = [sys.executable, "-m", "supervisor", "labels", "--simulate", "dgx-h100", "--oneshot", "--machine-type-file", ""]
-    proc = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    env = labels_env(KUBECONFIG=str(api.kubeconfig), NODE_NAME=NODE, NAMESPACE=NS, POD_NAME=POD)
+    args = ("--simulate", "dgx-h100", "--oneshot")
+    proc = run_labels(*args, "--machine-type-file", "", env=env)
     assert proc.returncode == 0, proc.stderr
     labels = api.state.node_features[(NS, NAME)]["spec"]["labels"]
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert labels["nvidia.com/gpu.clique"] == "5b3ce1a2-7d0e-4c4f-9a51-2f1d8e6c0b47.1"
     assert int(labels["nvidia.com/gfd.timestamp"]) > 0
     assert api.state.errors == []
-    proc = subprocess.run([*argv[:-2], "--machine-type-file", "", "--node-name", ""], env={**env, "NODE_NAME": ""},
-                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    proc = run_labels(*args, "--machine-type-file", "", "--node-name", "", env={**env, "NODE_NAME": ""})
     assert proc.returncode == 78 and "needs the node name" in proc.stderr

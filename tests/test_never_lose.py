@@ -4,12 +4,9 @@ stand-in: kill storms, a worker that cannot start for a while, stray entries in 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,22 +14,10 @@ import zmq
 
 from common.messages import Heartbeat, Hello, Shutdown, StatusReport, decode, encode
 from tests.benchmarks.bench_killstorm import storm
-from tests.harness import ExtraStreams, SimNode
-from tests.helpers import fill_filesystem, plant_stray, wait_until
+from tests.harness import ExtraStreams, SimNode, config_node, metrics_url, sample
+from tests.helpers import fill_filesystem, plant_stray, tmpfs_at, wait_until
 
 GPU = "nvidia.com/gpu"
-
-
-def metric(node: SimNode, name: str) -> float:
-    import urllib.request
-
-    url = str(node.command("status")["metrics_url"])
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not exported")
 
 
 def test_a_kill_storm_never_makes_the_worker_fatal() -> None:
@@ -44,7 +29,7 @@ def test_a_kill_storm_never_makes_the_worker_fatal() -> None:
         assert "-> FATAL" not in node.log() and "restart in" not in node.log(), "a backoff or FATAL"
         [worker] = node.command("status")["workers"]
         assert worker["state"] == "RUNNING" and worker["restarts"] == 8
-        assert metric(node, "gpuvisor_workers_fatal") == 0.0
+        assert sample(metrics_url(node), "gpuvisor_workers_fatal") == 0.0
 
 
 def test_a_worker_that_cannot_start_is_retried_while_fatal_and_comes_back() -> None:
@@ -61,14 +46,14 @@ def test_a_worker_that_cannot_start_is_retried_while_fatal_and_comes_back() -> N
         assert wait_until(lambda: node.command("status")["workers"][0]["state"] == "FATAL", 20), node.log()[-3000:]
         worker = node.command("status")["workers"][0]
         assert worker["next_retry_in"] is not None and "retried until it serves" in worker["reason"]
-        assert metric(node, "gpuvisor_workers_fatal") == 1.0
+        assert sample(metrics_url(node), "gpuvisor_workers_fatal") == 1.0
         assert wait_until(lambda: node.log().count("FATAL -> STARTING") >= 2, 30), node.log()[-3000:]
         with open(plan, "w", encoding="utf-8") as fh:
             fh.write(good)
         assert wait_until(lambda: node.command("status")["workers"][0]["state"] == "RUNNING", 60), node.log()[-3000:]
         node.wait_listed([GPU])
         assert node.kubelet.allocatable(GPU) == 4
-        assert metric(node, "gpuvisor_workers_fatal") == 0.0
+        assert sample(metrics_url(node), "gpuvisor_workers_fatal") == 0.0
 
 
 def test_extra_streams_never_starve_allocate_nor_cut_the_kubelets_stream() -> None:
@@ -149,49 +134,27 @@ def test_a_forged_control_message_is_dropped_and_counted() -> None:
         assert node.worker_pid(GPU) == pid and node.kubelet.allocatable(GPU) == 4
 
 
-@contextmanager
-def small_tmpfs(path: str, size: str = "256k") -> Iterator[None]:
-    """A tmpfs of `size` at `path` (made 0700), unmounted after, and the dir holding `path`
-    removed (the node's temp dir, which its close() could not remove while mounted); skips where
-    mounting is not allowed."""
-    os.makedirs(path, mode=0o700)
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path], capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        os.rmdir(path)
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", path], check=False)
-        shutil.rmtree(os.path.dirname(path), ignore_errors=True)  # the node's temp dir, left for the mount
-
-
-def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there_is_room() -> None:
+def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there_is_room(tmp_path: Path) -> None:
     """SIGHUP while the run dir is full: the running plan keeps serving, status and metrics show
     the pending reload and why, and it is applied by itself once space is freed."""
-    node = SimNode("pcie-l4", args=["--metrics-address", "127.0.0.1:0"])
-    config = os.path.join(node.base, "config.yaml")
-    with open(config, "w") as fh:
-        fh.write("version: v1\n")
-    node.args += ["--config-file", config]
-    with small_tmpfs(node.run_dir), node:
+    node, config = config_node(tmp_path, "version: v1\n", args=["--metrics-address", "127.0.0.1:0"])
+    with tmpfs_at(node.run_dir, "256k") as mounted, node:
+        if not mounted:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
         node.wait_listed([GPU])
         filler = fill_filesystem(node.run_dir)
-        with open(config, "w") as fh:
-            fh.write("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n")
+        config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n")
         assert node.proc is not None
-        os.kill(node.proc.pid, signal.SIGHUP)
+        os.kill(node.proc.pid, signal.SIGHUP)  # no sighup_and_wait: this reload stays pending
         assert wait_until(lambda: node.command("status")["reconcile"]["pending"], 15), node.log()[-2000:]
         pending = node.command("status")["reconcile"]["pending"]
         assert "No space left on device" in pending["reason"] and pending["trigger"] == "SIGHUP"
-        assert metric(node, "gpuvisor_reload_pending") == 1.0
+        assert sample(metrics_url(node), "gpuvisor_reload_pending") == 1.0
         assert node.kubelet.capacity(GPU) == 4 and node.kubelet.allocatable(GPU) == 4  # the running plan serves
         os.unlink(filler)
         assert wait_until(lambda: node.kubelet.capacity(GPU) == 8, 60), node.log()[-2000:]
         assert node.command("status")["reconcile"]["pending"] is None
-        assert metric(node, "gpuvisor_reload_pending") == 0.0
+        assert sample(metrics_url(node), "gpuvisor_reload_pending") == 0.0
 
 
 def test_a_stopped_worker_left_by_a_killed_supervisor_is_ended_by_the_next() -> None:

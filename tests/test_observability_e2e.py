@@ -13,49 +13,17 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from common.kubeletapi import api_pb2 as pb
-from tests.harness import SimNode
-from tests.helpers import REPO, short_tmpdir, wait_until
+from tests.harness import SimNode, get, gpuvisor_status, metrics_url, sample
+from tests.helpers import short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
 METRICS_ARGS = ["--metrics-address", "127.0.0.1:0"]
-
-
-def get(url: str) -> tuple[int, str]:
-    """(HTTP status, body) of a GET; a 503 is an answer, not an error."""
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def metrics_url(node: SimNode) -> str:
-    """The supervisor's metrics base URL, from `status` (waits for the control socket)."""
-    assert wait_until(lambda: os.path.exists(os.path.join(node.run_dir, "control.sock")), 20), node.log()[-3000:]
-    url = node.command("status")["metrics_url"]
-    assert isinstance(url, str) and url.startswith("http://127.0.0.1:")
-    return url
-
-
-def sample(url: str, name: str, **labels: str) -> float | None:
-    """The value of one sample of /metrics (None when absent)."""
-    _status, body = get(url + "/metrics")
-    for family in text_string_to_metric_families(body):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return None
 
 
 def wait_sample(node: SimNode, url: str, name: str, at_least: float, timeout: float = 20.0, **labels: str) -> None:
@@ -172,13 +140,6 @@ def _checkpoint(entries: list[dict[str, object]]) -> str:
     return json.dumps({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 1})
 
 
-def _gpuvisor_status(node: SimNode, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUVISOR_")}
-    env["PYTHONPATH"] = REPO
-    argv = [sys.executable, "-m", "supervisor", "status", "--run-dir", node.run_dir, "--pod-resources-socket", "", *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, cwd=REPO, check=False)
-
-
 def test_status_shows_allocations_from_the_checkpoint() -> None:
     """`gpuvisor status` (JSON and table) lists the checkpoint's allocations of our resources, readiness and conditions."""
     with SimNode("pcie-l4") as node:
@@ -196,7 +157,7 @@ def test_status_shows_allocations_from_the_checkpoint() -> None:
         node.sim("xid", device=ids[0], xid=48)
         assert wait_until(lambda: node.command("status")["conditions"], 15)
 
-        done = _gpuvisor_status(node, "--json")
+        done = gpuvisor_status(node, "--json")
         assert done.returncode == 0, done.stderr
         data = json.loads(done.stdout)
         assert data["allocations_source"] == "checkpoint"
@@ -207,14 +168,14 @@ def test_status_shows_allocations_from_the_checkpoint() -> None:
         assert [(c["gpu"], c["name"], c["recovery"]) for c in data["conditions"]] == [(ids[0], "xid:48", "until-reset")]
         assert isinstance(data["ready"], bool) and data["ready_detail"]
 
-        table = _gpuvisor_status(node)
+        table = gpuvisor_status(node)
         assert table.returncode == 0, table.stderr
         assert "allocations (from checkpoint):" in table.stdout
         assert "pod-uid-1" in table.stdout and "train" in table.stdout and "pod-uid-2" not in table.stdout
         assert "xid:48" in table.stdout and "ready:" in table.stdout
 
         os.unlink(os.path.join(node.plugin_dir, "kubelet_internal_checkpoint"))
-        missing = _gpuvisor_status(node)
+        missing = gpuvisor_status(node)
         assert missing.returncode == 0 and "no kubelet checkpoint" in missing.stderr
 
 

@@ -30,8 +30,6 @@ remains the only cover where the mock cannot show a path:
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,7 +39,7 @@ import pytest
 from common.model import Node, node_from_json
 from common.nvml import sysfs_bus_id
 from tests import mocknvml
-from tests.helpers import REPO, short_tmpdir
+from tests.helpers import short_tmpdir
 
 # NVIDIA's profiles; where the mock is absent, their names keep the tests listed, and the
 # `mock_nvml_libdir` fixture skips each with the reason.
@@ -51,24 +49,12 @@ WAIT_MS = 250
 XID_EVENT = 8  # nvmlEventTypeXidCriticalError: the only event type the mock supports
 
 
-def child_report(env: dict[str, str], *args: str) -> dict[str, Any]:
-    """Run the adapter in a child process with `env` and return its JSON report."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.mocknvml_child", *args],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"adapter child failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
-    report: dict[str, Any] = json.loads(proc.stdout)
-    report["stderr"] = proc.stderr
-    return report
-
-
 @pytest.fixture(scope="module")
 def reports(mock_nvml_libdir: str) -> dict[str, dict[str, Any]]:
     """One adapter report per profile; the children run side by side (they mostly wait)."""
     with ThreadPoolExecutor(max_workers=len(PROFILES) or 1) as pool:
         futures = {
-            p: pool.submit(child_report, mocknvml.environ(mock_nvml_libdir, p), "--wait-ms", str(WAIT_MS))
+            p: pool.submit(mocknvml.child_report, mocknvml.environ(mock_nvml_libdir, p), "--wait-ms", str(WAIT_MS))
             for p in PROFILES
         }
         return {p: f.result() for p, f in futures.items()}
@@ -143,7 +129,7 @@ def test_event_wait_times_out_as_asked(reports: dict[str, dict[str, Any]], profi
 def test_idle_health_loop_does_not_spin(mock_nvml_libdir: str) -> None:
     """The supervisor's health thread over the real binding, idle for 3 s with 1 s probes, uses
     near-zero CPU: it blocks in the event wait instead of spinning (NVIDIA #1937 burns a core)."""
-    report = child_report(mocknvml.environ(mock_nvml_libdir, "a100"), "--idle-seconds", "3", "--probe-interval", "1")
+    report = mocknvml.child_report(mocknvml.environ(mock_nvml_libdir, "a100"), "--idle-seconds", "3", "--probe-interval", "1")
     idle = report["idle"]
     assert idle["errors"] == 0 and idle["events"] == 0
     assert idle["probes"] >= 2 * 8, idle  # the thread was alive and probing every GPU
@@ -158,7 +144,7 @@ def test_oldest_binding_takes_the_sysfs_numa_fallback(mock_nvml_libdir: str, old
     discovery and event registration is unchanged."""
     env = mocknvml.environ(mock_nvml_libdir, "h100", pythonpath=[oldest_binding])
     with short_tmpdir() as tmp:
-        report = child_report(env, "--sysfs", mocknvml.render_sysfs("h100", tmp), "--wait-ms", "100")
+        report = mocknvml.child_report(env, "--sysfs", mocknvml.render_sysfs("h100", tmp), "--wait-ms", "100")
     want = mocknvml.expected_node("h100")
     node = discovered(report)
     assert report["binding"].startswith(oldest_binding)

@@ -18,13 +18,14 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import yaml
 
 from tests import mocknvml
-from tests.harness import SimNode
+from tests.harness import SimNode, gpuvisor_status, run_supervisor
 from tests.helpers import REPO, gone, short_tmpdir, sockets_in, wait_until
 
 GPU = "nvidia.com/gpu"
@@ -55,24 +56,12 @@ def status_reason(node: SimNode, gpu: str) -> str:
     return str(devices[gpu]["reason"])
 
 
-def overrides_file(directory: str, devices: dict[int, dict[str, Any]] | None = None) -> str:
-    """`<directory>/overrides.yaml`, written with `devices` (None: no fault); returns its path."""
-    path = os.path.join(directory, "overrides.yaml")
-    mocknvml.write_overrides(path, devices)
-    return path
-
-
-def real_node(libdir: str, profile: str | None, args: list[str] | None = None, **env: Any) -> SimNode:
-    """A supervisor on real NVML: the mock in `libdir` with `profile` (no --simulate)."""
-    return SimNode(None, args=args or [], env=mocknvml.environ(libdir, profile, **env))
-
-
 # ------------------------------------------------------------------ a healthy node
 
 
 @pytest.fixture(scope="module")
 def h100(mock_nvml_libdir: str) -> Iterator[SimNode]:
-    with real_node(mock_nvml_libdir, "h100") as node:
+    with mocknvml.real_node(mock_nvml_libdir, "h100") as node:
         node.wait_listed([GPU], 60)
         yield node
 
@@ -117,10 +106,7 @@ def test_status_json_reports_real_nvml_up_and_every_device(h100: SimNode) -> Non
     assert H100 is not None
     # The stand-in lists the devices a moment before the worker's report reaches the supervisor.
     assert wait_until(lambda: h100.command("status")["ready"], 15), h100.command("status")
-    proc = subprocess.run(
-        [sys.executable, "-m", "supervisor", "status", "--json", "--run-dir", h100.run_dir],
-        env=h100.env, cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    proc = gpuvisor_status(h100, "--json")
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
     assert status["simulated"] is False, status
@@ -131,7 +117,7 @@ def test_status_json_reports_real_nvml_up_and_every_device(h100: SimNode) -> Non
 
 def test_sigterm_stops_cleanly(mock_nvml_libdir: str) -> None:
     """SIGTERM on real NVML: exit 0, no worker left, no socket left but the kubelet's, no traceback."""
-    with real_node(mock_nvml_libdir, "t4") as node:
+    with mocknvml.real_node(mock_nvml_libdir, "t4") as node:
         node.wait_listed([GPU], 60)
         pids = [p.pid for p in node.workers()]
         assert pids
@@ -150,38 +136,40 @@ def faults(mock_nvml_libdir: str) -> Iterator[tuple[SimNode, str]]:
     """An a100 node whose mock re-reads an override file every 100 ms; probes every 0.3 s,
     rediscovery every 1 s, a 1 s transient quiet period. Each test faults its own GPU."""
     with short_tmpdir() as base:
-        overrides = os.path.join(base, "overrides.yaml")
-        mocknvml.write_overrides(overrides)
+        overrides = mocknvml.overrides_file(base)
         config = os.path.join(base, "config.yaml")
         with open(config, "w", encoding="utf-8") as fh:
             yaml.safe_dump(FAULT_CONFIG, fh)
         args = ["--config-file", config, *FAST]
-        with real_node(mock_nvml_libdir, "a100", args, overrides=overrides) as node:
+        with mocknvml.real_node(mock_nvml_libdir, "a100", args, overrides=overrides) as node:
             node.wait_listed([GPU], 60)
             yield node, overrides
 
 
-def inject(faults: tuple[SimNode, str], index: int, spec: dict[str, Any]) -> str:
-    """Fault GPU `index` of the a100 profile; returns its UUID."""
-    mocknvml.write_overrides(faults[1], {index: spec})
-    return uuids("a100")[index]
+@contextmanager
+def fault(faults: tuple[SimNode, str], index: int, spec: dict[str, Any]) -> Iterator[tuple[str, set[str]]]:
+    """Fault GPU `index` of the a100 profile for the block; yields its UUID and the GPUs that were
+    unhealthy before. The override file is cleared on the way out, however the block ends."""
+    node, overrides = faults
+    before = unhealthy(node)
+    try:
+        mocknvml.write_overrides(overrides, {index: spec})
+        yield uuids("a100")[index], before
+    finally:
+        mocknvml.write_overrides(overrides)
 
 
 def test_xid_48_marks_only_its_gpu_until_a_reset(faults: tuple[SimNode, str]) -> None:
     """An XID 48 through the event set marks only that GPU Unhealthy, as a whole-GPU condition;
     once the fault is gone, probes pass and the quiet period is over, it is still Unhealthy:
     XID 48 is until-reset."""
-    node, overrides = faults
-    before = unhealthy(node)
-    try:
-        gpu = inject(faults, 2, mocknvml.xid_fault(48))
+    node, _ = faults
+    with fault(faults, 2, mocknvml.xid_fault(48)) as (gpu, before):
         assert wait_until(lambda: "xid:48" in condition_names(node, gpu), 15), node.log()[-3000:]
         node.wait_health(GPU, [gpu], UNHEALTHY)
         assert unhealthy(node) == before | {gpu}
         (xid,) = [c for c in conditions(node, gpu) if c["name"] == "xid:48"]
         assert (xid["recovery"], xid["gpu_instance"], xid["compute_instance"]) == ("until-reset", None, None)
-    finally:
-        mocknvml.write_overrides(overrides)
     # The mock's uncorrectable error also fails row remapping: that probe finding goes with the fault.
     assert wait_until(lambda: condition_names(node, gpu) == {"xid:48"}, 15), conditions(node, gpu)
     # Two rediscoveries (1 s apart) later the 1 s quiet period is over and probes have passed.
@@ -194,15 +182,11 @@ def test_xid_48_marks_only_its_gpu_until_a_reset(faults: tuple[SimNode, str]) ->
 def test_transient_xid_recovers_once_quiet_and_a_probe_passes(faults: tuple[SimNode, str]) -> None:
     """XID 94 (transient by default) marks only its GPU Unhealthy; once the fault is gone it comes
     back Healthy by itself after the quiet period and a passing probe."""
-    node, overrides = faults
-    before = unhealthy(node)
-    try:
-        gpu = inject(faults, 4, mocknvml.xid_fault(94))
+    node, _ = faults
+    with fault(faults, 4, mocknvml.xid_fault(94)) as (gpu, before):
         assert wait_until(lambda: "xid:94" in condition_names(node, gpu), 15), node.log()[-3000:]
         node.wait_health(GPU, [gpu], UNHEALTHY)
         assert unhealthy(node) == before | {gpu}
-    finally:
-        mocknvml.write_overrides(overrides)
     node.wait_health(GPU, [gpu], HEALTHY, timeout=20)
     assert condition_names(node, gpu) == set()
 
@@ -210,10 +194,8 @@ def test_transient_xid_recovers_once_quiet_and_a_probe_passes(faults: tuple[SimN
 def test_lost_gpu_stays_listed_unhealthy_and_recovers_when_it_answers(faults: tuple[SimNode, str]) -> None:
     """A lost GPU stays in the device list (across rediscoveries) as Unhealthy, alone; when NVML
     answers for it again it is Healthy with no restart."""
-    node, overrides = faults
-    before = unhealthy(node)
-    try:
-        gpu = inject(faults, 3, mocknvml.LOST)
+    node, _ = faults
+    with fault(faults, 3, mocknvml.LOST) as (gpu, before):
         node.wait_health(GPU, [gpu], UNHEALTHY)
         assert unhealthy(node) == before | {gpu}
         assert "GPU lost" in status_reason(node, gpu)
@@ -221,23 +203,17 @@ def test_lost_gpu_stays_listed_unhealthy_and_recovers_when_it_answers(faults: tu
         assert wait_until(lambda: node.command("status")["rediscoveries"] >= seen + 2, 15)
         assert gpu in node.kubelet.devices(GPU) and node.health(GPU, gpu) == UNHEALTHY
         assert node.kubelet.capacity(GPU) == 8
-    finally:
-        mocknvml.write_overrides(overrides)
     node.wait_health(GPU, [gpu], HEALTHY)
     assert condition_names(node, gpu) == set()
 
 
 def test_fallen_off_the_bus_with_xid_79_recovers_when_found(faults: tuple[SimNode, str]) -> None:
     """A GPU that falls off the bus with XID 79 is lost and carries the XID; both end when it answers again."""
-    node, overrides = faults
-    before = unhealthy(node)
-    try:
-        gpu = inject(faults, 5, mocknvml.FELL_OFF_BUS)
+    node, _ = faults
+    with fault(faults, 5, mocknvml.FELL_OFF_BUS) as (gpu, before):
         assert wait_until(lambda: {"lost", "xid:79"} <= condition_names(node, gpu), 15), node.log()[-3000:]
         node.wait_health(GPU, [gpu], UNHEALTHY)
         assert unhealthy(node) == before | {gpu}
-    finally:
-        mocknvml.write_overrides(overrides)
     node.wait_health(GPU, [gpu], HEALTHY)
     assert condition_names(node, gpu) == set()
 
@@ -251,15 +227,11 @@ def test_remapped_rows_mark_the_gpu_until_a_probe_passes(
 ) -> None:
     """Remapped rows pending (or failed), which send no event, are found by the probe: only that GPU
     is Unhealthy, with the reason, until a probe passes."""
-    node, overrides = faults
-    before = unhealthy(node)
-    try:
-        gpu = inject(faults, index, {"remapped_rows": rows})
+    node, _ = faults
+    with fault(faults, index, {"remapped_rows": rows}) as (gpu, before):
         node.wait_health(GPU, [gpu], UNHEALTHY)
         assert unhealthy(node) == before | {gpu}
         assert reason in status_reason(node, gpu)
-    finally:
-        mocknvml.write_overrides(overrides)
     node.wait_health(GPU, [gpu], HEALTHY)
 
 
@@ -268,8 +240,8 @@ def test_gpu_lost_before_start_is_left_out_then_joins_with_its_events(mock_nvml_
     it answers, rediscovery adds it Healthy and its XIDs are watched."""
     t4 = uuids("t4")
     with short_tmpdir() as tmp:
-        overrides = overrides_file(tmp, {1: mocknvml.LOST})
-        with real_node(mock_nvml_libdir, "t4", FAST, overrides=overrides) as node:
+        overrides = mocknvml.overrides_file(tmp, {1: mocknvml.LOST})
+        with mocknvml.real_node(mock_nvml_libdir, "t4", FAST, overrides=overrides) as node:
             node.wait_listed([GPU], 60)
             assert sorted(node.kubelet.devices(GPU)) == sorted(t4[:1] + t4[2:])
             assert not unhealthy(node)
@@ -299,13 +271,7 @@ def test_no_library_exits_with_what_to_check(no_library: str) -> None:
     """No libnvidia-ml.so.1 with --fail-on-init-error (default): the real binding's LibraryNotFound
     becomes one clear line on stderr and exit status 3, no traceback, no socket left."""
     with short_tmpdir() as tmp:
-        os.makedirs(os.path.join(tmp, "p"))
-        proc = subprocess.run(
-            [sys.executable, "-m", "supervisor", "run",
-             "--kubelet-socket", os.path.join(tmp, "p", "kubelet.sock"),
-             "--run-dir", os.path.join(tmp, "r"), "--metrics-address", ""],
-            env=mocknvml.environ(no_library), cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+        proc = run_supervisor(tmp, [], mocknvml.environ(no_library))
         assert proc.returncode == 3, proc.stderr
         assert "Traceback" not in proc.stderr
         last = proc.stderr.strip().splitlines()[-1]
@@ -318,7 +284,7 @@ def test_no_library_exits_with_what_to_check(no_library: str) -> None:
 def test_no_library_without_fail_on_init_error_is_not_ready_and_retries(mock_nvml_libdir: str, no_library: str) -> None:
     """--fail-on-init-error=false and no library: the supervisor stays up, not ready, no workers,
     retrying; once libnvidia-ml.so.1 appears on the library path it comes up and registers."""
-    with SimNode(None, args=["--fail-on-init-error=false"], env=mocknvml.environ(no_library)) as node:
+    with mocknvml.real_node(no_library, None, ["--fail-on-init-error=false"]) as node:
         assert wait_until(lambda: os.path.exists(os.path.join(node.run_dir, "control.sock")), 15)
         assert wait_until(lambda: node.command("status")["nvml"]["attempts"] >= 2, 15), node.log()[-3000:]
         status = node.command("status")
@@ -338,14 +304,14 @@ def test_oldest_binding_runs_the_node_and_delivers_xids(mock_nvml_libdir: str, o
     through the sysfs fallback: none on this machine), and an XID through its event structs marks the GPU."""
     t4 = uuids("t4")
     with short_tmpdir() as tmp:
-        overrides = overrides_file(tmp)
+        overrides = mocknvml.overrides_file(tmp)
         env = mocknvml.environ(mock_nvml_libdir, "t4", overrides=overrides, pythonpath=[oldest_binding])
         which = subprocess.run(
             [sys.executable, "-c", "import pynvml; print(pynvml.__file__, hasattr(pynvml, 'nvmlDeviceGetNumaNodeId'))"],
             env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
         assert which.stdout.split() == [os.path.join(oldest_binding, "pynvml.py"), "False"]
-        with SimNode(None, args=FAST, env=env) as node:
+        with mocknvml.real_node(mock_nvml_libdir, "t4", FAST, overrides=overrides, pythonpath=[oldest_binding]) as node:
             node.wait_listed([GPU], 60)
             assert sorted(node.kubelet.devices(GPU)) == sorted(t4)
             assert all(not d.numa_nodes for d in node.kubelet.devices(GPU).values())

@@ -12,95 +12,16 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
-import pytest
 
-from common.config import config_from_data
 from common.kubelet_standin import KubeletStandin
 from common.kubeletapi import pb
 from common.kubeletapi.rpc import DevicePluginClient, unix_target
-from common.planning import plan_resources
-from tests import nodes
-from tests.helpers import REPO, short_tmpdir, sockets_in, wait_until
-
-GPU = "nvidia.com/gpu"
-
-
-@dataclass
-class Env:
-    dir: str
-    plan_path: str
-    log_path: str
-    kubelet_socket: str
-
-    def log(self) -> str:
-        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-
-
-@pytest.fixture
-def env() -> Iterator[Env]:
-    plan = plan_resources(nodes.dgx_h100(), config_from_data(None))[GPU]
-    with short_tmpdir() as d:
-        plan_path = os.path.join(d, "plan.json")
-        with open(plan_path, "w", encoding="utf-8") as fh:
-            fh.write(plan.to_json())
-        yield Env(d, plan_path, os.path.join(d, "worker.log"), os.path.join(d, "kubelet.sock"))
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for proc in started:  # only what this test started, by PID
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-
-
-def start_worker(env: Env, procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-    with open(env.log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "--resource", GPU, "--plan", env.plan_path,
-             "--kubelet-socket", env.kubelet_socket],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": REPO},
-        )  # fmt: skip
-    procs.append(proc)
-    return proc
-
-
-def plugin_sockets(env: Env) -> list[str]:
-    return [s for s in sockets_in(env.dir) if s != "kubelet.sock"]
-
-
-def listed_after(kubelet: KubeletStandin, since: float, other_than: str = "") -> bool:
-    """Registered after `since` (on a socket other than `other_than`), connected and listed."""
-    res = kubelet.resource(GPU)
-    ep = res.endpoint if res is not None else None
-    return bool(
-        ep is not None
-        and ep.connected
-        and ep.updates > 0
-        and ep.registered_at >= since
-        and os.path.basename(ep.socket_path) != other_than
-    )
-
-
-def settled(env: Env, kubelet: KubeletStandin) -> bool:
-    """One live registration, served from the one plugin socket in the dir."""
-    socks = plugin_sockets(env)
-    return (
-        kubelet.connected(GPU)
-        and len(socks) == 1
-        and os.path.basename(kubelet.endpoint_socket(GPU)) == socks[0]
-    )
+from tests.harness import GPU, Env, listed_after, plugin_sockets, settled, start_worker
+from tests.helpers import sockets_in, wait_until
 
 
 def state_lines(log: str, state: str) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ from pathlib import Path
 from common.kubelet_standin import DeviceState
 from supervisor.discovery import keep_vanished_gpus
 from tests import nodes
-from tests.harness import SimNode
+from tests.harness import SimNode, config_node, sighup_and_wait
 from tests.helpers import REPO, gone, wait_until
 
 GPU = "nvidia.com/gpu"
@@ -85,24 +84,6 @@ class Sampler:
             self._stop.set()
             self._thread.join()
             self.node.kubelet.listeners.remove(self._on_message)
-
-
-def config_node(tmp_path: Path, text: str, profile: str = "pcie-l4", args: tuple[str, ...] = ()) -> tuple[SimNode, Path]:
-    path = tmp_path / "config.yaml"
-    path.write_text(text)
-    return SimNode(profile, args=["--config-file", str(path), *args]), path
-
-
-def reloads(node: SimNode) -> int:
-    return int(node.command("status")["reloads"])
-
-
-def sighup_and_wait(node: SimNode) -> None:
-    """SIGHUP, and wait until the supervisor has been through one reload."""
-    assert node.proc is not None
-    before = reloads(node)
-    node.proc.send_signal(signal.SIGHUP)
-    assert wait_until(lambda: reloads(node) > before, 15), node.log()[-4000:]
 
 
 def registrations(node: SimNode) -> int:

@@ -12,18 +12,14 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-import urllib.request
 
 import grpc
 
 from common.kubelet_standin import KubeletStandin
 from common.kubeletapi import pb
 from common.procutil import unix_socket_listening
-from tests.harness import SimNode
+from tests.harness import GPU, Env, SimNode, listed_after, metrics_url, sample, settled, start_worker
 from tests.helpers import wait_until
-from tests.test_registration import GPU, Env, env, listed_after, procs, settled, start_worker
-
-__all__ = ["env", "procs"]  # fixtures shared with test_registration
 
 
 class OrderKubelet(KubeletStandin):
@@ -113,7 +109,4 @@ def test_status_and_metrics_say_a_registration_was_made_again_for_want_of_a_stre
     with node:
         node.wait_listed([GPU], 30)
         assert wait_until(lambda: node.command("status")["workers"][0]["no_stream_reregistrations"] == 1, 10)
-        url = str(node.command("status")["metrics_url"])
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        assert 'gpuvisor_registrations_total{resource="nvidia.com/gpu",trigger="no-stream"} 1.0' in text
+        assert sample(metrics_url(node), "gpuvisor_registrations_total", resource=GPU, trigger="no-stream") == 1.0

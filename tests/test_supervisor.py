@@ -11,16 +11,14 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
-from tests.harness import SimNode
-from tests.helpers import REPO, gone, short_tmpdir, sockets_in, wait_until
+from tests.harness import SimNode, run_supervisor
+from tests.helpers import gone, short_tmpdir, sockets_in, wait_until
 
 GPU = "nvidia.com/gpu"
 MIXED = ["--mig-strategy", "mixed"]
@@ -195,21 +193,6 @@ def test_deleted_worker_socket_reregisters_that_worker_only() -> None:
 
 
 # ------------------------------------------------------------------------------- start-up failures
-
-
-def run_supervisor(tmp: str, args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `gpuvisor run` to completion (it is expected to fail at start)."""
-    os.makedirs(os.path.join(tmp, "p"), exist_ok=True)
-    argv = [
-        sys.executable, "-m", "supervisor", "run",
-        "--kubelet-socket", os.path.join(tmp, "p", "kubelet.sock"),
-        "--run-dir", os.path.join(tmp, "r"),
-        "--metrics-address", "",
-        *args,
-    ]  # fmt: skip
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
-    clean.update(env or {}, PYTHONPATH=REPO)
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, env=clean, check=False)
 
 
 def test_nvml_init_failure_exits_with_what_to_check() -> None:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 
 import zmq
 
 from common.messages import Heartbeat, Shutdown, SnapshotRequest, decode, encode
-from tests.harness import SimNode
-from tests.helpers import REPO, short_tmpdir, wait_until
+from tests.harness import SimNode, run_supervisor
+from tests.helpers import short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
 
@@ -81,15 +79,7 @@ def test_reload_is_refused_when_the_plans_cannot_be_written() -> None:
 def test_run_dir_too_long_for_a_socket_is_a_config_error() -> None:
     """A run dir whose control socket path would not fit a unix socket exits 78 with a clear line, no traceback."""
     with short_tmpdir() as tmp:
-        run_dir = os.path.join(tmp, "r" * 110)
-        os.makedirs(os.path.join(tmp, "p"))
-        argv = [
-            sys.executable, "-m", "supervisor", "run", "--simulate", "pcie-l4",
-            "--kubelet-socket", os.path.join(tmp, "p", "kubelet.sock"), "--run-dir", run_dir, "--metrics-address", "",
-        ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
-        env["PYTHONPATH"] = REPO
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, env=env, check=False)
+        result = run_supervisor(tmp, ["--simulate", "pcie-l4"], run_dir=os.path.join(tmp, "r" * 110))
         assert result.returncode == 78, result.stderr
         assert "Traceback" not in result.stderr
         assert "too long" in result.stderr.strip().splitlines()[-1]

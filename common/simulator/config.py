@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import yaml
 
+from common.nodefacts import PCI_CLASS_3D
 from common.simulator import mig
 
 GPU_UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
@@ -23,11 +25,13 @@ MIG_UUID_RE = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-
 BUS_ID_RE = re.compile(r"^([0-9a-fA-F]{4}|[0-9a-fA-F]{8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
 
-# PCI classes of a GPU: what `lspci` shows and GPU Feature Discovery turns into `gpu.mode`.
-PCI_CLASS_3D = 0x030200  # "3D controller": a GPU in compute mode (data-centre GPUs)
-PCI_CLASS_VGA = 0x030000  # "VGA compatible controller": a GPU in graphics (display) mode
 # nvmlGpuFabricState_t by the names the description uses.
-FABRIC_STATES = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
+FABRIC_STATES = {
+    "not_supported": pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED,
+    "not_started": pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED,
+    "in_progress": pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS,
+    "completed": pynvml.NVML_GPU_FABRIC_STATE_COMPLETED,
+}
 
 # nvmlGpuTopologyLevel_t names, as `nvidia-smi topo` users know them.
 ANCESTORS = {"INTERNAL": 0, "SINGLE": 10, "MULTIPLE": 20, "HOSTBRIDGE": 30, "NODE": 40, "SYSTEM": 50}
@@ -86,7 +90,7 @@ class GpuSpec:
     remapped_rows: bool = True
     mig_enabled: bool = False
     mig: tuple[MigSpec, ...] = ()
-    pci_class: int = PCI_CLASS_3D
+    pci_class: int = PCI_CLASS_3D  # compute mode, unless the description says otherwise
     fabric: FabricSpec | None = None
 
 

@@ -21,13 +21,9 @@ Reports NaN rows with the reason where the mock is not beside the checkout.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
-import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -38,8 +34,6 @@ from common.simulator import load_simulator
 from tests import mocknvml
 from tests.benchmarks.bench_health import Arrival
 from tests.benchmarks.common import Row, p50, p99
-from tests.harness import SimNode
-from tests.helpers import REPO
 
 GPU = "nvidia.com/gpu"
 FAULT_PROFILE = "a100"
@@ -52,11 +46,7 @@ TTL = "50ms"
 def _discovery_rows(libdir: str, rounds: int) -> list[Row]:
     rows = []
     for profile in mocknvml.profiles():
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.mocknvml_child", "--discover-rounds", str(rounds + 1)],
-            env=mocknvml.environ(libdir, profile), cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
-        report = json.loads(proc.stdout)
+        report = mocknvml.child_report(mocknvml.environ(libdir, profile), "--discover-rounds", str(rounds + 1), timeout=120)
         samples = report["discover_ms"][1:]  # the first pays for lazy symbol lookups
         note = f"{len(report['node']['gpus'])} GPUs, {rounds} rounds; nvmlInit {report['init_ms']:.1f} ms"
         rows.append(Row(f"discovery {profile} p50 (real binding)", p50(samples), "ms", "", note))
@@ -78,13 +68,12 @@ def _fault_rows(libdir: str, rounds: int) -> list[Row]:
     to_unhealthy: list[float] = []
     to_healthy: list[float] = []
     with tempfile.TemporaryDirectory(prefix="gvbench-") as tmp:
-        overrides = os.path.join(tmp, "overrides.yaml")
-        mocknvml.write_overrides(overrides)
+        overrides = mocknvml.overrides_file(tmp)
         config = os.path.join(tmp, "config.yaml")
         with open(config, "w", encoding="utf-8") as fh:
             yaml.safe_dump({"version": "v1", "gpuvisor": {"health": {"transientQuietSeconds": 0.2, "xids": {"48": "transient"}}}}, fh)
-        env = mocknvml.environ(libdir, FAULT_PROFILE, overrides=overrides, overrides_ttl=TTL)
-        with SimNode(None, args=["--config-file", config, "--probe-interval", str(PROBE_S)], env=env) as node:
+        args = ["--config-file", config, "--probe-interval", str(PROBE_S)]
+        with mocknvml.real_node(libdir, FAULT_PROFILE, args, overrides=overrides, overrides_ttl=TTL) as node:
             node.wait_listed([GPU], 60)
             arrival = Arrival()
             node.kubelet.listeners.append(arrival)
@@ -115,11 +104,7 @@ def run(quick: bool) -> list[Row]:
     reason = mocknvml.skip_reason()
     if reason is not None:
         return [Row("real binding", math.nan, "", "", reason)]
-    libdir = tempfile.mkdtemp(prefix="gvbench-mocknvml-")
-    try:
-        mocknvml.unpack(libdir)
+    with mocknvml.unpacked("gvbench-mocknvml-") as libdir:
         rows = _discovery_rows(libdir, DISCOVERIES_QUICK if quick else DISCOVERIES)
         rows += _fault_rows(libdir, ROUNDS_QUICK if quick else ROUNDS)
-    finally:
-        shutil.rmtree(libdir, ignore_errors=True)
     return rows

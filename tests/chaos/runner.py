@@ -27,14 +27,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
-import subprocess
 import sys
 import textwrap
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +41,7 @@ import psutil
 
 from common.kubelet_standin import KubeletStandin
 from tests.harness import SimNode
-from tests.helpers import fill_filesystem, plant_stray, sockets_in
+from tests.helpers import fill_filesystem, plant_stray, sockets_in, tmpfs_at, wait_until
 
 # Relative weights: health faults are cheap and common, process kills less so.
 WEIGHTS = {
@@ -189,6 +188,7 @@ class Chaos:
         self.lost: set[str] = set()
         self.strays: list[str] = []  # planted in the kubelet dir: must outlive every fault
         self.tmpfs = False  # the run dir is a tmpfs of our own (reload-full can fill it)
+        self.cleanup = ExitStack()
         self.weights = dict(WEIGHTS)
         self.left_out: list[str] = []
 
@@ -202,7 +202,7 @@ class Chaos:
         with open(self.config_path, "w") as fh:
             fh.write(CONFIG_A)
         self.node.args += ["--config-file", self.config_path]
-        self.tmpfs = self._mount_run_dir()
+        self.tmpfs = self.cleanup.enter_context(tmpfs_at(self.node.run_dir, RUN_DIR_TMPFS))
         if not self.tmpfs:
             self.weights.pop("reload-full")
             self.left_out.append("reload-full (no tmpfs could be mounted for the run dir: needs root)")
@@ -212,23 +212,11 @@ class Chaos:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.node is not None:
-            try:
+        try:
+            if self.node is not None:
                 self.node.close()
-            finally:
-                if self.tmpfs:
-                    # The mount point outlived close()'s removal of the temp dir: unmount, remove.
-                    subprocess.run(["umount", "-l", self.node.run_dir], check=False, capture_output=True)
-                    shutil.rmtree(self.node.base, ignore_errors=True)
-
-    def _mount_run_dir(self) -> bool:
-        assert self.node is not None
-        os.makedirs(self.node.run_dir, mode=0o700)
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={RUN_DIR_TMPFS},mode=0700", "tmpfs", self.node.run_dir],
-            capture_output=True,
-        )
-        return done.returncode == 0
+        finally:
+            self.cleanup.close()  # the run dir's tmpfs, after the node that used it
 
     @property
     def kubelet(self) -> KubeletStandin:
@@ -343,11 +331,11 @@ class Chaos:
     def _await_replaced(self, resource: str, pid: int) -> None:
         """Until the supervisor no longer shows `pid` for `resource` (it noticed the fault): the
         invariants checked before that would only see the state from before the fault."""
-        deadline = time.monotonic() + self.deadline
-        while any(w["resource"] == resource and w.get("pid") == pid for w in self.status()["workers"]):
-            if time.monotonic() > deadline:
-                raise Violation(f"{resource}: the supervisor still shows pid {pid} as its worker")
-            time.sleep(0.01)
+        def replaced() -> bool:
+            return not any(w["resource"] == resource and w.get("pid") == pid for w in self.status()["workers"])
+
+        if not wait_until(replaced, self.deadline, interval=0.01):
+            raise Violation(f"{resource}: the supervisor still shows pid {pid} as its worker")
 
     def _worker_pid(self, resource: str) -> int:
         for w in self.status()["workers"]:
@@ -382,19 +370,19 @@ class Chaos:
             with open(self.config_path, "w") as fh:
                 fh.write(CONFIG_B if current == CONFIG_A else CONFIG_A)
             os.kill(node.proc.pid, signal.SIGHUP)
-            deadline = time.monotonic() + self.deadline
-            while not (self.status().get("reconcile") or {}).get("pending"):
-                if time.monotonic() > deadline:
-                    raise Violation("a reload into a full run dir did not become pending")
-                time.sleep(0.02)
+            deadline = time.monotonic() + self.deadline  # one deadline for the whole fault
+            if not wait_until(self._reload_pending, self.deadline):
+                raise Violation("a reload into a full run dir did not become pending")
             self.check(deadline)  # the running config still serves every resource
         finally:
             os.unlink(filler)
-        while (self.status().get("reconcile") or {}).get("pending"):  # room again: it applies by itself
-            if time.monotonic() > deadline:
-                raise Violation("a pending reload did not apply once the run dir had room again")
-            time.sleep(0.02)
+        # Room again: it applies by itself.
+        if not wait_until(lambda: not self._reload_pending(), max(0.0, deadline - time.monotonic())):
+            raise Violation("a pending reload did not apply once the run dir had room again")
         return "reload pending while the run dir was full, then applied"
+
+    def _reload_pending(self) -> bool:
+        return bool((self.status().get("reconcile") or {}).get("pending"))
 
     def _sim(self, action: str, **args: Any) -> None:
         assert self.node is not None
