@@ -27,6 +27,9 @@ def test_a_kill_storm_never_makes_the_worker_fatal() -> None:
         assert len(recoveries) == 8, node.log()[-3000:]
         print(f"\nrecoveries (ms): {[round(r) for r in recoveries]}")
         assert "-> FATAL" not in node.log() and "restart in" not in node.log(), "a backoff or FATAL"
+        # The kubelet lists the new endpoint a moment before the worker's heartbeat saying it
+        # registered reaches the supervisor: wait for that, do not race it.
+        assert wait_until(lambda: node.command("status")["workers"][0]["state"] == "RUNNING", 10)
         [worker] = node.command("status")["workers"]
         assert worker["state"] == "RUNNING" and worker["restarts"] == 8
         assert sample(metrics_url(node), "gpuvisor_workers_fatal") == 0.0
