@@ -10,7 +10,8 @@ worker's resource and its own pid as `worker`), so call sites stay short.
   that are set. A multi-line message or traceback stays inside one JSON string, so a log
   shipper never sees half an event.
 
-Log on change, not on every poll: nothing here rate-limits, the callers log events only.
+Log on change, not on every poll: nothing here rate-limits, the callers log events only (the
+one place that summarises a burst is supervisor/health/eventlog.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from typing import Any
 
 _CONTEXT: dict[str, Any] = {}
-FIELDS = ("resource", "device", "worker", "xid", "action", "state", "trigger")
+FIELDS = ("resource", "device", "worker", "xid", "ecc", "action", "count", "state", "trigger")
 FORMATS = ("text", "json")
 
 

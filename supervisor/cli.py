@@ -34,7 +34,7 @@ def _check_import_root() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from common.config import RunArgumentParser, add_run_arguments
+    from supervisor.config import RunArgumentParser, add_run_arguments
 
     parser = argparse.ArgumentParser(
         prog="gpuvisor", description="A Kubernetes device plugin for NVIDIA GPUs: one supervisor, one worker per resource."
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return labels_main(args, os.environ)
         if args.command == "demo":
-            from supervisor.demo import run_demo
+            from supervisor.sim.demo import run_demo
 
             return run_demo(args.profile, args.follow)
         if args.command == "status":
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from common import logs
-    from common.config import EXIT_CONFIG_ERROR, ConfigError, load_config
+    from supervisor.config import EXIT_CONFIG_ERROR, ConfigError, load_config
     from supervisor.main import StartupError, Supervisor
 
     try:
@@ -139,14 +139,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     for notice in config.notices:
         logging.getLogger("gpuvisor.config").warning("%s", notice)
     try:
-        return Supervisor(config, args).run()
+        return Supervisor(config, argv_flags=args).run()
     except StartupError as exc:
         print(f"gpuvisor: {exc}", file=sys.stderr)
         return exc.code
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from supervisor.commands import CommandError, send_command
+    from supervisor.control.client import CommandError, send_command
 
     payload: dict[str, Any] = {"action": args.action, "device": getattr(args, "device", "")}
     if args.action == "xid":
@@ -166,8 +166,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from supervisor.allocations import current_allocations
-    from supervisor.commands import CommandError, send_command
+    from supervisor.control.client import CommandError, send_command
+    from supervisor.observe.allocations import current_allocations
 
     try:
         # The document as JSON gave it: from here on it is only read and printed.

@@ -2,19 +2,16 @@
 
 The loop owns every ZeroMQ socket and all mutable state; other threads (the NVML monitor, the
 watchdog observers, the MPS thread) and signal handlers only enqueue (a callable on the
-mailbox, a signal number on a list) and wake it. Each turn reads as what it does, as gunicorn's
-`Arbiter.run`: `handle_signals()`, `reconcile()` (reap and restart workers), `run_timers()`
-(one scheduler holds every deadline: backoffs, beacons, rediscovery, NVML and reload retries),
-`publish_health()`, `check_ready()`, then `wait()` for the next event and `drain_mailbox()`,
-`drain_control()`. A step that raises is logged with its cause and counted
-(`gpuvisor_housekeeping_errors_total`); it never ends the loop, which would take every
-resource of the node away.
+mailbox, a signal number on a list) and wake it. Each turn (`turn()`) reads as what it does, as
+gunicorn's `Arbiter.run`: `handle_signals()`, `reconcile()` (reap and restart workers),
+`timers.run_due()` (one scheduler holds every deadline: backoffs, beacons, rediscovery, NVML and
+reload retries), `hub.tick()` (health recoveries), `check_ready()`, then `wait()` for the next
+event and, for what woke it, `mailbox.drain()`, `drain_control()` and `spawner.pump()`. A step
+that raises is logged with its cause and counted (`gpuvisor_housekeeping_errors_total`); it
+never ends the loop, which would take every resource of the node away.
 
-The parts, each a module with one job: the run dir (`rundir`), NVML bring-up and rediscovery
-(`discovery`), reload and rediscovery (`replan`), the plan reconciler with pending reloads
-(`reconcile`), the control endpoint
-(`control`) and what worker messages mean (`workerevents`), health publishing (`healthhub`),
-MPS daemons and CDI spec (`mpswiring`, `cdisync`), and the status document (`status`).
+`Supervisor.__init__` is the list of parts (supervisor/__init__.py says what each package
+owns), each built once with its neighbours by keyword; none is patched afterwards.
 """
 
 from __future__ import annotations
@@ -27,42 +24,38 @@ import os
 import signal
 import uuid
 from collections.abc import Callable
+from functools import partial
 from types import FrameType
-from typing import TYPE_CHECKING
 
 import psutil
 import zmq
 
-from common.config import Config
-from common.messages import Command, Json, PlanUpdate, Reply
-from common.model import Node
-from common.planning import PlanningError, plan_resources
+from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
+from common.messages import Json
 from common.procutil import Mailbox
-from supervisor import status
-from supervisor.cdisync import CdiSync
-from supervisor.commands import reply_to
-from supervisor.control import ControlEndpoint
-from supervisor.discovery import EXIT_IN_USE, NvmlLink, StartupError
-from supervisor.health_policy import PolicyError
-from supervisor.healthhub import HealthHub
-from supervisor.httpserver import AddressError, ProbeServer, ReadinessCell, loop_liveness
-from supervisor.kubeletwatch import Watches
-from supervisor.metrics import Metrics
-from supervisor.mps import MpsError
-from supervisor.mpswiring import MpsWiring
-from supervisor.nodelabels import NodeLabels
-from supervisor.reconcile import Desired, Reconciler
-from supervisor.replan import Replanner, health_policy_for
-from supervisor.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
+from supervisor.cdi.sync import CdiSync
+from supervisor.config import Config
+from supervisor.control.commands import CommandTarget, reply_to
+from supervisor.control.endpoint import ControlEndpoint
+from supervisor.desired.discovery import NvmlLink, StartupError
+from supervisor.desired.follow import Follow, worker_policy
+from supervisor.desired.reconcile import Reconciler
+from supervisor.desired.replan import Replanner
+from supervisor.health.hub import HealthHub
+from supervisor.health.policy import HealthPolicy, PolicyError
+from supervisor.host.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
+from supervisor.host.sdnotify import Notifier
+from supervisor.host.watches import Watches
+from supervisor.labels.sync import NodeLabels
+from supervisor.mps.wiring import MpsWiring
+from supervisor.observe import status
+from supervisor.observe.http import AddressError, ProbeServer, loop_liveness
+from supervisor.observe.metrics import Metrics
 from supervisor.scheduler import Clock, Scheduler, SystemClock
-from supervisor.sdnotify import Notifier
-from supervisor.spawner import WorkerSpawner
-from supervisor.workerevents import WorkerEvents
-from supervisor.workers import EXIT_CONFIG_ERROR, Policy, WorkerHandle, WorkerSet, WState
-from supervisor.zygote import become_subreaper
-
-if TYPE_CHECKING:
-    from common.simulator import Simulator
+from supervisor.workers.events import WorkerEvents
+from supervisor.workers.lifecycle import WorkerHandle, WorkerSet, WState
+from supervisor.workers.spawner import WorkerSpawner
+from supervisor.workers.zygote import become_subreaper
 
 __all__ = ["StartupError", "Supervisor"]
 
@@ -71,109 +64,127 @@ log = logging.getLogger("gpuvisor.supervisor")
 TICK_S = 1.0  # the longest the loop sleeps; timers wake it sooner
 BEACON_S = 2.0
 SHUTDOWN_GRACE_S = 4.0  # SIGTERM to workers, then SIGKILL: the whole stop stays under 5 s
-HEALTH_SETTINGS = ("disable_healthchecks", "enable_healthchecks", "health")
 
 
-def _process(pid: int) -> psutil.Process | None:
+def startup_policy(config: Config) -> HealthPolicy:
+    """The health policy to start with; a bad one is a config error at start (exit 78)."""
     try:
-        return psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return None
+        return HealthPolicy.from_config(config)
+    except PolicyError as exc:
+        raise StartupError(f"config error: gpuvisor.health: {exc}", EXIT_CONFIG_ERROR) from None
 
 
 class Supervisor:
     def __init__(
         self,
         config: Config,
+        *,
         argv_flags: argparse.Namespace | None = None,
         environ: dict[str, str] | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self.config = config
         self.environ = dict(os.environ) if environ is None else environ
         self.clock = clock or SystemClock()
         self.metrics = Metrics()
         self.timers = Scheduler(self.clock, on_error=self.metrics.housekeeping_error)
+        self.mailbox = Mailbox(log, on_error=partial(self.metrics.housekeeping_error, "mailbox"))
         self.rundir = RunDir(config.run_dir)
         self.plugin_dir = os.path.dirname(os.path.abspath(config.kubelet_socket))
         self.sockets = WorkerSockets(self.plugin_dir, self.rundir.sockets_record)
-        self.mailbox = Mailbox(log, on_error=lambda: self.metrics.housekeeping_error("mailbox"))
+        self.nvml = NvmlLink(config, self.environ, on_error=self.metrics.nvml_error)
+        post = self.mailbox.post
+        self.hub = HealthHub(
+            endpoint=self.rundir.health_endpoint,
+            policy=startup_policy(config),
+            metrics=self.metrics,
+            clock=self.clock,
+            epoch=uuid.uuid4().hex[:12],
+            post=post,
+        )
+        self.control = ControlEndpoint(endpoint=self.rundir.control_endpoint, count=self.metrics.control_message_dropped)
+        self.spawner = WorkerSpawner(config=config, rundir=self.rundir, record_tag=self.sockets.add)
+        self.workers = WorkerSet(spawner=self.spawner, policy=worker_policy(config), listeners=(self.on_worker_state,))
+        self.mps = MpsWiring(config=config, environ=self.environ, nvml_module=self.nvml.module, hub=self.hub, post=post)
+        self.cdi = CdiSync(config=config, timers=self.timers)
+        self.labels = NodeLabels(nvml_module=self.nvml.module, simulated=self.nvml.simulator is not None, timers=self.timers)
+        follow = Follow(
+            nvml_module=self.nvml.module,
+            hub=self.hub,
+            mps=self.mps,
+            cdi=self.cdi,
+            labels=self.labels,
+            spawner=self.spawner,
+            workers=self.workers,
+        )
+        self.reconciler = Reconciler(
+            config=config,
+            plan_files=self.rundir,
+            workers=self.workers,
+            tell=self.control.tell,
+            follow=follow,
+            timers=self.timers,
+            on_pending=self.metrics.set_pending_reload,
+            on_refused=self.metrics.reload_refused,
+            on_error=self.metrics.housekeeping_error,
+        )
+        self.replan = Replanner(
+            argv_flags=argv_flags,
+            environ=self.environ,
+            nvml=self.nvml,
+            keeper=self.reconciler,
+            mps=self.mps,
+            timers=self.timers,
+        )
+        self.events = WorkerEvents(
+            workers=self.workers,
+            plans=self.reconciler,
+            control=self.control,
+            hub=self.hub,
+            metrics=self.metrics,
+            clock=self.clock,
+        )
+        self.commands = CommandTarget(
+            status=self.status, replan=self.replan, planned=self.reconciler, health=self.hub, faults=self.nvml.simulator
+        )
+        self.watches = Watches(
+            plugin_dir=self.plugin_dir,
+            config_file=config.config_file,
+            post=post,
+            on_kubelet=self.events.kubelet_created,
+            on_deleted=self.events.file_deleted,
+            on_config=self.replan.config_event,
+        )
+        self.readiness = status.ReadinessCell()
+        self.notifier = Notifier(self.environ)
+        self.http: ProbeServer | None = None
+        if config.metrics_address:
+            self.http = ProbeServer(
+                address=config.metrics_address,
+                render=self.metrics.render,
+                liveness=loop_liveness(lambda: self.last_loop),
+                readiness=self.readiness,
+            )
+        # The loop's own state.
         self.signals: list[int] = []  # filled by the handlers, emptied by handle_signals()
         self.stopping = False
         self.started_at = self.clock.time()
         self.last_loop = self.clock.monotonic()
-        self.nvml = NvmlLink(config, self.environ, on_error=self.metrics.nvml_error)
-        try:
-            policy = health_policy_for(config)
-        except PolicyError as exc:
-            raise StartupError(f"config error: gpuvisor.health: {exc}", EXIT_CONFIG_ERROR) from None
-        self.hub = HealthHub(
-            self.rundir.health_endpoint, policy, self.metrics, self.clock, uuid.uuid4().hex[:12]
-        )
-        self.spawner = WorkerSpawner(config, self.rundir, self.sockets.add)
-        self.workers = WorkerSet(self.spawner, self._worker_policy(config))
-        self.mps = MpsWiring(config, self.environ, self.nvml.module, self.hub, self.mailbox.post)
-        self.cdi = CdiSync(config, self.timers)
-        self.labels = NodeLabels(self.nvml.module, self.nvml.simulator is not None, self.timers)
-        self.reconciler = Reconciler(
-            self.rundir,
-            self.workers,
-            self._tell_plan,
-            self,
-            self.timers,
-            self.metrics.set_pending_reload,
-            self.metrics.housekeeping_error,
-        )
-        self.events = WorkerEvents(
-            self.workers, self.metrics, self.hub, self.reconciler, self.clock, self._command
-        )
-        self.control = ControlEndpoint(
-            self.rundir.control_endpoint, self.events, count=self.metrics.control_message_dropped
-        )
-        self.events.control = self.control
-        # The metrics listener goes first: it sees a transition before the others forget routes.
-        self.workers.listeners += [
-            self.metrics.worker_listener(),
-            self.events.on_worker_state,
-            self._on_worker_state,
-        ]
-        self.readiness = ReadinessCell()
-        self.notifier = Notifier(self.environ)
-        self.http: ProbeServer | None = None
-        self.watches = Watches(self.plugin_dir, config.config_file)
-        self.node: Node | None = None
-        self.replan = Replanner(
-            argv_flags,
-            self.environ,
-            self.nvml,
-            self.reconciler,
-            self.mps,
-            self.metrics,
-            self.timers,
-            lambda: (self.config, self.node),
-            self._adopt_config,
-        )
-        self._was_ready = False
         self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
+        self._was_ready = False
         self._poller: zmq.Poller | None = None
         self._watched: tuple[object, int] = (None, -1)
 
     @property
-    def simulator(self) -> Simulator | None:
-        return self.nvml.simulator
-
-    @staticmethod
-    def _worker_policy(config: Config) -> Policy:
-        return Policy(**{k: getattr(config, k) for k in ("heartbeat_timeout", "start_retries", "start_seconds")})
+    def config(self) -> Config:
+        """The running config (the reconciler owns it)."""
+        return self.reconciler.config
 
     # ------------------------------------------------------------------ run
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self.mailbox.wakeup_fd, warn_on_full_buffer=False)
-        log.info(
-            "gpuvisor starting (pid %d): %s", os.getpid(), json.dumps(self.config.describe(), sort_keys=True)
-        )
+        log.info("gpuvisor starting (pid %d): %s", os.getpid(), json.dumps(self.config.describe(), sort_keys=True))
         if self.config.unknown_keys:
             log.warning("config file keys ignored (unknown): %s", ", ".join(self.config.unknown_keys))
         self.prepare()  # refused here, nothing of another supervisor's run dir is touched
@@ -201,7 +212,7 @@ class Supervisor:
         except RunDirUntrusted as exc:
             raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
         except RunDirError as exc:  # in use by a live supervisor, or cannot be made
-            raise StartupError(str(exc), EXIT_IN_USE) from None
+            raise StartupError(str(exc), EXIT_FAILURE) from None
         os.makedirs(self.plugin_dir, exist_ok=True)
         self.sockets.load_earlier()
         self._end_stale_workers()
@@ -214,26 +225,28 @@ class Supervisor:
         SIGKILL them by PID (their recorded tag on their command line says they are ours) before
         new workers register, so their streams end first."""
         stale = self.sockets.stale_workers()
+        procs = []
         for pid in stale:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(pid))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if stale:
             log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
-            psutil.wait_procs([p for p in (_process(pid) for pid in stale) if p is not None], timeout=2)
+            psutil.wait_procs(procs, timeout=2)
 
     def start(self) -> None:
         """HTTP, sockets and watches first (status answers even if NVML fails), then NVML."""
         become_subreaper()  # adopt the workers of a zygote that dies: they keep serving
-        self._start_http()
+        if self.http is not None:
+            try:
+                self.http.start()
+            except AddressError as exc:
+                raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
         self.control.open()
         self.hub.open()
         self.rundir.secure_sockets()
-        post = self.mailbox.post
-        self.watches.start(
-            lambda: post(self.events.kubelet_created),
-            lambda name: post(lambda: self.events.file_deleted(name)),
-            lambda: post(self.replan.config_event),
-        )
+        self.watches.start()
         self.spawner.start()
         self.timers.call_later("beacon", 0.0, self.beacon)
         self.try_nvml()
@@ -246,13 +259,13 @@ class Supervisor:
         self._step("signals", self.handle_signals)
         self._step("reconcile", self.reconcile)
         self._step("timers", self.timers.run_due)
-        self._step("health", self.publish_health)
+        self._step("health", self.hub.tick)
         self._step("readiness", self.check_ready)
         ready = self.wait()
         if self.mailbox.fileno() in ready:
             self._step("mailbox", self.mailbox.drain)
         if self.control.sock in ready:
-            self._step("control", self.control.drain)
+            self._step("control", self.drain_control)
         if self.spawner.fileno() in ready:
             self._step("zygote", self.spawner.pump)
 
@@ -289,7 +302,7 @@ class Supervisor:
         while self.signals:
             signum = self.signals.pop(0)
             if signum == signal.SIGHUP:
-                self.reload("SIGHUP")
+                self.replan.reload("SIGHUP")
             elif signum != signal.SIGCHLD:  # SIGCHLD only woke us: reconcile() reaps
                 self.stopping = True
 
@@ -302,9 +315,6 @@ class Supervisor:
         else:
             self.timers.cancel("workers")
 
-    def publish_health(self) -> None:
-        self.hub.tick()
-
     def beacon(self) -> None:
         self.timers.call_later("beacon", BEACON_S, self.beacon)
         self.hub.beacon()
@@ -316,41 +326,40 @@ class Supervisor:
         self.notifier.update(answer.ready, answer.detail)
         if answer.ready != self._was_ready:
             self._was_ready = answer.ready
-            log.info(
-                "ready" if answer.ready else "not ready",
-                extra={"state": "ready" if answer.ready else "not-ready"},
-            )
+            state = "ready" if answer.ready else "not-ready"
+            log.info("ready" if answer.ready else "not ready", extra={"state": state})
+
+    def drain_control(self) -> None:
+        self.control.drain(self.events, partial(reply_to, self.commands))
 
     def _readiness(self) -> status.Readiness:
-        pending = self.reconciler.pending_error  # "" unless a reload is pending
         return status.readiness(
-            self.nvml.up,
-            self.nvml.error,
-            self.reconciler.plans,
-            self.workers.workers,
-            self.mps.not_ready(),
-            self.cdi.error,
-            pending,
+            nvml_up=self.nvml.up,
+            nvml_error=self.nvml.error,
+            planned=self.reconciler.plans,
+            workers=self.workers.workers,
+            mps_not_ready=self.mps.not_ready(),
+            cdi_error=self.cdi.error,
+            pending_reload=self.reconciler.pending_error,  # "" unless a reload is pending
         )
 
-    # ------------------------------------------------------------------ NVML, plans
+    def on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
+        """Every worker lifecycle transition: what it means for the rest, then the sockets a dead
+        worker left (SIGKILL leaves them)."""
+        self.events.on_worker_state(handle, old, new, reason)
+        if new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
+            removed = self.sockets.sweep(handle.resource, handle.socket_tag)
+            if removed:
+                log.info("removed the socket(s) a dead worker of %s left: %s", handle.resource, ", ".join(removed))
+
+    # ------------------------------------------------------------------ NVML
     def try_nvml(self) -> None:
         node, delay = self.nvml.attempt(self.config.fail_on_init_error)
         if node is None:
             self.timers.call_later("nvml-retry", delay, self._retry_nvml)
             return
-        try:
-            plans = plan_resources(node, self.config)
-            self.mps.validate(self.config, plans)
-        except (PlanningError, MpsError) as exc:
-            raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
-        log.info(
-            "discovered %d GPUs; resources: %s",
-            len(node.gpus),
-            ", ".join(f"{r} ({len(p.devices)})" for r, p in plans.items()) or "none",
-        )
-        self.reconciler.want(Desired(self.config, node, plans, "start"))
-        self.replan.schedule_rediscovery(self.config)
+        self.reconciler.take(self.replan.start(node))
+        self.replan.schedule_rediscovery(self.reconciler.wanted_config)
 
     def _retry_nvml(self) -> None:
         """A later try: NVML may come up to a config that cannot be planned. That ends the process
@@ -361,83 +370,7 @@ class Supervisor:
             self.exit_error = exc
             self.stopping = True
 
-    def adopt(self, desired: Desired) -> None:
-        """ReconcileHooks: the plan files are written; config, health, CDI and MPS follow first."""
-        first = not self.mps.started  # the last step of bringing health and MPS up
-        self._adopt_config(desired.config)
-        if desired.node != self.node:
-            self.node = desired.node
-            self.hub.set_node(desired.node)
-        if first:
-            self.hub.start(
-                self.nvml.module, desired.node, desired.plans, self.mailbox.post, self.config.probe_interval
-            )
-            self.mps.start(desired.plans)
-        else:
-            self.hub.set_plans(desired.plans)
-        self.cdi.sync(desired.plans)  # before the workers: none may hand out a CDI name the spec lacks
-        if not first:
-            self.mps.apply(desired.plans)
-        self.hub.update_gauges()
-        self.labels.refresh(desired.config)  # the node labels follow what is advertised, at once
-
-    def _adopt_config(self, config: Config) -> None:
-        old, self.config = self.config, config
-        if any(getattr(config, n) != getattr(old, n) for n in HEALTH_SETTINGS):
-            try:
-                self.hub.set_policy(health_policy_for(config))
-            except PolicyError as exc:  # checked when the reload was read: only a bug gets here
-                log.error("health policy unchanged: %s", exc)
-        self.hub.set_probe_interval(config.probe_interval)
-        self.cdi.configure(config)
-        self.mps.adopt(config)
-        self.spawner.config = config
-        self.workers.policy = self._worker_policy(config)
-        self.replan.schedule_rediscovery(config)
-
-    def reload(self, trigger: str) -> bool:
-        return self.replan.reload(trigger)
-
-    def rediscover(self, trigger: str) -> bool:
-        return self.replan.rediscover(trigger)
-
-    # ------------------------------------------------------------------ the outside
-    def _start_http(self) -> None:
-        if not self.config.metrics_address:
-            return
-        server = ProbeServer(
-            self.config.metrics_address,
-            self.metrics.render,
-            loop_liveness(lambda: self.last_loop),
-            self.readiness,
-        )
-        try:
-            server.start()
-        except AddressError as exc:
-            raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
-        self.http = server
-
-    def _on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
-        if new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
-            removed = self.sockets.sweep(handle.resource, handle.socket_tag)  # SIGKILL leaves a worker's socket
-            if removed:
-                log.info(
-                    "removed the socket(s) a dead worker of %s left: %s", handle.resource, ", ".join(removed)
-                )
-
-    def _tell_plan(self, resource: str, update: PlanUpdate) -> bool:
-        return self.control.tell(resource, update)
-
-    def _command(self, command: Command) -> Reply:
-        return reply_to(self, command)
-
-    # ------------------------------------------------------------------ CommandTarget
-    def planned_resources(self) -> list[str]:
-        return sorted(self.reconciler.plans)
-
-    def gpu_reset(self, uuid: str) -> None:
-        self.hub.gpu_reset(uuid, self.node)
-
+    # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Json]:
         answer = self._readiness()
         return status.document(
@@ -448,11 +381,11 @@ class Supervisor:
                 "ready": answer.ready,
                 "ready_detail": answer.detail,
                 "plugin_dir": self.plugin_dir,
-                "metrics_url": self.http.url if self.http is not None else None,
+                "metrics_url": self.http.url if self.http is not None and self.http.serving else None,
                 "nvml": self.nvml.status(),
                 "health_policy": self.hub.policy.describe(),
                 "reconcile": self.reconciler.status(),
-                "workers": status.workers_view(self.workers.workers, self.clock.monotonic()),
+                "workers": self.workers.view(self.clock.monotonic()),
                 "resources": self.hub.resources_view(),
                 "conditions": self.hub.conditions_view(),
                 "mps": self.mps.status(),

@@ -1,5 +1,10 @@
-"""Fixtures shared by several test modules: the real-binding tier's session directories, and a
-standalone worker's temp dir (`env`) with the processes a test started (`procs`).
+"""The test tiers' markers, and fixtures shared by several test modules: the real-binding tier's
+session directories, a fake Kubernetes API server (`api`), a fake MPS control binary (`fake`),
+and a standalone worker's temp dir (`env`) with the processes a test started (`procs`).
+
+Each folder under tests/ is a tier and every test in it carries the tier's marker, so
+`pytest -m unit` (or `process`, `conformance`, `packaging`, `chaos`, `benchmarks`, `gpu`) runs
+one tier; the README's Testing section says what each needs and how long it takes.
 
 The real-binding tier's session directories are made with `tempfile`, not `tmp_path_factory`:
 with `tmp_path_retention_policy = "none"` pytest takes no lock on its base temp dir, and any other
@@ -14,14 +19,31 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from common.config import config_from_data
-from common.planning import plan_resources
-from tests import mocknvml, nodes
+from supervisor.config import config_from_data
+from supervisor.node.planning import plan_resources
+from tests import mocknvml, mpsfake, nodes
 from tests.harness import GPU, Env
 from tests.helpers import short_tmpdir
+
+if TYPE_CHECKING:
+    from tests.kubeapi import RunningApiServer
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+TIERS = ("unit", "process", "conformance", "packaging", "chaos", "benchmarks", "gpu")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its tier, the folder it lives in."""
+    for item in items:
+        tier = os.path.relpath(str(item.path), TESTS).split(os.sep)[0]
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in one of the tier folders {', '.join(TIERS)}")
+        item.add_marker(tier)
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +69,28 @@ def oldest_binding() -> Iterator[str]:
         yield mocknvml.install_binding(version, path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[RunningApiServer]:
+    """A local HTTPS endpoint that answers as the Kubernetes API server does (tests/kubeapi.py;
+    imported here, not at the top: it needs test-only packages the gpu tier's machine may lack)."""
+    from tests.kubeapi import RunningApiServer
+
+    server = RunningApiServer(tmp_path)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> Iterator[Path]:
+    """A fake `nvidia-cuda-mps-control` (tests/mpsfake.py) in tmp_path/bin; afterwards every
+    daemon it started is gone."""
+    path = mpsfake.install(tmp_path)
+    yield path
+    mpsfake.kill_daemons(tmp_path)
 
 
 @pytest.fixture

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from common.config import Config, load_config
 from common.model import ResourcePlan
-from supervisor.workers import WorkerHandle
+from supervisor.config import Config, config_from_data, load_config
+from supervisor.health.book import HealthBook
+from supervisor.health.hub import HealthHub
+from supervisor.health.policy import HealthPolicy
+from supervisor.node.planning import plan_resources
+from supervisor.observe.metrics import Metrics
+from supervisor.workers.lifecycle import WorkerHandle
+from tests import nodes
 
 
 class FakeClock:
@@ -94,3 +100,22 @@ def sim_config(profile: str = "pcie-l4", **env: str) -> Config:
 
 def plan_json(plans: Mapping[str, ResourcePlan]) -> dict[str, str]:
     return {r: p.to_json() for r, p in plans.items()}
+
+
+def no_post(fn: Callable[[], None]) -> None:
+    raise AssertionError("no monitor thread runs here: nothing is posted")
+
+
+def policy() -> HealthPolicy:
+    return HealthPolicy.from_settings(None, None, {}, 60.0)
+
+
+def hub_with_book(node_factory: object = nodes.pcie_l4, data: object = None) -> tuple[HealthHub, FakeClock, Metrics]:
+    clock = FakeClock()
+    metrics = Metrics(version="test")
+    hub = HealthHub(endpoint="ipc:///nowhere", policy=policy(), metrics=metrics, clock=clock, epoch="epoch1", post=no_post)
+    node = node_factory()  # type: ignore[operator]
+    plans = plan_resources(node, config_from_data(data))
+    hub.node = node
+    hub.book = HealthBook(plans, hub.policy, clock.time())
+    return hub, clock, metrics

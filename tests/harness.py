@@ -34,23 +34,23 @@ import grpc
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.kubelet_standin import KubeletStandin
 from common.kubeletapi import pb
 from common.kubeletapi.rpc import DevicePluginClient, unix_target
-from supervisor.commands import send_command
-from tests.helpers import REPO, sockets_in, wait_until
+from supervisor.control.client import send_command
+from supervisor.sim.kubelet import KubeletStandin
+from tests.helpers import REPO, checkout_path, sockets_in, wait_until
 
 # ---------------------------------------------------------------- gpuvisor as a one-off child
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a gpuvisor child process: this one's without GPUVISOR_* and DP_* (a test
-    sees only what it sets), `extra` over it, and the checkout on PYTHONPATH unless `extra` names
-    its own path (an older pynvml before the checkout)."""
+    sees only what it sets), `extra` over it, and the checkout first on PYTHONPATH unless `extra`
+    names its own path (an older pynvml before the checkout)."""
     extra = extra or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
     env.update(extra)
-    env["PYTHONPATH"] = extra.get("PYTHONPATH", REPO)
+    env["PYTHONPATH"] = extra.get("PYTHONPATH", checkout_path())
     return env
 
 

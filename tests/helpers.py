@@ -15,6 +15,14 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def checkout_path() -> str:
+    """PYTHONPATH for a gpuvisor child: the checkout first, then whatever this process's
+    PYTHONPATH already held (packages installed beside the checkout, as on a GPU machine that
+    carries them in a folder of their own)."""
+    parts = [REPO, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != REPO)]
+    return os.pathsep.join(parts)
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.02) -> bool:
     """Poll `predicate` until it is truthy or `timeout` passes; returns whether it held."""
     deadline = time.monotonic() + timeout

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from supervisor.labels.settings import LABEL_SETTINGS
-from tests.helpers import REPO
+from tests.helpers import REPO, checkout_path
 
 TIMEOUT = 60.0
 
@@ -23,10 +23,10 @@ def labels_argv(*args: str) -> list[str]:
 
 
 def labels_env(**extra: str) -> dict[str, str]:
-    """This process's environment without what a label setting reads, the checkout on PYTHONPATH, `extra` over it."""
+    """This process's environment without what a label setting reads, the checkout first on PYTHONPATH, `extra` over it."""
     names = {n for s in LABEL_SETTINGS for n in s.envs}
     env = {k: v for k, v in os.environ.items() if k not in names and not k.startswith(("GFD_", "GPUVISOR_", "MOCK_NVML_"))}
-    env["PYTHONPATH"] = REPO
+    env["PYTHONPATH"] = checkout_path()
     env.update(extra)
     return env
 

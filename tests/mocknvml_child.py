@@ -1,7 +1,7 @@
 """The child side of the real-binding tier: gpuvisor's NVML adapter over the real `pynvml`.
 
 Run as `python -m tests.mocknvml_child [options]` in an environment from `tests.mocknvml.environ`
-(the mock library and its profile are read when the process starts), it drives `common.nvml.Nvml`
+(the mock library and its profile are read when the process starts), it drives `supervisor.node.nvml.Nvml`
 over `import pynvml` and prints one JSON document on stdout for the test (or benchmark) to judge:
 the binding it loaded, the discovered node, the event-set registration, how long event waits
 took, and, when asked, the health thread's CPU time while idle. It judges nothing itself.
@@ -19,9 +19,10 @@ from typing import Any
 import pynvml
 
 from common.model import node_to_json
-from common.nvml import Nvml
-from supervisor.health import HealthMonitor
-from supervisor.health_policy import HealthPolicy
+from supervisor.health.monitor import HealthMonitor
+from supervisor.health.policy import HealthPolicy
+from supervisor.node.events import EventWatch
+from supervisor.node.nvml import Nvml
 
 
 def thread_cpu_s(tid: int) -> float:
@@ -43,7 +44,7 @@ def idle_health_loop(seconds: float, probe_interval: float) -> dict[str, Any]:
         pynvml,
         node,
         HealthPolicy.from_settings(None, None, {}, 60.0),
-        apply=applied.append,
+        report=applied.append,
         probe_interval=probe_interval,
     )
     monitor.start()
@@ -91,7 +92,7 @@ def main() -> None:
     out["discover_ms"] = durations
     out["node"] = json.loads(node_to_json(node))
 
-    with nvml.watch_events() as watch:
+    with EventWatch.open(nvml) as watch:
         out["registered"] = watch.registered
         out["skipped"] = watch.skipped
         waits = []

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from common import logs
+from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
 from common.imex import ImexChannelMissing
 from common.messages import (
     DeviceHealth,
@@ -56,14 +57,12 @@ from worker.stats import Stats
 
 log = logging.getLogger("gpuvisor.worker")
 
-EXIT_CONFIG_ERROR = 78
 HEARTBEAT_S = 1.0
 STATS_REFRESH_S = 60.0  # unchanged figures are still re-sent this often (a restarted supervisor)
 SNAPSHOT_RETRY_S = 1.0
 # Alone, no supervisor tells the worker that kubelet.sock was re-created or that its socket went:
 # it looks for itself this often (two stat calls), so it recovers within a fraction of a second.
 STANDALONE_CHECK_S = 0.25
-EXIT_BUG = 1
 SECRET_MAX_BYTES = 256  # the spawn secret read from --secret-fd: 32 hex characters, with room
 
 
@@ -226,7 +225,7 @@ class Worker:
             self.registrar.stop()
             self.sub.close(0)
             self.dealer.close(0)
-        return EXIT_BUG if self.registrar.failed is not None else 0
+        return EXIT_FAILURE if self.registrar.failed is not None else 0
 
     def _loop_standalone(self) -> int:
         import select
@@ -239,7 +238,7 @@ class Worker:
                 self.mailbox.drain()
         finally:
             self.registrar.stop()
-        return EXIT_BUG if self.registrar.failed is not None else 0
+        return EXIT_FAILURE if self.registrar.failed is not None else 0
 
     def _drain(self, sock: object) -> None:
         import zmq

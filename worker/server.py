@@ -21,7 +21,7 @@ bounds what gRPC keeps in flight or queued at all.
 
 Socket names are `gpuvisor-<resource name>-<tag><nn>.sock`: the supervisor gives each worker
 process a tag (6 hex digits) and records it, and nn counts the process's server starts, so the
-supervisor removes only sockets that its own workers made (supervisor/rundir.py).
+supervisor removes only sockets that its own workers made (supervisor/host/rundir.py).
 
 Each server serves the shared service through its own small adapter, so a stream knows which
 server it belongs to: a stream the kubelet cancels marks *that* server as cancelled (the

@@ -1,7 +1,7 @@
 """Regenerate the committed protobuf/gRPC stubs from api.proto.
 
 Run from anywhere: `python -m common.kubeletapi.generate [OUT_DIR]`. The stubs are committed so
-that installing gpuvisor needs no code generator; tests/test_kubeletapi.py regenerates them into a
+that installing gpuvisor needs no code generator; tests/unit/test_kubeletapi.py regenerates them into a
 temp dir and checks the result is byte-for-byte what is committed.
 """
 

@@ -12,7 +12,7 @@ reads, or an NFD NodeFeature object). The pieces, one job each:
 - `daemon`: the process loop (interval, SIGHUP reload, SIGTERM stop).
 
 A process that already holds NVML (the supervisor) needs only the library part:
-`Nvml(module).node_facts()`, then `compute_labels(...)` and `LabelFile(path).write_if_changed(...)`.
+`facts_from_nvml(Nvml(module))` (supervisor.node.facts), then `compute_labels(...)` and `LabelFile(path).write_if_changed(...)`.
 """
 
 from __future__ import annotations

@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
-from common.config import ConfigError
-from common.nvml import NvmlCallError
+from supervisor.config import ConfigError
 from supervisor.labels.host import SYSFS, NvmlUnavailable, label_node, read_node_facts
 from supervisor.labels.nodefeature import ApiError, NodeFeaturePublisher
 from supervisor.labels.output import LabelFile, OutputError
 from supervisor.labels.rules import LabelError
 from supervisor.labels.settings import LabelSettings, load_label_settings
+from supervisor.node.nvml import NvmlCallError
 
 log = logging.getLogger("gpuvisor.labels")
 
@@ -196,7 +196,7 @@ class Labeller:
 def open_nvml_module(settings: LabelSettings, host_sysfs: str) -> tuple[Any, str | None]:
     """The `pynvml` module to use and the sysfs root of its GPUs (None for a simulated node)."""
     if settings.simulate:
-        from common.simulator import SimulatorConfigError, load_simulator
+        from supervisor.sim.nvml import SimulatorConfigError, load_simulator
 
         try:
             return load_simulator(settings.simulate), None
@@ -212,7 +212,7 @@ def main(flags: Any, environ: Mapping[str, str]) -> int:
     import sys
 
     from common import logs
-    from common.config import EXIT_CONFIG_ERROR
+    from supervisor.config import EXIT_CONFIG_ERROR
 
     try:
         settings = load_label_settings(flags, environ)

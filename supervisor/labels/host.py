@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from common.nodefacts import NodeFacts
-from common.nvml import Nvml, NvmlCallError
 from supervisor.labels.rules import LabelConfig, LabelError, VgpuDevice, compute_labels
+from supervisor.node.facts import NodeFacts, facts_from_nvml
+from supervisor.node.nvml import Nvml, NvmlCallError
 
 log = logging.getLogger("gpuvisor.labels")
 
@@ -89,7 +89,7 @@ def read_node_facts(module: Any, sysfs_root: str | None, *, fail_on_init_error: 
         log.warning("NVML could not be initialised (%s): no GPU labels this time (--fail-on-init-error=false)", exc)
         return NodeFacts()
     try:
-        return nvml.node_facts()
+        return facts_from_nvml(nvml)
     finally:
         try:
             nvml.shutdown()

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Mapping
 from typing import TextIO
 
+from supervisor.host.rundir import write_atomic
 from supervisor.labels.rules import render
-from supervisor.rundir import write_atomic
 
 
 class OutputError(Exception):

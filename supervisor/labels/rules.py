@@ -2,7 +2,7 @@
 
 `compute_labels` gives the label set NVIDIA's `gpu-feature-discovery` v0.20.0 computes in its
 `internal/lm` package, rule for rule; each function below names the Go file it follows. Input is
-plain data (`common.nodefacts.NodeFacts`, the machine type string, the vGPU scan), output a
+plain data (`supervisor.node.facts.NodeFacts`, the machine type string, the vGPU scan), output a
 dict, so `gpuvisor labels` and the supervisor can share it and the tests can pin every rule.
 
 Where GFD's result depends on Go's random map order (several GPU models on one node, whose
@@ -17,8 +17,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.config import MIG_STRATEGIES, SharingConfig
-from common.nodefacts import PCI_CLASS_3D, PCI_CLASS_VGA, GpuFacts, MigFacts, NodeFacts
+from supervisor.config import MIG_STRATEGIES, SharingConfig
+from supervisor.node.facts import PCI_CLASS_3D, PCI_CLASS_VGA, GpuFacts, MigFacts, NodeFacts
 
 PREFIX = "nvidia.com"
 FULL_GPU = f"{PREFIX}/gpu"  # internal/lm/resource.go fullGPUResourceName

@@ -31,11 +31,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from common.config import golang
-from common.config.docs import settings_markdown
-from common.config.errors import ConfigError, Invalid, show
-from common.config.flags import add_go_arguments
-from common.config.loader import (
+from supervisor.config import golang
+from supervisor.config.docs import settings_markdown
+from supervisor.config.errors import ConfigError, Invalid, show
+from supervisor.config.flags import add_go_arguments
+from supervisor.config.loader import (
     FlagsArg,
     decode_file,
     ignored_notice,
@@ -43,8 +43,8 @@ from common.config.loader import (
     read_given,
     resolve_setting,
 )
-from common.config.sections import parse_resources, parse_sharing
-from common.config.settings import (
+from supervisor.config.sections import parse_resources, parse_sharing
+from supervisor.config.settings import (
     DISCOVERY_STRATEGIES,
     MIG_STRATEGIES,
     SETTINGS_BY_NAME,
@@ -52,7 +52,7 @@ from common.config.settings import (
     any_string,
     choice,
 )
-from common.config.yamlfile import read_config_file
+from supervisor.config.yamlfile import read_config_file
 from supervisor.labels.host import DEFAULT_MACHINE_TYPE_FILE
 from supervisor.labels.rules import LabelConfig, SharingView
 

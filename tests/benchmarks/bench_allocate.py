@@ -26,11 +26,11 @@ from typing import Any
 
 import grpc
 
-from common.config import config_from_data
-from common.kubelet_standin import KubeletStandin
 from common.kubeletapi import pb
 from common.kubeletapi.rpc import unix_target
-from common.planning import plan_resources
+from supervisor.config import config_from_data
+from supervisor.node.planning import plan_resources
+from supervisor.sim.kubelet import KubeletStandin
 from tests import nodes
 from tests.benchmarks.common import Row, Timer, p50, p99
 from tests.helpers import REPO, short_tmpdir

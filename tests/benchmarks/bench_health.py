@@ -13,8 +13,8 @@ from __future__ import annotations
 import threading
 import time
 
-from common.kubelet_standin import DeviceState
-from common.simulator import load_simulator
+from supervisor.sim.kubelet import DeviceState
+from supervisor.sim.nvml import load_simulator
 from tests.benchmarks.common import Row, p50, p99
 from tests.harness import SimNode
 

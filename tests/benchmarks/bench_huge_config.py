@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import time
 
-from common.config import ConfigError, config_from_data, parse_config_text
-from common.planning import PlanningError, plan_resources
+from supervisor.config import ConfigError, config_from_data, parse_config_text
+from supervisor.node.planning import PlanningError, plan_resources
 from tests import nodes
 from tests.benchmarks.common import Row, p50
-from tests.test_huge_configs import run_to_exit, time_slicing
+from tests.process.test_huge_configs import run_to_exit, time_slicing
 
 CASES = (("replicas 200000", 200_000), ("replicas 1e9", 1_000_000_000), ("replicas 10000 (5 MiB answer)", 10_000))
 

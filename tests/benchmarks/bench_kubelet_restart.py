@@ -18,8 +18,8 @@ import os
 import time
 from dataclasses import dataclass
 
-from common.kubelet_standin import Endpoint, KubeletStandin
-from supervisor.commands import CommandError
+from supervisor.control.commands import CommandError
+from supervisor.sim.kubelet import Endpoint, KubeletStandin
 from tests.benchmarks.common import Row, p50, percentile
 from tests.harness import SimNode
 from tests.helpers import wait_until

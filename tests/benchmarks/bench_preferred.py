@@ -16,11 +16,11 @@ import random
 
 import grpc
 
-from common.config import config_from_data
 from common.kubeletapi import pb
 from common.kubeletapi.rpc import DevicePluginClient, unix_target
 from common.model import Node, ResourcePlan
-from common.planning import plan_resources
+from supervisor.config import config_from_data
+from supervisor.node.planning import plan_resources
 from tests import nodes
 from tests.benchmarks.common import Row, Timer, p50
 from tests.helpers import short_tmpdir

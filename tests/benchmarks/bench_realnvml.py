@@ -1,6 +1,6 @@
 """Benchmark: the real NVML binding over NVIDIA's mock libnvidia-ml, beside the simulator's figures.
 
-- Discovery per mock profile: `common.nvml.Nvml.discover()` over the real `pynvml`, timed inside
+- Discovery per mock profile: `supervisor.node.nvml.Nvml.discover()` over the real `pynvml`, timed inside
   a child process per profile (the mock reads its profile at process start), after one nvmlInit;
   the simulator's dgx-h100 discovery is timed the same way in this process, for comparison.
 - Fault -> Unhealthy at the kubelet: `gpuvisor run` on the real binding (a100 profile), an XID 48
@@ -29,8 +29,8 @@ import time
 
 import yaml
 
-from common.nvml import Nvml
-from common.simulator import load_simulator
+from supervisor.node.nvml import Nvml
+from supervisor.sim.nvml import load_simulator
 from tests import mocknvml
 from tests.benchmarks.bench_health import Arrival
 from tests.benchmarks.common import Row, p50, p99

@@ -39,7 +39,7 @@ from typing import Any
 
 import psutil
 
-from common.kubelet_standin import KubeletStandin
+from supervisor.sim.kubelet import KubeletStandin
 from tests.harness import SimNode
 from tests.helpers import fill_filesystem, plant_stray, sockets_in, tmpfs_at, wait_until
 

@@ -4,7 +4,7 @@ common/kubeletapi/generate.py, for the second proto).
 Run from anywhere: `python -m common.kubeletapi.podresources.generate [OUT_DIR]`. Only the
 message module and its type stub are generated: the one call (List) is wired by method path in
 `common.kubeletapi.podresources` (typed), so no untyped `_grpc` module is needed.
-tests/test_allocations.py regenerates into a temp dir and checks the committed files match.
+tests/unit/test_allocations.py regenerates into a temp dir and checks the committed files match.
 """
 
 from __future__ import annotations

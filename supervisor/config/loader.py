@@ -1,0 +1,233 @@
+"""Resolving the config: flags, env vars and the config file into one `Config`.
+
+Precedence is NVIDIA's (`api/config/v1/flags.go` updateFromCLIFlag): a flag, or else an env var
+(urfave/cli counts an env var as setting the flag), wins over the file, which wins over the
+default. The first env var of a setting that is present wins even when empty, and empty means
+what urfave/cli makes of it: "" for a string, false for a boolean, [""] for a list (not a valid
+strategy), unset for the IMEX channel list. gpuvisor's own settings treat an empty env var as
+unset instead (Kubernetes manifests often template empty values), except the metrics address.
+
+Then come NVIDIA's checks of the whole (`main.go` validateFlags: MPS needs an MPS root and no
+`mixed` MIG strategy) and `config.go`'s fix-ups (an empty dev root is the driver root). Every
+bad input is one ConfigError; nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor.config import nvidia
+from supervisor.config.errors import ConfigError, Invalid, kind, show
+from supervisor.config.flags import FLAG_FORMS, IGNORED_ARGS, decode_text
+from supervisor.config.model import Config
+from supervisor.config.sections import parse_health, parse_resources, parse_sharing
+from supervisor.config.settings import SETTINGS, SETTINGS_BY_NAME, Setting
+from supervisor.config.yamlfile import read_config_file
+
+CONFIG_VERSION = "v1"
+FlagsArg = argparse.Namespace | Mapping[str, object] | None
+
+
+@dataclass
+class Given:
+    """What the command line set (raw or typed values by setting name) and how it was written."""
+
+    values: dict[str, object] = field(default_factory=dict)
+    forms: dict[str, str] = field(default_factory=dict)
+    ignored: list[str] = field(default_factory=list)
+
+
+def read_given(flags: FlagsArg, settings: Sequence[Setting] = SETTINGS) -> Given:
+    """The values `flags` holds for `settings` (an argparse Namespace or a mapping by setting name)."""
+    if flags is None:
+        return Given()
+    names = {s.name for s in settings}
+    raw = dict(vars(flags)) if isinstance(flags, argparse.Namespace) else dict(flags)
+    forms = raw.get(FLAG_FORMS)
+    ignored = raw.get(IGNORED_ARGS)
+    return Given(
+        values={k: v for k, v in raw.items() if k in names and v is not None},
+        forms=dict(forms) if isinstance(forms, Mapping) else {},
+        ignored=[str(a) for a in ignored] if isinstance(ignored, list | tuple) else [],
+    )
+
+
+def _checked(setting: Setting, value: object, source: str, key: str) -> Any:
+    try:
+        return setting.check(value)
+    except Invalid as exc:
+        raise ConfigError(source, key + exc.at, exc.reason) from None
+
+
+def _from_env(setting: Setting, raw: str, origin: str) -> tuple[bool, Any]:
+    """(set, value) for an env var that is present, by urfave/cli's rules for NVIDIA's settings."""
+    if setting.gpuvisor:
+        if raw == "" and not setting.env_empty_is_value:
+            return False, None
+        return True, _checked(setting, decode_text(setting, raw), origin, "")
+    if raw == "":
+        if setting.kind in ("ints", "int", "float", "duration"):
+            return False, None  # IntSliceFlag's, IntFlag's, Float64Flag's and GenericFlag's Apply ignore ""
+        empty: object = {"bool": False, "strings": [""], "string": ""}[setting.kind]
+        return True, _checked(setting, empty, origin, "")
+    try:
+        value = decode_text(setting, raw)
+    except Invalid as exc:
+        raise ConfigError(origin, "", exc.reason) from None
+    return True, _checked(setting, value, origin, "")
+
+
+def resolve_setting(
+    setting: Setting, given: Given, environ: Mapping[str, str], tree: Mapping[str, Any], own: Mapping[str, Any], source: str
+) -> tuple[Any, str]:
+    """(value, where it came from), by precedence flag > env var > file > default.
+
+    `tree` is NVIDIA's part of the file (`decode_file`), `own` its `gpuvisor:` section (`own_section`).
+    """
+    if setting.name in given.values:
+        form = given.forms.get(setting.name) or (setting.flags[0] if setting.flags else setting.name)
+        origin = f"flag {form}" if setting.flags else f"argument {setting.name}"
+        try:
+            value = decode_text(setting, given.values[setting.name])
+        except Invalid as exc:
+            raise ConfigError(origin, "", exc.reason) from None
+        return _checked(setting, value, origin, ""), origin
+    for var in setting.envs:
+        if var in environ:
+            origin = f"env {var}"
+            is_set, value = _from_env(setting, environ[var], origin)
+            if is_set:
+                return value, origin
+            break  # urfave/cli looks no further than the first env var present
+    if setting.file_key is not None:
+        if setting.gpuvisor:
+            raw = own.get(setting.file_key.split(".", 1)[1])
+        else:
+            raw = nvidia.lookup(tree, setting.file_key)
+        if raw is not None:
+            return _checked(setting, raw, source, setting.file_key), f"file {setting.file_key}"
+    return setting.default, "default"
+
+
+def decode_file(data: object, source: str) -> tuple[Mapping[str, Any], dict[str, Any], list[str]]:
+    """The file's top level, NVIDIA's part of it decoded (`nvidia.decode`) and the keys NVIDIA
+    does not know; the version checked as NVIDIA's parseConfigFrom checks it. `data` None is no file."""
+    if data is not None and not isinstance(data, Mapping):
+        raise ConfigError(source, "", f"the config file must be a mapping, not {kind(data)}")
+    root: Mapping[str, Any] = data or {}
+    tree, unknown = nvidia.decode(root, source)
+    version = tree.get("version", "")
+    if version not in ("", CONFIG_VERSION):
+        raise ConfigError(source, "version", f"unsupported config version {show(version)}: only v1 is supported")
+    return root, tree, unknown
+
+
+def own_section(root: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """The top-level `gpuvisor:` section (NVIDIA's plugin ignores it); exact key names."""
+    own = root.get(nvidia.OWN_SECTION)
+    if own is None:
+        return {}
+    if not isinstance(own, Mapping):
+        raise ConfigError(source, nvidia.OWN_SECTION, f"this section must be a mapping, not {kind(own)}")
+    return own
+
+
+def _own_unknown(own: Mapping[str, Any], unknown: list[str]) -> None:
+    known = {s.file_key.split(".", 1)[1] for s in SETTINGS if s.gpuvisor and s.file_key} | {"health"}
+    unknown.extend(f"gpuvisor.{k}" for k in own if k not in known)
+    health = own.get("health")
+    if isinstance(health, Mapping):
+        unknown.extend(f"gpuvisor.health.{k}" for k in health if k not in ("xids", "transientQuietSeconds"))
+
+
+def _check_whole(config_values: Mapping[str, Any], strategy: str, source: str) -> None:
+    """main.go validateFlags, for what spans several settings."""
+    if strategy != "mps":
+        return
+    if config_values["mig_strategy"] == "mixed":
+        raise ConfigError(source, "sharing.mps", "MPS sharing is not supported with the mixed MIG strategy")
+    if not config_values["mps_root"]:
+        raise ConfigError(source, "sharing.mps", "MPS sharing needs an MPS root: set flags.mpsRoot, --mps-root or MPS_ROOT")
+
+
+def ignored_notice(given: Given) -> list[str]:
+    """The notice for arguments the flag syntax ignored (none when there were none)."""
+    if not given.ignored:
+        return []
+    return [
+        "command-line arguments from the first one that is not a flag are ignored, as NVIDIA's binaries ignore them "
+        f"(a boolean flag takes no separate value: write --flag=false): {' '.join(map(show, given.ignored))}"
+    ]
+
+
+def _notices(given: Given, values: Mapping[str, Any]) -> list[str]:
+    notices = ignored_notice(given)
+    for name in ("cdi_feature_flags", "cdi_disable_hooks"):
+        if values[name]:
+            flag = SETTINGS_BY_NAME[name].flags[0]
+            notices.append(
+                f"{flag} {','.join(values[name])}: accepted, but gpuvisor writes its own CDI spec (device nodes only, "
+                "no hooks), which it does not change, and does not pass it to nvidia-ctk"
+            )
+    return notices
+
+
+def load_config(flags: FlagsArg, environ: Mapping[str, str]) -> Config:
+    """Resolve the config from parsed flags (an argparse Namespace from `add_run_arguments`'s
+    parser, or a mapping of setting name to value), the environment and the file it names.
+
+    Call it again to reload: the file is re-read each time. Raises ConfigError.
+    """
+    given = read_given(flags)
+    path, _ = resolve_setting(SETTINGS_BY_NAME["config_file"], given, environ, {}, {}, "")
+    data: object = read_config_file(path) if path else None
+    return config_from_data(data, flags=flags, environ=environ, source=path or "<no config file>")
+
+
+def config_from_data(
+    data: object,
+    *,
+    flags: FlagsArg = None,
+    environ: Mapping[str, str] | None = None,
+    source: str = "<config>",
+) -> Config:
+    """Resolve the config from already-parsed file contents (`data`, None for no file).
+
+    `source` names the file in errors. Raises ConfigError for any bad input, never another error.
+    """
+    given = read_given(flags)
+    env = environ if environ is not None else {}
+    root, tree, unknown = decode_file(data, source)
+    own = own_section(root, source)
+    _own_unknown(own, unknown)
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        values[setting.name], sources[setting.name] = resolve_setting(setting, given, env, tree, own, source)
+    if values["driver_root"] == "":
+        # NVIDIA only ever joins paths onto it (Go's filepath.Join: "" adds nothing, as "/"), so
+        # "" is "/"; gpuvisor's os.path.join would make paths relative instead.
+        values["driver_root"] = "/"
+    if values["dev_root"] == "":  # config.go: an empty dev root is the driver root
+        values["dev_root"] = values["driver_root"]
+        if sources["dev_root"] == "default":
+            sources["dev_root"] = "default (the driver root)"
+
+    notices = _notices(given, values)
+    resources = parse_resources(tree.get("resources"), source, unknown)
+    sharing = parse_sharing(tree.get("sharing"), source, unknown, notices)
+    health = parse_health(own.get("health"), source)
+    _check_whole(values, sharing.strategy, source)
+    return Config(
+        **values,
+        resources=resources,
+        sharing=sharing,
+        health=health,
+        sources=tuple(sources.items()),
+        unknown_keys=tuple(unknown),
+        notices=tuple(notices),
+    )

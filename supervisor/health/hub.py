@@ -1,0 +1,285 @@
+"""Health on the supervisor's side of the wire: the book, the NVML monitor, and the publisher.
+
+The `HealthBook` is the truth about every device's health; the `HealthMonitor` thread turns NVML
+events and probes into findings (supervisor/health/findings.py); this hub applies them to the
+book on the main loop and publishes every change batch on the PUB socket (`health.sock`), with
+beacons that let a worker notice a lost last delta, and answers workers' snapshot requests.
+Each NVML event is one log line with the policy's decision (supervisor/health/eventlog.py,
+bursts summarised); each other change batch is one log line; both are counted in the metrics,
+and the device gauges follow them.
+
+Until NVML is up there is no book: snapshots are refused and nothing is published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+
+from common.messages import MAX_MESSAGE_BYTES, HealthBeacon, HealthSnapshot, Json, encode
+from common.model import Node, ResourcePlan
+from supervisor.health.book import ChangeBatch, HealthBook
+from supervisor.health.eventlog import EventLog, HealthEvent
+from supervisor.health.findings import Ecc, Finding, Unattributed, Xid, apply_finding
+from supervisor.health.monitor import HealthMonitor
+from supervisor.health.policy import Action, HealthPolicy
+from supervisor.observe.metrics import Metrics
+from supervisor.scheduler import Clock
+
+log = logging.getLogger("gpuvisor.supervisor")
+
+
+class HealthHub:
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        policy: HealthPolicy,
+        metrics: Metrics,
+        clock: Clock,
+        epoch: str,
+        post: Callable[[Callable[[], None]], None],
+    ) -> None:
+        self.endpoint = endpoint
+        self.policy = policy
+        self.metrics = metrics
+        self.clock = clock
+        self.epoch = epoch  # one supervisor life: workers never mix two lives' sequences
+        self.post = post  # runs a call on the main loop (from the monitor thread)
+        self.book: HealthBook | None = None
+        self.node: Node | None = None
+        self.monitor: HealthMonitor | None = None
+        self.pub: zmq.Socket[bytes] | None = None
+        self.events = EventLog()
+
+    # ------------------------------------------------------------------ lifecycle
+    def open(self) -> None:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, 100_000)
+        pub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        pub.bind(self.endpoint)
+        self.pub = pub
+
+    def start(
+        self, *, nvml_module: Any, node: Node, plans: Mapping[str, ResourcePlan], probe_interval: float
+    ) -> None:
+        """NVML is up: the book for these plans, one synchronous probe of every GPU (devices
+        already bad are Unhealthy in the first list the kubelet sees), then the monitor thread."""
+        self.node = node
+        self.book = HealthBook(plans, self.policy, self.clock.time())
+        self.monitor = HealthMonitor(
+            nvml_module,
+            node,
+            self.policy,
+            self._report,
+            probe_interval=probe_interval,
+            on_error=self.metrics.nvml_error,
+        )
+        for finding in self.monitor.initial_probe():
+            self.apply(finding)
+        self.monitor.start()
+
+    def stop(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.pub is not None:
+            self.pub.close(0)
+            self.pub = None
+
+    # ------------------------------------------------------------------ changes
+    def _report(self, finding: Finding) -> None:
+        """The monitor thread's finding: applied on the main loop, the book's one writer."""
+        self.post(functools.partial(self.apply, finding))
+
+    def apply(self, finding: Finding) -> None:
+        """Apply one finding of the monitor to the book (on the main loop), log it and publish."""
+        if self.book is None:
+            return
+        now = self.clock.time()
+        batch = apply_finding(self.book, finding, now)
+        event = self._event(finding)
+        if event is not None:  # an NVML event: its own line says what was decided
+            self.events.record(event, len(batch), batch.resources, now)
+        self.publish(batch, logged=event is not None)
+
+    def _event(self, finding: Finding) -> HealthEvent | None:
+        match finding:
+            case Xid(gpu_uuid, xid, gi, ci):
+                action = self.policy.classify_xid(xid)
+                return HealthEvent(
+                    gpu_uuid,
+                    gi,
+                    ci,
+                    f"XID {xid}",
+                    self.policy.explain_xid(xid),
+                    unhealthy=action is not Action.IGNORE,
+                    fields=(("xid", xid), ("action", action.value)),
+                )
+            case Ecc(gpu_uuid, kind, gi, ci):
+                action = self.policy.classify_ecc(kind)
+                return HealthEvent(
+                    gpu_uuid,
+                    gi,
+                    ci,
+                    f"{kind.value} ECC error",
+                    self.policy.explain_ecc(kind),
+                    unhealthy=action is not Action.IGNORE,
+                    fields=(("ecc", kind.value), ("action", action.value)),
+                )
+            case Unattributed(event_type, data):
+                return HealthEvent(
+                    "an unknown GPU", None, None, f"NVML event type 0x{event_type:x} (data {data})",
+                    "ignored: NVML named no GPU it can tell", unhealthy=False, odd=True,
+                )
+            case _:
+                return None
+
+    def tick(self) -> None:
+        """Transient conditions whose quiet period is over recover; held event lines are summarised."""
+        now = self.clock.time()
+        self.events.flush(now)
+        if self.book is not None:
+            self.publish(self.book.tick(now))
+
+    def publish(self, batch: ChangeBatch, *, logged: bool = False) -> None:
+        """Log one change batch as one line (unless its event's line did), count it, and publish
+        it to the workers."""
+        # Ignored XIDs count too (an empty batch that names its XID).
+        self.metrics.health_batch(((c.resource, c.device_id, c.healthy) for c in batch.changes), batch.xid)
+        if not batch:
+            return
+        healthy = all(c.healthy for c in batch.changes)
+        if not logged:
+            log.log(
+                logging.INFO if healthy else logging.WARNING,
+                "health %s: %s on %s -> %d device(s) %s in %s%s",
+                batch.cause,
+                f"XID {batch.xid}" if batch.xid is not None else "condition",
+                batch.gpu_uuid or "all GPUs",
+                len(batch.changes),
+                "Healthy" if healthy else "Unhealthy",
+                ", ".join(batch.resources),
+                f" (action {batch.action.value})" if batch.action is not None else "",
+                extra={
+                    "device": batch.gpu_uuid,
+                    "xid": batch.xid,
+                    "action": batch.action.value if batch.action else None,
+                },
+            )
+        if self.pub is not None:
+            self.pub.send_multipart(encode(batch.to_delta(self.epoch), seq=batch.seq))
+        self.update_gauges(batch.resources)
+
+    def beacon(self) -> None:
+        if self.book is not None and self.pub is not None:
+            seq = self.book.seq
+            self.pub.send_multipart(encode(HealthBeacon(seq=seq, epoch=self.epoch), seq=seq))
+
+    def snapshot(self, resource: str) -> HealthSnapshot | None:
+        """The health of a planned resource's devices, or None without a book or plan."""
+        if self.book is None or resource not in self.book.resources:
+            return None
+        seq, devices = self.book.snapshot(resource)
+        return HealthSnapshot(seq=seq, resource=resource, devices=tuple(devices), epoch=self.epoch)
+
+    def set_plans(self, plans: Mapping[str, ResourcePlan]) -> None:
+        """The plans changed; the caller updates the device gauges once it has applied them all."""
+        if self.book is not None:
+            self.publish(self.book.set_plans(plans, self.clock.time()))
+
+    def set_node(self, node: Node) -> None:
+        if node == self.node:
+            return
+        self.node = node
+        if self.monitor is not None:
+            self.monitor.set_node(node)
+
+    def set_policy(self, policy: HealthPolicy) -> None:
+        """A reloaded `gpuvisor.health` (or DP_*_HEALTHCHECKS): new events and recoveries follow it."""
+        self.policy = policy
+        if self.book is not None:
+            self.book.set_policy(policy)
+        if self.monitor is not None:
+            self.monitor.policy = policy
+            if policy.checks_enabled and not self.monitor.running:
+                with contextlib.suppress(RuntimeError):  # a thread runs once; it was never started
+                    self.monitor.start()
+        log.info("health policy changed: %s", policy.describe())
+
+    def set_probe_interval(self, seconds: float) -> None:
+        if self.monitor is not None:
+            self.monitor.probe_interval = seconds
+
+    def gpu_reset(self, uuid: str) -> None:
+        """A GPU was reset: clear its until-reset conditions (MIG UUIDs map to their GPU)."""
+        if self.book is None or self.node is None:
+            return
+        gpu_uuid = uuid
+        for gpu in self.node.gpus:
+            if any(m.uuid == uuid for m in gpu.mig_devices):
+                gpu_uuid = gpu.uuid
+        self.publish(self.book.mark_reset(gpu_uuid, self.clock.time()))
+
+    def mark_external(self, gpu_uuids: set[str], name: str, reason: str) -> None:
+        """An outside condition (an MPS daemon down) makes these GPUs' devices Unhealthy."""
+        if self.book is not None:
+            self.publish(self.book.mark_external(gpu_uuids, name, reason, self.clock.time()))
+
+    def clear_external(self, name: str, gpu_uuids: set[str] | None = None) -> None:
+        if self.book is not None:
+            self.publish(self.book.clear_external(name, self.clock.time(), gpu_uuids))
+
+    def external_holders(self) -> dict[str, set[str]]:
+        """GPU UUIDs under each outside condition, by condition name."""
+        holding: dict[str, set[str]] = {}
+        for cond in self.book.conditions() if self.book is not None else []:
+            holding.setdefault(cond.name, set()).add(cond.gpu_uuid)
+        return holding
+
+    def update_gauges(self, resources: tuple[str, ...] | None = None) -> None:
+        if self.book is None:
+            return
+        planned = self.book.resources
+        for resource in planned if resources is None else resources:
+            if resource in planned:
+                _seq, devices = self.book.snapshot(resource)
+                healthy = sum(1 for d in devices if d.healthy)
+                self.metrics.set_devices(resource, healthy, len(devices) - healthy)
+
+    # ------------------------------------------------------------------ views
+    def resources_view(self) -> dict[str, Json]:
+        out: dict[str, Json] = {}
+        for resource in self.book.resources if self.book is not None else ():
+            _seq, devices = self.book.snapshot(resource) if self.book is not None else (0, [])
+            out[resource] = [
+                {
+                    "id": d.device_id,
+                    "health": "Healthy" if d.healthy else "Unhealthy",
+                    "reason": d.reason,
+                    "since": d.since,
+                }
+                for d in devices
+            ]
+        return out
+
+    def conditions_view(self) -> list[Json]:
+        return [
+            {
+                "gpu": c.gpu_uuid,
+                "gpu_instance": c.gi,
+                "compute_instance": c.ci,
+                "name": c.name,
+                "recovery": c.recovery.value,
+                "reason": c.reason,
+                "since": c.since,
+                "last_event": c.last_event,
+            }
+            for c in (self.book.conditions() if self.book is not None else [])
+        ]

@@ -1,0 +1,363 @@
+"""Which health events make a device unhealthy, and for how long: a pure policy (no NVML, no I/O).
+
+Inputs: NVIDIA's defaults, NVIDIA's two environment variables, and the user's per-XID action table
+from the config file. Output: an `Action` per XID and per ECC event kind.
+
+Actions
+-------
+- `ignore`: the event changes nothing.
+- `transient`: the device is unhealthy, and healthy again once no new event came for the quiet
+  period AND a health probe passed after the last event.
+- `until-reset`: the device is unhealthy until the GPU is reset, or re-appears after being lost.
+
+NVIDIA v0.20.0 semantics of the environment variables (read from its `internal/rm/health.go`
+and its tests), and what gpuvisor does
+------------------------------------------------------------------------------------------------
+Both values are lower-cased, split on commas and trimmed; empty items are skipped; items that
+are not a non-negative integer are skipped with a log line (gpuvisor: same, listed in
+`HealthPolicy.warnings`; it also skips `0`, which is no XID).
+
+- Default ignored XIDs: 13, 31, 43, 45, 68, 109 (application errors).
+- `DP_DISABLE_HEALTHCHECKS=all` or `=xids` (either anywhere in the list): no health checks at all;
+  `xids` is a plain alias of `all` in NVIDIA's code. gpuvisor: `checks_enabled` is False and
+  every event is ignored.
+- `DP_DISABLE_HEALTHCHECKS=<list>`: those XIDs are ignored in addition to the defaults.
+- `DP_ENABLE_HEALTHCHECKS=<list>`: those XIDs count even if ignored by default or by the disable
+  list (enable wins). gpuvisor: also wins over an `ignore` in the user table.
+- `DP_ENABLE_HEALTHCHECKS=all` (or `xids`): every XID counts, the default-ignored ones too, even
+  with `DP_DISABLE_HEALTHCHECKS=all`.
+- `DP_DISABLE_HEALTHCHECKS=all` with `DP_ENABLE_HEALTHCHECKS=<list>`: NVIDIA documents that this
+  selects just those XIDs, but its code returns before any check runs, so nothing is checked.
+  gpuvisor follows the documented intent: only the listed XIDs count, nothing else (no ECC).
+- ECC events: NVIDIA registers single- and double-bit ECC events but skips every event that is
+  not an XID, so neither takes a device out by itself (a DBE also raises XID 48, which does).
+  gpuvisor: a double-bit ECC event is `until-reset` (the same condition XID 48 would set); a
+  single-bit one is `ignore` (the hardware corrected it; a high SBE rate comes as XID 92).
+
+An XID that counts takes its action from, in order: the user table (a non-`ignore` entry), the
+default table below, else the unknown-XID action. An XID enabled by `DP_ENABLE_HEALTHCHECKS`
+whose table entry is `ignore` takes the unknown-XID action.
+
+Unknown XIDs (in no table and not ignored): `until-reset` by default. NVIDIA marks the device
+unhealthy for good; gpuvisor keeps that severity, because an XID nobody classified may well be a
+hardware fault and a probe cannot prove otherwise, but a reset or re-appearance recovers it.
+The config can map any XID, and `unknown_action` changes the fallback.
+
+Default table (grounded in NVIDIA's XID documentation: docs.nvidia.com/deploy/xid-errors, its
+Xid catalog for Ampere and newer, the dynamic page retirement and A100 memory error management
+guides; "catalog bucket" is the catalog's immediate-action bucket as we read it: the catalog
+spreadsheet is the authority, re-check this column against it when the table changes)
+------------------------------------------------------------------------------------------------
+| XID | meaning | catalog bucket | gpuvisor | why |
+| --- | --- | --- | --- | --- |
+| 13 | Graphics engine exception | RESTART_APP | ignore | NVIDIA default-ignored: application error |
+| 31 | GPU memory page fault | RESTART_APP | ignore | NVIDIA default-ignored: application error |
+| 43 | GPU stopped processing | RESTART_APP | ignore | NVIDIA default-ignored: application error |
+| 45 | Preemptive cleanup after previous errors | IGNORE | ignore | NVIDIA default-ignored: follows another error |
+| 68 | Video processor (NVDEC) exception | RESTART_APP | ignore | NVIDIA default-ignored |
+| 109 | Context switch timeout | RESTART_APP | ignore | NVIDIA default-ignored |
+| 48 | Double-bit ECC error (DBE) | RESET_GPU | until-reset | uncorrectable memory error; page retirement / row remap takes effect only after a reset |
+| 63 | ECC page retirement or row remapping recorded | RESET_GPU at convenience | transient | a remap is pending for the next reset; NVIDIA's A100 guide: unaffected and new work can keep running |
+| 64 | ECC page retirement or row remapping failed | RESET_GPU | until-reset | the bad memory could not be isolated; reset, likely RMA |
+| 74 | NVLink error | RESET_GPU | until-reset | link faults persist until the GPU (and its peers) are reset |
+| 79 | GPU has fallen off the bus | RESET_GPU / reboot | until-reset | GPU unreachable; also reported as lost, recovers when NVML sees it again |
+| 92 | High single-bit ECC error rate | not a reset | transient | SBEs are corrected; a burst hints at failing memory, so keep new pods off until it calms down and a probe passes |
+| 94 | Contained ECC error | RESTART_APP | transient | only the application that touched the bad memory is hit; new work may run (NVIDIA #1014: must not take GPUs out) |
+| 95 | Uncontained ECC error | RESET_GPU | until-reset | every application on the GPU is affected; a reset is needed |
+| 119 | GSP RPC timeout | RESET_GPU | until-reset | the GPU System Processor stopped answering |
+| 120 | GSP error | RESET_GPU | until-reset | GSP firmware fault |
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from supervisor.config import Config
+
+DISABLE_ENV = "DP_DISABLE_HEALTHCHECKS"
+ENABLE_ENV = "DP_ENABLE_HEALTHCHECKS"
+
+DEFAULT_QUIET_SECONDS = 60.0
+# The settings the policy is made of: a reload that changes none of them keeps the policy.
+HEALTH_SETTINGS = ("disable_healthchecks", "enable_healthchecks", "health")
+
+
+class PolicyError(ValueError):
+    """A health policy setting is invalid; the text names the setting, the value and the reason."""
+
+
+class Action(StrEnum):
+    IGNORE = "ignore"
+    TRANSIENT = "transient"
+    UNTIL_RESET = "until-reset"
+
+
+class EccKind(StrEnum):
+    SINGLE_BIT = "single-bit"
+    DOUBLE_BIT = "double-bit"
+
+
+@dataclass(frozen=True)
+class XidRule:
+    action: Action
+    reason: str
+
+
+# NVIDIA v0.20.0 ignores these by default (application errors).
+NVIDIA_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+DEFAULT_XID_RULES: Mapping[int, XidRule] = {
+    13: XidRule(Action.IGNORE, "graphics engine exception"),
+    31: XidRule(Action.IGNORE, "GPU memory page fault"),
+    43: XidRule(Action.IGNORE, "GPU stopped processing"),
+    45: XidRule(Action.IGNORE, "preemptive cleanup, due to previous errors"),
+    68: XidRule(Action.IGNORE, "video processor exception"),
+    109: XidRule(Action.IGNORE, "context switch timeout"),
+    48: XidRule(Action.UNTIL_RESET, "double-bit ECC error"),
+    63: XidRule(Action.TRANSIENT, "ECC page retirement or row remapping recorded"),
+    64: XidRule(Action.UNTIL_RESET, "ECC page retirement or row remapping failure"),
+    74: XidRule(Action.UNTIL_RESET, "NVLink error"),
+    79: XidRule(Action.UNTIL_RESET, "GPU has fallen off the bus"),
+    92: XidRule(Action.TRANSIENT, "high single-bit ECC error rate"),
+    94: XidRule(Action.TRANSIENT, "contained ECC error"),
+    95: XidRule(Action.UNTIL_RESET, "uncontained ECC error"),
+    119: XidRule(Action.UNTIL_RESET, "GSP RPC timeout"),
+    120: XidRule(Action.UNTIL_RESET, "GSP error"),
+}
+
+_ECC_DEFAULTS: Mapping[EccKind, Action] = {
+    EccKind.SINGLE_BIT: Action.IGNORE,
+    EccKind.DOUBLE_BIT: Action.UNTIL_RESET,
+}
+
+
+@dataclass(frozen=True)
+class _EnvList:
+    """One parsed DP_* value: `all` (or `xids`), or a set of XIDs."""
+
+    everything: bool
+    xids: frozenset[int]
+    warnings: tuple[str, ...]
+
+
+def _parse_env(name: str, value: str | None) -> _EnvList:
+    if value is None:
+        return _EnvList(False, frozenset(), ())
+    xids: set[int] = set()
+    warnings: list[str] = []
+    for item in value.lower().split(","):
+        text = item.strip()
+        if text in ("all", "xids"):
+            # As NVIDIA: `all`/`xids` anywhere makes the whole value mean everything.
+            return _EnvList(True, frozenset(), ())
+        if not text:
+            continue
+        if not (text.isascii() and text.isdigit()) or int(text) == 0:
+            warnings.append(f"{name}: ignoring {text!r}: not an XID (a positive integer, 'all' or 'xids')")
+            continue
+        xids.add(int(text))
+    return _EnvList(False, frozenset(xids), tuple(warnings))
+
+
+def _parse_action(xid: object, value: object) -> Action:
+    if isinstance(value, Action):
+        return value
+    text = str(value).strip().lower() if isinstance(value, str) else None
+    for action in Action:
+        if text == action.value:
+            return action
+    allowed = ", ".join(a.value for a in Action)
+    raise PolicyError(f"health XID action for XID {xid}: {value!r} is not one of {allowed}")
+
+
+def _parse_xid_key(key: object) -> int:
+    if isinstance(key, bool):
+        raise PolicyError(f"health XID action key {key!r} is not an XID (a positive integer)")
+    if isinstance(key, int):
+        xid = key
+    elif isinstance(key, str) and key.strip().isascii() and key.strip().isdigit():
+        xid = int(key.strip())
+    else:
+        raise PolicyError(f"health XID action key {key!r} is not an XID (a positive integer)")
+    if xid <= 0:
+        raise PolicyError(f"health XID action key {key!r} is not an XID (a positive integer)")
+    return xid
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    """The merged policy. Build it with `from_settings`; ask it with `classify_xid`/`classify_ecc`."""
+
+    checks_enabled: bool = True
+    quiet_seconds: float = DEFAULT_QUIET_SECONDS
+    rules: Mapping[int, XidRule] = field(default_factory=lambda: dict(DEFAULT_XID_RULES))
+    env_ignored: frozenset[int] = frozenset()  # DP_DISABLE_HEALTHCHECKS=<list>
+    env_enabled: frozenset[int] = frozenset()  # DP_ENABLE_HEALTHCHECKS=<list>
+    enable_all: bool = False  # DP_ENABLE_HEALTHCHECKS=all
+    only_enabled: bool = False  # DP_DISABLE_HEALTHCHECKS=all with an enable list
+    unknown_action: Action = Action.UNTIL_RESET
+    warnings: tuple[str, ...] = ()
+    disable_env: str | None = None
+    enable_env: str | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        disable_env: str | None,
+        enable_env: str | None,
+        xid_actions: Mapping[int, str] | Mapping[int, Action] | Mapping[str, str],
+        quiet_seconds: float,
+        *,
+        unknown_action: str | Action = Action.UNTIL_RESET,
+    ) -> HealthPolicy:
+        """Merge defaults, the user's table (xid -> action) and the DP_* env values (None: unset)."""
+        if isinstance(quiet_seconds, bool) or not isinstance(quiet_seconds, int | float):
+            raise PolicyError(f"health quiet period: {quiet_seconds!r} is not a number of seconds")
+        if not math.isfinite(quiet_seconds) or quiet_seconds < 0:
+            raise PolicyError(f"health quiet period: {quiet_seconds!r} must be a finite number >= 0")
+        fallback = _parse_action("(unknown)", unknown_action)
+        if fallback is Action.IGNORE:
+            raise PolicyError("health unknown-XID action: 'ignore' would hide every unclassified fault")
+
+        rules: dict[int, XidRule] = dict(DEFAULT_XID_RULES)
+        for key, value in xid_actions.items():
+            xid = _parse_xid_key(key)
+            action = _parse_action(xid, value)
+            default = DEFAULT_XID_RULES.get(xid)
+            reason = default.reason if default is not None else "XID not in gpuvisor's table"
+            rules[xid] = XidRule(action, reason)
+
+        disabled = _parse_env(DISABLE_ENV, disable_env)
+        enabled = _parse_env(ENABLE_ENV, enable_env)
+        warnings = disabled.warnings + enabled.warnings
+        checks_enabled = True
+        only_enabled = False
+        if disabled.everything and not enabled.everything:
+            if enabled.xids:
+                only_enabled = True
+            else:
+                checks_enabled = False
+        return cls(
+            checks_enabled=checks_enabled,
+            quiet_seconds=float(quiet_seconds),
+            rules=rules,
+            env_ignored=disabled.xids,
+            env_enabled=enabled.xids,
+            enable_all=enabled.everything,
+            only_enabled=only_enabled,
+            unknown_action=fallback,
+            warnings=warnings,
+            disable_env=disable_env,
+            enable_env=enable_env,
+        )
+
+    @classmethod
+    def from_config(cls, config: Config) -> HealthPolicy:
+        """The policy a config asks for (`gpuvisor.health`, DP_*_HEALTHCHECKS); raises PolicyError
+        for what the policy refuses."""
+        return cls.from_settings(
+            disable_env=",".join(config.disable_healthchecks) or None,
+            enable_env=",".join(config.enable_healthchecks) or None,
+            xid_actions=config.health.xid_actions(),
+            quiet_seconds=config.health.transient_quiet_seconds,
+        )
+
+    def _counted_action(self, xid: int) -> Action:
+        """The action for an XID the env vars force to count: never `ignore`."""
+        rule = self.rules.get(xid)
+        if rule is not None and rule.action is not Action.IGNORE:
+            return rule.action
+        return self.unknown_action
+
+    def classify_xid(self, xid: int) -> Action:
+        if not self.checks_enabled:
+            return Action.IGNORE
+        if self.only_enabled:
+            return self._counted_action(xid) if xid in self.env_enabled else Action.IGNORE
+        if self.enable_all or xid in self.env_enabled:
+            return self._counted_action(xid)
+        if xid in self.env_ignored:
+            return Action.IGNORE
+        rule = self.rules.get(xid)
+        return rule.action if rule is not None else self.unknown_action
+
+    def classify_ecc(self, kind: EccKind | str) -> Action:
+        try:
+            ecc = EccKind(kind)
+        except ValueError:
+            allowed = ", ".join(k.value for k in EccKind)
+            raise PolicyError(f"ECC event kind {kind!r} is not one of {allowed}") from None
+        if not self.checks_enabled or self.only_enabled:
+            return Action.IGNORE
+        return _ECC_DEFAULTS[ecc]
+
+    def explain_xid(self, xid: int) -> str:
+        """The decision on an XID event in words, for its log line: what it does and why."""
+        action = self.classify_xid(xid)
+        if action is not Action.IGNORE:
+            return self.explain(action)
+        if not self.checks_enabled:
+            return f"ignored: health checks are disabled ({DISABLE_ENV})"
+        if self.only_enabled:
+            return f"ignored: not in {ENABLE_ENV}"
+        rule = self.rules.get(xid)
+        if rule is None or rule.action is not Action.IGNORE:
+            return f"ignored: listed in {DISABLE_ENV}"
+        if DEFAULT_XID_RULES.get(xid) == rule:
+            return f"ignored as an application error ({rule.reason})"
+        return "ignored by the config (gpuvisor.health.xids)"
+
+    def explain_ecc(self, kind: EccKind) -> str:
+        """The decision on an ECC event in words, for its log line."""
+        action = self.classify_ecc(kind)
+        if action is not Action.IGNORE:
+            return self.explain(action)
+        if not self.checks_enabled:
+            return f"ignored: health checks are disabled ({DISABLE_ENV})"
+        if self.only_enabled:
+            return f"ignored: not in {ENABLE_ENV}"
+        return "ignored: corrected by the hardware (a high rate arrives as XID 92)"
+
+    def explain(self, action: Action) -> str:
+        """What an action does to a device, in words."""
+        if action is Action.TRANSIENT:
+            return f"Unhealthy, transient: recovering after {self.quiet_seconds:g}s without a new event and a passing probe"
+        if action is Action.UNTIL_RESET:
+            return "Unhealthy until the GPU is reset"
+        return "ignored"
+
+    def reason_for_xid(self, xid: int) -> str:
+        """A short text for logs and device health: `XID 79: GPU has fallen off the bus`."""
+        rule = self.rules.get(xid)
+        return f"XID {xid}: {rule.reason}" if rule is not None else f"XID {xid}: not in gpuvisor's XID table"
+
+    def describe(self) -> str:
+        """One paragraph for the start-up log and `gpuvisor status`."""
+        if not self.checks_enabled:
+            return f"health checks disabled ({DISABLE_ENV}={self.disable_env!r})"
+        lines = [f"health checks enabled; transient faults recover after {self.quiet_seconds:g}s quiet and a passing probe"]
+        if self.only_enabled:
+            lines.append(f"only XIDs {_fmt(self.env_enabled)} count ({DISABLE_ENV}=all, {ENABLE_ENV}={self.enable_env!r})")
+        else:
+            known = set(self.rules) | self.env_ignored
+            ignored = sorted(x for x in known if self.classify_xid(x) is Action.IGNORE)
+            lines.append(f"ignored XIDs: {_fmt(ignored) if ignored else 'none'}")
+            if self.enable_all:
+                lines.append(f"every XID counts ({ENABLE_ENV}=all)")
+        for action in (Action.TRANSIENT, Action.UNTIL_RESET):
+            xids = sorted(x for x in self.rules if self.classify_xid(x) is action)
+            lines.append(f"{action.value} XIDs: {_fmt(xids) if xids else 'none'}")
+        lines.append(f"other XIDs: {self.unknown_action.value}")
+        lines.append(
+            f"ECC: double-bit {self.classify_ecc(EccKind.DOUBLE_BIT).value}, "
+            f"single-bit {self.classify_ecc(EccKind.SINGLE_BIT).value}"
+        )
+        lines.extend(self.warnings)
+        return "; ".join(lines)
+
+
+def _fmt(xids: frozenset[int] | list[int]) -> str:
+    return ",".join(str(x) for x in sorted(xids))

@@ -1,0 +1,7 @@
+"""The node as NVML shows it: the NVML adapter, the facts GFD labels read, and planning.
+
+Owns: `nvml` (every NVML call of the supervisor goes through `Nvml`, which takes the `pynvml`
+module, or the simulator standing in for it, as a parameter), `facts` (what the labeller reads),
+`planning` (Node + Config -> one `ResourcePlan` per resource, a pure function) and `plansize`
+(the bound on a plan's size). May import: `common/`, `supervisor.config`.
+"""

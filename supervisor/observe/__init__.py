@@ -1,0 +1,8 @@
+"""What an operator sees: metrics, the HTTP probes, readiness and status, the allocations view.
+
+Owns: `metrics` (every Prometheus series), `http` (/metrics, /healthz, /readyz on a thread of
+its own), `status` (the one definition of readiness, and the status document assembled from the
+parts' own views) and `allocations` (who holds which device, from the kubelet). The parts it
+reads are seen through small protocols, so this package sits low: every part may report to it.
+May import: `common/`, `supervisor.config`.
+"""

@@ -1,0 +1,119 @@
+"""Readiness and the status document, assembled from the parts' own views.
+
+Readiness has one definition, here, behind /readyz, `gpuvisor status`, the `gpuvisor_ready`
+gauge and systemd's STATUS=: NVML up, every planned resource's worker RUNNING, registered and
+streaming, every MPS control daemon up, and the CDI spec written. The main loop computes it
+(`readiness`, reading the live worker handles) and hands the answer to the HTTP thread through
+a `ReadinessCell`. The status document (`gpuvisor status --json`) is the parts' small `status()`
+views side by side, under the keys the CLI and scripts read.
+
+Workers are read through `WorkerState`, the three things readiness needs of a worker handle, so
+this module sits below the workers package that owns the handles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from common.messages import Json
+
+
+class WorkerState(Protocol):
+    """What readiness reads of a worker (supervisor.workers.lifecycle.WorkerHandle has it)."""
+
+    @property
+    def state(self) -> Enum: ...
+
+    @property
+    def registered(self) -> bool: ...
+
+    @property
+    def stats(self) -> Mapping[str, float]: ...
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    detail: str
+
+
+def readiness(
+    *,
+    nvml_up: bool,
+    nvml_error: str,
+    planned: Iterable[str],
+    workers: Mapping[str, WorkerState],
+    mps_not_ready: str,
+    cdi_error: str | None,
+    pending_reload: str = "",
+) -> Readiness:
+    """Ready, and the one-line reason."""
+    if not nvml_up:
+        return Readiness(False, f"not ready: NVML is not up ({nvml_error or 'starting'})")
+    planned = sorted(planned)
+    ok, text = worker_readiness(planned, workers)
+    if not ok:
+        if pending_reload and not planned:
+            text += f"; the first plans are pending: {pending_reload}"
+        return Readiness(False, text)
+    if mps_not_ready:
+        return Readiness(False, f"not ready: {mps_not_ready}")
+    if cdi_error is not None:
+        return Readiness(False, f"not ready: the CDI spec is not written: {cdi_error}")
+    return Readiness(True, text)
+
+
+def worker_readiness(planned: Iterable[str], workers: Mapping[str, WorkerState]) -> tuple[bool, str]:
+    """Ready when every planned resource's worker is RUNNING, registered and streaming.
+
+    Streaming means the worker's last heartbeat counted an open ListAndWatch stream
+    (`gauge:streams`).
+    """
+    planned = sorted(planned)
+    if not planned:
+        return False, "no resources planned (no GPUs found, or none left by the configuration)"
+    missing: list[str] = []
+    for resource in planned:
+        handle = workers.get(resource)
+        if handle is None:
+            missing.append(f"{resource}: no worker")
+        elif handle.state.value != "RUNNING":
+            missing.append(f"{resource}: worker {handle.state.value}")
+        elif not handle.registered:
+            missing.append(f"{resource}: not registered")
+        elif handle.stats.get("gauge:streams", 0.0) < 1:
+            missing.append(f"{resource}: registered, no ListAndWatch stream yet")
+    if missing:
+        return False, "not ready: " + "; ".join(missing)
+    return True, f"ready: {len(planned)} resource(s) registered and streaming"
+
+
+class ReadinessCell:
+    """The latest readiness answer, set by the main loop and read by the HTTP thread.
+
+    One tuple assignment is atomic in CPython, so no lock is needed; the HTTP thread never
+    iterates the supervisor's live dicts.
+    """
+
+    def __init__(self) -> None:
+        self._value: tuple[bool, str] = (False, "starting")
+
+    def set(self, value: tuple[bool, str]) -> None:
+        self._value = value
+
+    def __call__(self) -> tuple[bool, str]:
+        return self._value
+
+
+def document(*sections: Mapping[str, Json]) -> dict[str, Json]:
+    """The status document: the sections merged in order (each part owns its keys)."""
+    out: dict[str, Json] = {}
+    for section in sections:
+        for key, value in section.items():
+            if key in out:
+                raise ValueError(f"status key {key!r} is claimed by two parts")
+            out[key] = value
+    return out

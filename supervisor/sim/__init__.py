@@ -1,0 +1,8 @@
+"""Stand-ins for what a GPU node has and this machine may not: NVML, and the kubelet.
+
+Owns: `nvml` (the NVML simulator, a stand-in for the `pynvml` module with fault injection,
+behind `gpuvisor run --simulate`), `kubelet` (the kubelet stand-in: a real `v1beta1.Registration`
+server on a real unix socket, used by the demo, the tests and the benchmarks) and `demo`
+(`gpuvisor demo`). The only package that holds test doubles; production code reaches it only
+when asked to simulate. May import: `common/`, `supervisor.node`, `supervisor.control`.
+"""

@@ -1,0 +1,102 @@
+"""The NVML simulator: a stand-in for the `pynvml` module, driven by a node description.
+
+`load_simulator("dgx-h100")` (or a path to a YAML file) returns a `Simulator` that the NVML
+adapter (`supervisor.node.nvml.Nvml`) uses exactly as it uses the real `pynvml` module, plus fault
+injection: `inject_xid`, `inject_ecc`, `lose`, `restore`, `reset`, `set_pending_retirement`,
+`set_remapped_rows_pending`, `set_mig_layout`, `fail`/`clear_failures`.
+
+Built-in profiles (`list_profiles()`): `dgx-h100`, `dgx-a100`, `pcie-l4`, `mig-a100`, stored as
+YAML files in `supervisor/sim/nvml/profiles/`.
+
+Node description format (YAML; unknown keys are errors, so typos are caught)::
+
+    name: my-node                    # optional, defaults to the file name
+    description: free text           # optional
+    driver_version: "550.54.15"      # nvmlSystemGetDriverVersion
+    cuda_driver_version: 12040       # nvmlSystemGetCudaDriverVersion (optional, 12040)
+    gpus:                            # in index order
+      - name: NVIDIA A100-SXM4-80GB  # nvmlDeviceGetName; MIG needs a known MIG-capable model
+        uuid: GPU-3c1a1f4e-8f7d-4b5e-9a2c-1d2e3f405061
+        minor: 0                     # /dev/nvidia<minor>
+        pci_bus_id: "00000000:07:00.0"
+        memory_mib: 81920
+        numa_node: 0                 # or null: nvmlDeviceGetNumaNodeId raises NotSupported
+        compute_capability: [8, 0]
+        pci_device_id: 0x20B210DE    # optional
+        pci_class: 0x030200          # optional: 0x030200 3D controller (compute mode, the default) or
+                                     # 0x030000 VGA controller (graphics mode); nvmlDeviceGetPciInfoExt
+        fabric:                      # optional: NVLink fabric registration (IMEX), nvmlDeviceGetGpuFabricInfo;
+          cluster_uuid: 7b968a6d-c8aa-45e1-9e07-e1e51be99c31   # absent: NotSupported, as on PCIe GPUs
+          clique_id: 1
+          state: completed           # not_started | in_progress | completed (default)
+          status: 0                  # NVML return code of the registration (default 0: success)
+        supports:                    # optional, all true by default
+          ecc_events: true           # SBE/DBE events registrable
+          retired_pages: true        # nvmlDeviceGetRetiredPagesPendingStatus answers
+          remapped_rows: true        # nvmlDeviceGetRemappedRows answers
+        mig:                         # optional
+          enabled: true
+          devices:                   # in MIG device index order
+            - profile: 3g.40gb
+              placement: 4           # first memory slice; optional (then all are computed)
+              gi: 2                  # optional, derived from the placement
+              ci: 0                  # optional, 0
+              uuid: MIG-...          # optional, derived deterministically
+    topology:
+      default_ancestor: SYSTEM       # optional: level for pairs not listed below
+      ancestors:                     # [a, b, INTERNAL|SINGLE|MULTIPLE|HOSTBRIDGE|NODE|SYSTEM]
+        - [0, 1, SINGLE]             # every pair unless default_ancestor is set
+      nvlinks:                       # direct GPU-to-GPU links: [a, b, count]
+        - [0, 1, 4]
+      nvswitch:                      # optional: GPUs wired to NVSwitches
+        links_per_gpu: 18
+        gpus: [0, 1, 2, 3]           # optional, all GPUs
+        bus_ids: ["00000000:C5:00.0"]  # the switches' PCI addresses
+    faults:                          # optional state at start, by GPU UUID
+      lost: []
+      pending_retirement: []
+      remapped_rows_pending: []
+
+A bad description raises `SimulatorConfigError` with `.file`, `.key` and `.reason`.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from supervisor.sim.nvml.base import SimDeviceHandle, SimEventData, SimEventSet
+from supervisor.sim.nvml.config import NodeSpec, SimulatorConfigError, load_spec, parse_spec
+from supervisor.sim.nvml.core import Simulator
+
+__all__ = [
+    "NodeSpec",
+    "SimDeviceHandle",
+    "SimEventData",
+    "SimEventSet",
+    "Simulator",
+    "SimulatorConfigError",
+    "list_profiles",
+    "load_simulator",
+]
+
+_PROFILES_PACKAGE = "supervisor.sim.nvml.profiles"
+
+
+def list_profiles() -> list[str]:
+    """Names of the built-in node profiles."""
+    root = resources.files(_PROFILES_PACKAGE)
+    return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_simulator(profile_or_path: str) -> Simulator:
+    """A fresh simulator for a built-in profile name or a path to a node description."""
+    if profile_or_path in list_profiles():
+        resource = resources.files(_PROFILES_PACKAGE).joinpath(f"{profile_or_path}.yaml")
+        return Simulator(parse_spec(resource.read_text(encoding="utf-8"), f"profile {profile_or_path}"))
+    path = Path(profile_or_path)
+    if not path.exists() and path.suffix == "" and "/" not in profile_or_path:
+        raise SimulatorConfigError(
+            profile_or_path, "(profile)", f"no such built-in profile (known: {', '.join(list_profiles())}) and no such file"
+        )
+    return Simulator(load_spec(path))

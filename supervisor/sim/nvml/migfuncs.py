@@ -1,0 +1,165 @@
+"""The simulator's MIG functions: MIG mode, MIG device handles, attributes and GPU instances."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import pynvml
+
+from supervisor.sim.nvml import mig
+from supervisor.sim.nvml.base import (
+    GpuState,
+    SimDeviceHandle,
+    SimGpuInstanceHandle,
+    SimGpuInstanceInfo,
+    SimulatorBase,
+    nvml_error,
+    nvml_function,
+)
+from supervisor.sim.nvml.config import MigSpec
+
+
+class MigFunctions(SimulatorBase):
+    """The nvmlDevice*/nvmlGpuInstance* functions of MIG, over the catalogues in `mig`."""
+
+    # ---------------------------------------------------------------- MIG
+
+    @nvml_function()
+    def nvmlDeviceGetMigMode(self, device: object) -> list[int]:
+        state = self._full_gpu(device)
+        self._catalogue(state)
+        mode = int(pynvml.NVML_DEVICE_MIG_ENABLE if state.mig_enabled else pynvml.NVML_DEVICE_MIG_DISABLE)
+        return [mode, mode]
+
+    @nvml_function()
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: object) -> int:
+        self._catalogue(self._full_gpu(device))
+        return mig.COMPUTE_SLICES
+
+    @nvml_function()
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: object, index: int) -> SimDeviceHandle:
+        state = self._full_gpu(device)
+        self._catalogue(state)
+        if not state.mig_enabled:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < mig.COMPUTE_SLICES:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(state.mig):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return self._mig_handle(state.spec.index, state.mig[index])
+
+    @nvml_function()
+    def nvmlDeviceIsMigDeviceHandle(self, device: object) -> ctypes.c_uint:
+        self._gpu(device, allow_lost=True)
+        assert isinstance(device, SimDeviceHandle)
+        # The binding returns the c_uint itself, not its value; keep that quirk.
+        return ctypes.c_uint(1 if device.mig_uuid is not None else 0)
+
+    @nvml_function()
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: object) -> SimDeviceHandle:
+        self._gpu(migDevice)
+        assert isinstance(migDevice, SimDeviceHandle)
+        if migDevice.mig_uuid is None:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpu_handles[migDevice.gpu_index]
+
+    def _mig_device(self, device: object) -> tuple[GpuState, MigSpec]:
+        state = self._gpu(device)
+        assert isinstance(device, SimDeviceHandle)
+        if device.mig_uuid is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return state, self._mig_of(state, device)
+
+    @nvml_function()
+    def nvmlDeviceGetGpuInstanceId(self, device: object) -> int:
+        return self._mig_device(device)[1].gi
+
+    @nvml_function()
+    def nvmlDeviceGetComputeInstanceId(self, device: object) -> int:
+        return self._mig_device(device)[1].ci
+
+    @nvml_function()
+    def nvmlDeviceGetAttributes_v2(self, device: object) -> Any:
+        state = self._gpu(device)
+        assert isinstance(device, SimDeviceHandle)
+        attrs = pynvml.c_nvmlDeviceAttributes()
+        if device.mig_uuid is None:
+            # A full GPU reports itself as one instance spanning every slice.
+            cat = mig.catalogue_for(state.spec.name)
+            full = cat["7g.80gb"] if cat and "7g.80gb" in cat else None
+            attrs.multiprocessorCount = full.multiprocessors if full else 58
+            attrs.gpuInstanceSliceCount = attrs.computeInstanceSliceCount = mig.COMPUTE_SLICES if full else 1
+            attrs.memorySizeMB = state.spec.memory_mib
+            return attrs
+        prof = self._catalogue(state)[self._mig_of(state, device).profile]
+        attrs.multiprocessorCount = prof.multiprocessors
+        attrs.sharedCopyEngineCount = prof.copy_engines
+        attrs.sharedDecoderCount = prof.decoders
+        attrs.sharedEncoderCount = 0
+        attrs.sharedJpegCount = prof.jpegs
+        attrs.sharedOfaCount = prof.ofas
+        attrs.gpuInstanceSliceCount = prof.compute_slices
+        attrs.computeInstanceSliceCount = prof.compute_slices  # one CI spans its whole GI
+        attrs.memorySizeMB = prof.memory_mib
+        return attrs
+
+    @nvml_function()
+    def nvmlDeviceGetAttributes(self, device: object) -> Any:
+        return self.nvmlDeviceGetAttributes_v2(device)
+
+    @nvml_function()
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, device: object, profile: int, version: int = 2) -> Any:
+        state = self._full_gpu(device)
+        cat = self._catalogue(state)
+        if version not in (1, 2):
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if isinstance(profile, bool) or not isinstance(profile, int) or not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        prof = next((p for p in cat.values() if p.enum == profile), None)
+        if prof is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t() if version == 2 else pynvml.c_nvmlGpuInstanceProfileInfo_t()
+        info.id = prof.profile_id
+        info.isP2pSupported = 0
+        info.sliceCount = prof.compute_slices
+        info.instanceCount = prof.max_instances
+        info.multiprocessorCount = prof.multiprocessors
+        info.copyEngineCount = prof.copy_engines
+        info.decoderCount = prof.decoders
+        info.encoderCount = 0
+        info.jpegCount = prof.jpegs
+        info.ofaCount = prof.ofas
+        info.memorySizeMB = prof.memory_mib
+        if version == 2:
+            info.name = f"MIG {prof.name}"
+        return info
+
+    @nvml_function()
+    def nvmlDeviceGetGpuInstanceProfileInfoV(self, device: object, profile: int, version: int = 2) -> Any:
+        return self.nvmlDeviceGetGpuInstanceProfileInfo(device, profile, version)
+
+    @nvml_function()
+    def nvmlDeviceGetGpuInstanceById(self, device: object, gpuInstanceId: int) -> SimGpuInstanceHandle:
+        state = self._full_gpu(device)
+        self._catalogue(state)
+        if not state.mig_enabled:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not any(m.gi == gpuInstanceId for m in state.mig):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
+        return SimGpuInstanceHandle(state.spec.index, gpuInstanceId, state.mig_generation)
+
+    @nvml_function()
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: object) -> SimGpuInstanceInfo:
+        if not isinstance(gpuInstance, SimGpuInstanceHandle) or not 0 <= gpuInstance.gpu_index < len(self._gpus):
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        state = self._gpus[gpuInstance.gpu_index]
+        if state.lost:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        found = next((m for m in state.mig if m.gi == gpuInstance.gi), None)
+        if found is None or gpuInstance.generation != state.mig_generation or not state.mig_enabled:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        prof = self._catalogue(state)[found.profile]
+        placement = pynvml.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = found.placement, prof.memory_slices
+        return SimGpuInstanceInfo(self._gpu_handles[state.spec.index], found.gi, prof.profile_id, placement)

@@ -1,0 +1,96 @@
+"""The worker zygote forks real workers on request and reports their exits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from supervisor.config import config_from_data
+from supervisor.node.planning import plan_resources
+from supervisor.sim.kubelet import KubeletStandin
+from supervisor.workers.zygote import Zygote, ZygoteProc
+from tests import nodes
+from tests.helpers import short_tmpdir, wait_until
+
+
+def _plan_file(directory: str) -> str:
+    plan = plan_resources(nodes.pcie_l4(), config_from_data(None))["nvidia.com/gpu"]
+    path = os.path.join(directory, "plan.json")
+    with open(path, "w") as fh:
+        fh.write(plan.to_json())
+    return path
+
+
+def test_zygote_forks_a_worker_that_registers_and_reports_its_exit() -> None:
+    """A forked worker serves, registers and shows its own command line (`--resource`); its exit status comes back through the zygote."""
+    with short_tmpdir() as d, KubeletStandin(d) as kubelet:
+        zygote = Zygote()
+        zygote.start()
+        try:
+            t0 = time.monotonic()
+            pid = zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+            proc = ZygoteProc(pid, zygote)
+            assert kubelet.wait_listed(["nvidia.com/gpu"], 30), "the forked worker did not register"
+            print(f"zygote fork to registered and listed: {1000 * (time.monotonic() - t0):.1f} ms")
+            assert proc.poll() is None
+            import psutil
+
+            cmd = [a for a in psutil.Process(pid).cmdline() if a]
+            assert cmd[1:5] == ["-m", "worker", "--resource", "nvidia.com/gpu"], cmd
+            proc.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: proc.poll() is not None, 15)
+            assert proc.returncode == 0
+        finally:
+            zygote.stop()
+        assert zygote.proc is None or zygote.proc.poll() is not None
+
+
+def test_killed_zygote_is_replaced_on_the_next_spawn() -> None:
+    """When the zygote dies, the next spawn starts a new one instead of failing."""
+    with short_tmpdir() as d, KubeletStandin(d) as kubelet:
+        zygote = Zygote()
+        zygote.start()
+        try:
+            assert zygote.proc is not None
+            first = zygote.proc.pid
+            zygote.proc.kill()
+            zygote.proc.wait()
+            pid = zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+            assert zygote.proc is not None and zygote.proc.pid != first
+            assert kubelet.wait_listed(["nvidia.com/gpu"], 30)
+            proc = ZygoteProc(pid, zygote)
+            proc.send_signal(signal.SIGKILL)
+            assert wait_until(lambda: proc.poll() is not None, 15)
+            assert proc.returncode == -signal.SIGKILL
+        finally:
+            zygote.stop()
+
+
+def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
+    """A worker the zygote forks after the supervisor gave up on it (and started one by exec) is killed, never left serving."""
+    with short_tmpdir() as d, KubeletStandin(d) as kubelet:
+        zygote = Zygote()
+        zygote.start()
+        try:
+            assert zygote.proc is not None
+            # Let it finish its imports first, then freeze it so the request waits.
+            warm = zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+            ZygoteProc(warm, zygote).send_signal(signal.SIGKILL)
+            os.kill(zygote.proc.pid, signal.SIGSTOP)
+            try:
+                zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+                raise AssertionError("spawn should have timed out")
+            except OSError:
+                pass
+            os.kill(zygote.proc.pid, signal.SIGCONT)
+            import psutil
+
+            def late_child_gone() -> bool:
+                zygote.pump()
+                kids = [p for p in psutil.Process(zygote.proc.pid).children() if p.status() != psutil.STATUS_ZOMBIE]  # type: ignore[union-attr]
+                return not kids and not zygote._abandoned
+
+            assert wait_until(late_child_gone, 15)
+        finally:
+            zygote.stop()

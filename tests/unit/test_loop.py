@@ -1,0 +1,108 @@
+"""Tests of the supervisor's loop (supervisor/main.py) built without starting it: no process, no
+socket, a fake clock. The parts are its own; what is checked is the wiring the loop does."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from supervisor.main import Supervisor
+from supervisor.workers.lifecycle import WState
+from tests.fakes import FakeClock, FakeSpawner, sim_config
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture
+def sup() -> Iterator[Supervisor]:
+    s = Supervisor(sim_config("pcie-l4"), environ={}, clock=FakeClock())
+    s.workers.spawner = FakeSpawner()  # no process: the fake stands in for the zygote
+    try:
+        yield s
+    finally:
+        s.mailbox.close()
+
+
+def housekeeping_errors(sup: Supervisor, step: str) -> float:
+    return sup.metrics.registry.get_sample_value("gpuvisor_housekeeping_errors_total", {"step": step}) or 0.0
+
+
+def test_signal_handlers_only_enqueue(sup: Supervisor) -> None:
+    """The handler records the signal and does nothing else; the loop acts later."""
+    sup._on_signal(signal.SIGTERM, None)
+    assert sup.signals == [signal.SIGTERM] and not sup.stopping
+    sup.handle_signals()
+    assert sup.stopping and sup.signals == []
+
+
+def test_sighup_reloads_and_sigchld_only_wakes(sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGHUP becomes a reload; SIGCHLD does nothing but wake the loop (reconcile reaps)."""
+    triggers: list[str] = []
+
+    def reload(trigger: str) -> bool:
+        triggers.append(trigger)
+        return True
+
+    monkeypatch.setattr(sup.replan, "reload", reload)
+    sup.signals += [signal.SIGCHLD, signal.SIGHUP]
+    sup.handle_signals()
+    assert triggers == ["SIGHUP"] and not sup.stopping
+
+
+def test_a_step_that_raises_is_counted_and_the_turn_goes_on(sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A housekeeping step that raises never ends the loop: it is logged, counted, and the rest runs."""
+
+    def broken() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sup.hub, "tick", broken)
+    ran: list[str] = []
+    monkeypatch.setattr(sup, "check_ready", lambda: ran.append("readiness"))
+    sup.timers.call_at("now", 0.0, lambda: None)  # a due timer: wait() does not sleep
+    sup.turn()
+    sup.turn()
+    assert housekeeping_errors(sup, "health") == 2.0 and ran == ["readiness", "readiness"]
+
+
+def test_a_posted_call_that_raises_is_counted_and_the_next_still_runs(sup: Supervisor) -> None:
+    """Work posted from other threads (health findings, control replies) that raises is logged,
+    counted as housekeeping step "mailbox", and what was posted after it still runs."""
+    ran: list[str] = []
+
+    def broken() -> None:
+        raise ValueError("a finding for a resource that left the plan")
+
+    sup.mailbox.post(broken)
+    sup.mailbox.post(lambda: ran.append("next"))
+    sup.mailbox.drain()
+    assert ran == ["next"] and housekeeping_errors(sup, "mailbox") == 1.0
+
+
+def test_reconcile_wakes_the_loop_when_a_backoff_ends(sup: Supervisor) -> None:
+    """A worker backing off puts its deadline on the scheduler; none left, the timer goes."""
+    clock = sup.clock
+    assert isinstance(clock, FakeClock)
+    sup.workers.want(GPU, "/plans/gpu.json")
+    sup.reconcile()
+    handle = sup.workers.workers[GPU]
+    spawner = sup.workers.spawner
+    assert isinstance(spawner, FakeSpawner)
+    for _ in range(2):  # two quick deaths: the second backs off
+        spawner.procs[handle.pid].die()
+        sup.reconcile()
+        sup.reconcile()
+    assert handle.state.value == "BACKOFF"
+    assert sup.timers.when("workers") == handle.backoff_until
+    clock.advance(handle.backoff_until - clock.now)
+    sup.timers.run_due()
+    assert handle.state is WState.STARTING and sup.timers.when("workers") is None
+
+
+def test_status_is_one_document_of_the_parts_views(sup: Supervisor) -> None:
+    """Before NVML is up, status answers: not ready, NVML down, no resources, every key present."""
+    doc = sup.status()
+    assert doc["ready"] is False and "NVML is not up" in str(doc["ready_detail"])
+    for key in ("nvml", "workers", "resources", "conditions", "mps", "cdi", "control", "reconcile", "reloads", "rediscoveries"):
+        assert key in doc

@@ -1,0 +1,182 @@
+"""Tests of reload and rediscovery (supervisor/desired/replan.py): what is wanted, handed to a reconciler
+over a fake run dir, with the simulator as NVML and a fake clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pynvml
+
+from supervisor.config import Config
+from supervisor.desired.discovery import NvmlLink
+from supervisor.desired.reconcile import Desired, Reconciler
+from supervisor.desired.replan import CONFIG_DEBOUNCE_S, Replanner
+from supervisor.health.hub import HealthHub
+from supervisor.mps.wiring import MpsWiring
+from supervisor.observe.metrics import Metrics
+from supervisor.scheduler import Scheduler
+from supervisor.workers.lifecycle import WorkerSet
+from tests.fakes import FakeClock, FakeRunDir, FakeSpawner, no_post, policy, sim_config
+
+GPU = "nvidia.com/gpu"
+SLICED = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n"
+
+
+class Setup:
+    def __init__(self, tmp: Path, text: str = "version: v1\n", **env: str) -> None:
+        self.file = tmp / "config.yaml"
+        self.file.write_text(text)
+        self.environ = {"GPUVISOR_SIMULATE": "pcie-l4", "CONFIG_FILE": str(self.file), **env}
+        self.clock = FakeClock()
+        self.timers = Scheduler(self.clock)
+        self.metrics = Metrics(version="test")
+        config = sim_config(CONFIG_FILE=str(self.file), **env)
+        self.adopted: list[Config] = []
+        self.nvml = NvmlLink(config, self.environ)
+        hub = HealthHub(
+            endpoint="ipc:///x", policy=policy(), metrics=self.metrics, clock=self.clock, epoch="e", post=no_post
+        )
+        self.rundir = FakeRunDir()
+        self.reconciler = Reconciler(
+            config=config,
+            plan_files=self.rundir,
+            workers=WorkerSet(spawner=FakeSpawner()),
+            tell=lambda r, u: False,
+            follow=self,
+            timers=self.timers,
+            on_refused=self.metrics.reload_refused,
+        )
+        mps = MpsWiring(config=config, environ=self.environ, nvml_module=None, hub=hub, post=lambda fn: None)
+        self.replan = Replanner(
+            argv_flags=None, environ=self.environ, nvml=self.nvml, keeper=self.reconciler, mps=mps, timers=self.timers
+        )
+
+    @property
+    def config(self) -> Config:
+        return self.reconciler.config
+
+    def take_config(self, old: Config, new: Config) -> None:
+        self.adopted.append(new)
+
+    def take_plans(self, desired: Desired) -> None:
+        pass
+
+    def bring_up(self) -> None:
+        node, _ = self.nvml.attempt(fail_on_init_error=True)
+        assert node is not None
+        self.replan.reload("start")
+
+    def refusals(self, kind: str) -> float:
+        return self.metrics.registry.get_sample_value("gpuvisor_reloads_refused_total", {"kind": kind}) or 0.0
+
+
+def test_a_reload_with_a_new_config_plans_it_and_applies_it(tmp_path: Path) -> None:
+    """SIGHUP with two replicas: the reconciler applies plans with replica IDs."""
+    s = Setup(tmp_path)
+    s.bring_up()
+    s.file.write_text(SLICED)
+    assert s.replan.reload("SIGHUP")
+    assert "::1" in s.reconciler.plan_json[GPU] and s.config.sharing.strategy == "time-slicing"
+
+
+def test_an_invalid_config_is_refused_and_stays_in_status_until_a_valid_one(tmp_path: Path) -> None:
+    """A config that does not load is refused, counted, and shown until a valid one arrives."""
+    s = Setup(tmp_path)
+    s.bring_up()
+    before = s.reconciler.plan_json[GPU]
+    s.file.write_text("version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 1}]}}\n")
+    assert not s.replan.reload("SIGHUP")
+    refused = s.reconciler.status()["refused"]
+    assert isinstance(refused, str) and "replicas" in refused and "(SIGHUP)" in refused
+    assert s.refusals("reload") == 1.0 and s.reconciler.plan_json[GPU] == before
+    assert s.replan.rediscover("periodic rediscovery")  # nothing changed: the refusal stays
+    assert s.reconciler.status()["refused"] == refused
+    s.file.write_text(SLICED)
+    assert s.replan.reload("SIGHUP")
+    assert s.reconciler.status()["refused"] is None
+
+
+def test_a_periodic_rediscovery_with_nothing_new_changes_nothing(tmp_path: Path) -> None:
+    """The common case: same node, same config, no plan write, true."""
+    s = Setup(tmp_path)
+    s.bring_up()
+    writes = s.rundir.writes
+    assert s.replan.rediscover("periodic rediscovery")
+    assert s.rundir.writes == writes and s.replan.rediscoveries == 1, "a reload is not a rediscovery"
+
+
+def test_settings_a_running_supervisor_cannot_take_keep_their_values(tmp_path: Path) -> None:
+    """A reload that changes --run-dir keeps the running one (a restart takes it)."""
+    s = Setup(tmp_path)
+    s.bring_up()
+    s.environ["GPUVISOR_RUN_DIR"] = "/elsewhere"
+    assert s.replan.reload("SIGHUP")
+    assert s.config.run_dir == "/run/gpuvisor"
+
+
+def test_a_reload_before_nvml_is_up_only_takes_the_config(tmp_path: Path) -> None:
+    """NVML down: the config is taken (it applies once NVML is up); nothing is planned."""
+    s = Setup(tmp_path, GPUVISOR_SIM_FAIL_INIT="1")
+    s.file.write_text(SLICED)
+    assert s.replan.reload("SIGHUP")
+    assert s.adopted and s.adopted[-1].sharing.strategy == "time-slicing" and s.reconciler.plans == {}
+
+
+def test_config_file_events_are_debounced_and_judged_by_content(tmp_path: Path) -> None:
+    """A burst of events is one check after the debounce; an unchanged file reloads nothing."""
+    s = Setup(tmp_path)
+    s.bring_up()
+    reloads = s.replan.reloads
+    s.replan.config_event()
+    s.replan.config_event()
+    s.clock.advance(CONFIG_DEBOUNCE_S)
+    s.timers.run_due()
+    assert s.replan.reloads == reloads  # same bytes: nothing to do
+    s.file.write_text(SLICED)
+    s.replan.config_event()
+    s.clock.advance(CONFIG_DEBOUNCE_S)
+    s.timers.run_due()
+    assert s.replan.reloads == reloads + 1 and "::1" in s.reconciler.plan_json[GPU]
+
+
+def test_rediscovery_is_rescheduled_at_the_configured_interval(tmp_path: Path) -> None:
+    """Each replan arms the next periodic rediscovery; interval 0 disables it."""
+    s = Setup(tmp_path, GPUVISOR_REDISCOVERY_INTERVAL="30")
+    s.bring_up()
+    assert s.timers.when("rediscovery") == s.clock.now + 30
+    s.replan.schedule_rediscovery(sim_config(GPUVISOR_REDISCOVERY_INTERVAL="0"))
+    assert s.timers.when("rediscovery") is None
+
+
+def test_a_rediscovery_refusal_leaves_status_once_a_rediscovery_goes_through(tmp_path: Path) -> None:
+    """NVML failing during a rediscovery is refused and shown; the next rediscovery that works
+    clears it, without a reload."""
+    s = Setup(tmp_path)
+    s.bring_up()
+    sim = s.nvml.simulator
+    assert sim is not None
+    sim.fail("nvmlDeviceGetCount", pynvml.NVML_ERROR_UNKNOWN, count=1)
+    assert not s.replan.rediscover("periodic rediscovery")
+    refused = s.reconciler.status()["refused"]
+    assert isinstance(refused, str) and refused.startswith("rediscovery refused: discovery failed")
+    assert s.replan.rediscover("periodic rediscovery")
+    assert s.reconciler.status()["refused"] is None
+
+
+def test_a_refused_reload_drops_a_reload_still_pending(tmp_path: Path) -> None:
+    """A reload kept pending (the run dir full) is not applied later once the user has written a
+    newer config that is refused: the running config stays, and nothing is pending."""
+    s = Setup(tmp_path)
+    s.bring_up()
+    before = s.reconciler.plan_json[GPU]
+    s.rundir.broken = True
+    s.file.write_text(SLICED)
+    assert not s.replan.reload("SIGHUP")
+    assert s.reconciler.pending is not None
+    s.file.write_text("version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 1}]}}\n")
+    assert not s.replan.reload("SIGHUP")
+    assert s.reconciler.pending is None and s.timers.when("pending-reload") is None
+    s.rundir.broken = False
+    s.clock.advance(600)
+    s.timers.run_due()
+    assert s.reconciler.plan_json[GPU] == before

@@ -1,0 +1,199 @@
+"""The layout rules the tree must keep, so that the tree itself shows the architecture:
+
+- the process roles never import each other, and `common/` holds only what both import;
+- each supervisor subpackage imports only the subpackages below it in the order that
+  supervisor/__init__.py's docstring lists (read from there, so the document and the rule are one);
+- the test doubles (the NVML simulator, the kubelet stand-in) live in `supervisor/sim` alone, and
+  production code reaches that package only inside a function, when asked to simulate;
+- every package says in its docstring what it owns; the import graph has no cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Iterator
+
+import supervisor
+from tests.helpers import REPO
+
+PACKAGES = ("supervisor", "worker", "common")
+SUPERVISOR_TOP = {"supervisor", "supervisor.main", "supervisor.cli", "supervisor.scheduler", "supervisor.__main__"}
+DOUBLE_NAMES = re.compile(r"^(Fake|Stub|Mock|Dummy)|Standin$|^Simulator$")
+
+
+def modules() -> Iterator[tuple[str, str]]:
+    """(dotted module name, path) of every hand-written module of the three packages."""
+    for package in PACKAGES:
+        for root, _dirs, files in os.walk(os.path.join(REPO, package)):
+            for name in sorted(files):
+                if not name.endswith(".py") or name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                    continue
+                path = os.path.join(root, name)
+                dotted = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                yield dotted.removesuffix(".__init__"), path
+
+
+def parse(path: str) -> ast.Module:
+    with open(path, encoding="utf-8") as fh:
+        return ast.parse(fh.read())
+
+
+def imports(path: str, module: str, known: frozenset[str] = frozenset(), *, lazy: bool = True) -> set[str]:
+    """Modules of the three packages that `module` imports, TYPE_CHECKING imports included
+    (`lazy=False`: only those at module level, run when the module is imported).
+
+    `from package import submodule` imports the submodule (when `known` names it), not the package.
+    """
+    tree = parse(path)
+    found: set[str] = set()
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    nodes = ast.walk(tree) if lazy else _module_level(tree.body)
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {m for m in found if m.split(".")[0] in PACKAGES}
+
+
+def _module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements run at import: the body, into `if` and `try` blocks (not TYPE_CHECKING's)."""
+    for node in body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            continue
+        yield node
+        if isinstance(node, ast.If | ast.Try):
+            for block in (node.body, node.orelse, *(h.body for h in getattr(node, "handlers", []))):
+                yield from _module_level(block)
+
+
+def graph() -> dict[str, set[str]]:
+    known = dict(modules())
+    names = frozenset(known)
+    return {m: {i for i in imports(p, m, names) if i in known and i != m} for m, p in known.items()}
+
+
+def layers() -> list[str]:
+    """The supervisor's subpackages, bottom first, as supervisor/__init__.py lists them."""
+    doc = supervisor.__doc__ or ""
+    listed = re.findall(r"^ {4}([a-z]+) {2,}\S", doc, flags=re.MULTILINE)
+    return list(reversed(listed))
+
+
+def subpackage(module: str) -> str | None:
+    """The supervisor subpackage a module belongs to, or None (top-level modules, other roles)."""
+    parts = module.split(".")
+    if parts[0] != "supervisor" or module in SUPERVISOR_TOP:
+        return None
+    return parts[1]
+
+
+def test_the_layers_named_in_the_docstring_are_the_subpackages() -> None:
+    """Every supervisor subpackage is in the documented order, and nothing else is."""
+    on_disk = {
+        name
+        for name in os.listdir(os.path.join(REPO, "supervisor"))
+        if os.path.isfile(os.path.join(REPO, "supervisor", name, "__init__.py"))
+    }
+    assert sorted(layers()) == sorted(on_disk)
+
+
+def test_each_supervisor_subpackage_imports_only_those_below_it() -> None:
+    """A subpackage may import common/, supervisor.scheduler and the subpackages below it."""
+    order = {name: i for i, name in enumerate(layers())}
+    wrong = []
+    for module, deps in graph().items():
+        own = subpackage(module)
+        if own is None:
+            continue
+        for dep in deps:
+            if dep == "supervisor.scheduler" or dep.split(".")[0] == "common":
+                continue
+            other = subpackage(dep)
+            if other is None or (other != own and order[other] > order[own]):
+                wrong.append(f"{module} -> {dep}")
+    assert wrong == []
+
+
+def test_common_holds_only_what_both_roles_import() -> None:
+    """Each module or package directly under common/ is imported by the supervisor and the worker."""
+    entries = {
+        name.removesuffix(".py")
+        for name in os.listdir(os.path.join(REPO, "common"))
+        if (name.endswith(".py") and name != "__init__.py") or os.path.isdir(os.path.join(REPO, "common", name, ""))
+    } - {"__pycache__"}
+    users: dict[str, set[str]] = {entry: set() for entry in entries}
+    for module, deps in graph().items():
+        role = module.split(".")[0]
+        for dep in deps:
+            parts = dep.split(".")
+            if role != "common" and parts[0] == "common" and len(parts) > 1 and parts[1] in users:
+                users[parts[1]].add(role)
+    assert {entry: sorted(roles) for entry, roles in users.items() if roles != {"supervisor", "worker"}} == {}
+
+
+def test_test_doubles_live_in_sim_and_production_reaches_them_only_when_simulating() -> None:
+    """No stand-in or fake class outside supervisor/sim, and no module outside it imports it at
+    import time: `gpuvisor run` on a real node never loads the simulator or the kubelet stand-in."""
+    doubles, eager = [], []
+    known = dict(modules())
+    for module, path in known.items():
+        in_sim = module == "supervisor.sim" or module.startswith("supervisor.sim.")
+        if not in_sim:
+            doubles += [
+                f"{module}.{n.name}"
+                for n in parse(path).body
+                if isinstance(n, ast.ClassDef) and DOUBLE_NAMES.search(n.name)
+            ]
+            eager += [
+                f"{module} -> {dep}"
+                for dep in imports(path, module, frozenset(known), lazy=False)
+                if dep == "supervisor.sim" or dep.startswith("supervisor.sim.")
+            ]
+    assert doubles == [] and eager == []
+
+
+def test_every_package_says_what_it_owns() -> None:
+    """Each package's __init__.py opens with a docstring (what it owns, what it may import)."""
+    missing = [module for module, path in modules() if path.endswith("__init__.py") and not ast.get_docstring(parse(path))]
+    assert missing == []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """The import graph of the three packages (TYPE_CHECKING imports too) has no cycle."""
+    edges = graph()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for nxt in sorted(edges[m]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[m] = 2
+
+    for m in sorted(edges):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+def test_the_process_roles_never_import_each_other() -> None:
+    """supervisor/ and worker/ meet only through common/ (plans and messages); common/ imports neither."""
+    wrong = []
+    for module, deps in graph().items():
+        role = module.split(".")[0]
+        for dep in deps:
+            other = dep.split(".")[0]
+            if role != other and (role, other) != ("supervisor", "common") and (role, other) != ("worker", "common"):
+                wrong.append(f"{module} -> {dep}")
+    assert wrong == []

@@ -1,0 +1,144 @@
+"""Tests of what worker messages and kubelet-dir events mean (supervisor/workers/events.py), with a
+real WorkerSet over fake processes, a fake control endpoint and a fake clock."""
+
+from __future__ import annotations
+
+from common.messages import Heartbeat, Hello, Message, Reregister, StatusReport
+from common.model import ResourcePlan
+from supervisor.control.endpoint import Binding
+from supervisor.health.hub import HealthHub
+from supervisor.observe.metrics import Metrics
+from supervisor.workers.events import WorkerEvents
+from supervisor.workers.lifecycle import WorkerHandle, WorkerSet, WState
+from tests.fakes import FakeClock, FakeSpawner, no_post, policy
+
+GPU = "nvidia.com/gpu"
+MIG = "nvidia.com/mig-1g.10gb"
+
+
+class FakeControl:
+    def __init__(self) -> None:
+        self.told: list[tuple[str, Message]] = []
+        self.unbound: list[str] = []
+
+    def tell(self, resource: str, message: Message) -> bool:
+        self.told.append((resource, message))
+        return True
+
+    def unbind(self, resource: str) -> None:
+        self.unbound.append(resource)
+
+
+class FakePlans:
+    """A plan keeper with no plans: every resource here is on its way out."""
+
+    def __init__(self) -> None:
+        self.plans: dict[str, ResourcePlan] = {}
+        self.started: list[str] = []
+        self.caught_up: list[str] = []
+
+    def worker_started(self, resource: str) -> None:
+        self.started.append(resource)
+
+    def catch_up(self, resource: str) -> None:
+        self.caught_up.append(resource)
+
+
+class Setup:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.metrics = Metrics(version="test")
+        self.spawner = FakeSpawner()
+        self.control = FakeControl()
+        self.workers = WorkerSet(spawner=self.spawner, listeners=(self.on_state,))
+        hub = HealthHub(
+            endpoint="ipc:///nowhere", policy=policy(), metrics=self.metrics, clock=self.clock, epoch="e", post=no_post
+        )
+        self.events = WorkerEvents(
+            workers=self.workers, plans=FakePlans(), control=self.control, hub=hub, metrics=self.metrics, clock=self.clock
+        )
+        for resource in (GPU, MIG):
+            self.workers.want(resource, f"/plans/{resource}.json")
+        self.workers.tick(self.clock.now)
+
+    def on_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
+        self.events.on_worker_state(handle, old, new, reason)
+
+    def handle(self, resource: str = GPU) -> WorkerHandle:
+        return self.workers.workers[resource]
+
+    def registrations(self, trigger: str, resource: str = GPU) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "gpuvisor_registrations_total", {"resource": resource, "trigger": trigger}
+        )
+        return value or 0.0
+
+
+def test_a_hello_is_accepted_only_with_this_spawns_secret_and_pid() -> None:
+    """The right secret and pid give the binding; a wrong secret or another pid give none."""
+    s = Setup()
+    h = s.handle()
+    binding = s.events.accept_hello(Hello(resource=GPU, pid=h.pid, secret=h.secret))
+    assert binding == Binding(GPU, h.pid)
+    assert s.events.accept_hello(Hello(resource=GPU, pid=h.pid, secret="0" * 32)) is None
+    assert s.events.accept_hello(Hello(resource=GPU, pid=h.pid + 1000, secret=h.secret)) is None
+    assert s.events.accept_hello(Hello(resource="nvidia.com/other", pid=h.pid, secret=h.secret)) is None
+
+
+def test_a_restarted_workers_old_secret_no_longer_works() -> None:
+    """After a death and restart, the previous spawn's secret is refused: each spawn has its own."""
+    s = Setup()
+    old = s.handle()
+    old_secret, old_pid = old.secret, old.pid
+    s.spawner.procs[old_pid].die()
+    s.workers.tick(s.clock.now)
+    s.workers.tick(s.clock.now)
+    new = s.handle()
+    assert new.pid != old_pid and new.secret != old_secret
+    assert s.events.accept_hello(Hello(resource=GPU, pid=new.pid, secret=old_secret)) is None
+    assert GPU in s.control.unbound  # the dead one's route was let go
+
+
+def test_a_heartbeat_saying_registered_makes_the_worker_running() -> None:
+    """A registered heartbeat turns STARTING into RUNNING and keeps its figures."""
+    s = Setup()
+    h = s.handle()
+    s.events.on_heartbeat(Heartbeat(GPU, h.pid, "registered", True, "/p/gpuvisor-gpu-1.sock", {"gauge:streams": 1.0}))
+    assert h.state is WState.RUNNING and h.stats == {"gauge:streams": 1.0} and h.socket_path.endswith("gpu-1.sock")
+
+
+def test_registration_metrics_name_the_trigger_the_supervisor_saw() -> None:
+    """A first registration counts as start; after kubelet.sock was deleted, as a kubelet restart."""
+    s = Setup()
+    h = s.handle()
+    s.events.on_status_report(StatusReport(GPU, "registering", "kubelet.sock is there"))
+    s.events.on_status_report(StatusReport(GPU, "registered", "endpoint x"))
+    assert s.registrations("start") == 1.0
+    s.events.file_deleted("kubelet.sock")
+    s.events.on_status_report(StatusReport(GPU, "registering", "the kubelet ended our ListAndWatch stream"))
+    s.events.on_status_report(StatusReport(GPU, "registered", "endpoint y"))
+    assert s.registrations("kubelet-restart") == 1.0
+    assert h.state is WState.RUNNING
+
+
+def test_kubelet_sock_created_tells_every_worker_to_register_again() -> None:
+    """A new kubelet.sock: each resource's worker is told to re-register."""
+    s = Setup()
+    s.events.kubelet_created()
+    assert sorted(r for r, m in s.control.told if isinstance(m, Reregister)) == [GPU, MIG]
+
+
+def test_a_deleted_worker_socket_tells_only_its_worker() -> None:
+    """Our socket deleted: that worker re-registers; another file's deletion tells nobody."""
+    s = Setup()
+    h = s.handle()
+    s.events.on_heartbeat(Heartbeat(GPU, h.pid, "registered", True, "/p/gpuvisor-gpu-0a1b2c3d.sock", {}))
+    s.events.file_deleted("gpuvisor-gpu-0a1b2c3d.sock")
+    s.events.file_deleted("something-else.sock")
+    assert s.control.told == [(GPU, Reregister(reason="socket gpuvisor-gpu-0a1b2c3d.sock deleted"))]
+
+
+def test_a_snapshot_is_refused_for_a_resource_no_longer_planned() -> None:
+    """A removed resource's worker (being stopped) gets no snapshot."""
+    s = Setup()
+    assert s.events.snapshot_for(GPU) is None
