@@ -55,7 +55,11 @@ class Backoff:
             return 0.0
         exponent = n - self.free - 1
         # Past this exponent the step is at the cap anyway; stop before floats overflow.
-        if exponent > 1 and self.factor > 1 and exponent >= math.log(max(self.cap / self.start, 1.0), self.factor) + 1:
+        if (
+            exponent > 1
+            and self.factor > 1
+            and exponent >= math.log(max(self.cap / self.start, 1.0), self.factor) + 1
+        ):
             return self.cap
         return float(min(self.start * self.factor**exponent, self.cap))
 

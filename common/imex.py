@@ -59,7 +59,9 @@ def select_channels(
     for channel_id in channel_ids:
         name = f"channel{channel_id}"
         path = f"{IMEX_CHANNEL_DIR}/{name}"
-        candidates = dict.fromkeys((host_path(dev_root, path), path))  # the dev root first, then the bare path
+        candidates = dict.fromkeys(
+            (host_path(dev_root, path), path)
+        )  # the dev root first, then the bare path
         problems = [p for p in (problem(c) for c in candidates) if p is not None]
         if len(problems) < len(candidates):
             channels.append(ImexChannel(str(channel_id), path))

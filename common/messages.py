@@ -158,7 +158,12 @@ class DeviceHealth:
     _FIELDS: ClassVar[tuple[str, ...]] = ("device_id", "healthy", "reason", "since")
 
     def to_payload(self) -> dict[str, Json]:
-        return {"device_id": self.device_id, "healthy": self.healthy, "reason": self.reason, "since": self.since}
+        return {
+            "device_id": self.device_id,
+            "healthy": self.healthy,
+            "reason": self.reason,
+            "since": self.since,
+        }
 
     @classmethod
     def from_payload(cls, raw: Json, path: str) -> DeviceHealth:
@@ -442,7 +447,9 @@ _ALL_KINDS = (
     Command,
     Reply,
 )
-_KINDS: dict[str, Callable[[Mapping[str, Json]], Message]] = {cls.KIND: cls.from_payload for cls in _ALL_KINDS}
+_KINDS: dict[str, Callable[[Mapping[str, Json]], Message]] = {
+    cls.KIND: cls.from_payload for cls in _ALL_KINDS
+}
 _KIND_TOPIC: dict[str, bytes] = {cls.KIND: cls.TOPIC for cls in _ALL_KINDS}
 
 KINDS: tuple[str, ...] = tuple(_KINDS)
@@ -549,7 +556,9 @@ def _decode(frames: Sequence[object]) -> Envelope:
     envelope = _object(body, "body")
     version = _int(envelope, _K_VERSION, minimum=0)
     if version != PROTOCOL_VERSION:
-        raise MessageError(f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})")
+        raise MessageError(
+            f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})"
+        )
     _only(envelope, _ENVELOPE_KEYS, "")
     seq = _int(envelope, _K_SEQ)
     wall = _float(envelope, _K_TIME)

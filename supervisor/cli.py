@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     from supervisor.config import RunArgumentParser, add_run_arguments
 
     parser = argparse.ArgumentParser(
-        prog="gpuvisor", description="A Kubernetes device plugin for NVIDIA GPUs: one supervisor, one worker per resource."
+        prog="gpuvisor",
+        description="A Kubernetes device plugin for NVIDIA GPUs: one supervisor, one worker per resource.",
     )
     # RunArgumentParser behaves as argparse's own until add_run_arguments / add_label_arguments make
     # `run` and `labels` read NVIDIA's Go flag syntax (a boolean flag takes no separate value, a
@@ -55,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_label_arguments(labels)
 
-    demo = sub.add_parser("demo", help="a simulated node, a kubelet stand-in and an allocation, in a temp dir")
+    demo = sub.add_parser(
+        "demo", help="a simulated node, a kubelet stand-in and an allocation, in a temp dir"
+    )
     demo.add_argument("--profile", default="dgx-h100", help="simulator profile or node-description YAML")
     demo.add_argument("--follow", action="store_true", help="keep running until Ctrl-C")
 
@@ -63,11 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--run-dir", default=os.environ.get("GPUVISOR_RUN_DIR", DEFAULT_RUN_DIR))
     status.add_argument("--json", action="store_true", help="stable JSON instead of a table")
     status.add_argument(
-        "--kubelet-dir", default="", help="where to find the kubelet's checkpoint file (default: the supervisor's plugin dir)"
+        "--kubelet-dir",
+        default="",
+        help="where to find the kubelet's checkpoint file (default: the supervisor's plugin dir)",
     )
     status.add_argument(
         "--pod-resources-socket",
-        default=os.environ.get("GPUVISOR_POD_RESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock"),
+        default=os.environ.get(
+            "GPUVISOR_POD_RESOURCES_SOCKET", "/var/lib/kubelet/pod-resources/kubelet.sock"
+        ),
         help="the kubelet's pod-resources API socket, asked first for allocations; empty skips it "
         "(env GPUVISOR_POD_RESOURCES_SOCKET)",
     )
@@ -88,12 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     ecc = sim_sub.add_parser("ecc", help="an ECC error event")
     common_args(ecc)
     ecc.add_argument("--kind", choices=("single", "double"), default="double")
-    for action, text in (("lose", "the GPU falls off the bus"), ("restore", "a lost GPU comes back"), ("reset", "a GPU reset")):
+    for action, text in (
+        ("lose", "the GPU falls off the bus"),
+        ("restore", "a lost GPU comes back"),
+        ("reset", "a GPU reset"),
+    ):
         common_args(sim_sub.add_parser(action, help=text))
     mig = sim_sub.add_parser("mig", help="change a GPU's MIG layout (then the supervisor rediscovers)")
     common_args(mig, device=False)
     mig.add_argument("--gpu", type=int, required=True, help="GPU index")
-    mig.add_argument("--layout", default="", help="comma list of profiles, e.g. 3g.40gb,2g.20gb; empty disables MIG")
+    mig.add_argument(
+        "--layout", default="", help="comma list of profiles, e.g. 3g.40gb,2g.20gb; empty disables MIG"
+    )
     return parser
 
 
@@ -202,12 +215,17 @@ def format_status(data: dict[str, Any]) -> str:
     lines.append(f"ready: {'yes' if data.get('ready') else 'no'}{f'  ({detail})' if detail else ''}")
     nvml = data.get("nvml") or {}
     if nvml and not nvml.get("up"):
-        lines.append(f"NVML: down after {nvml.get('attempts', 0)} attempt(s): {nvml.get('error') or 'not started'}")
+        lines.append(
+            f"NVML: down after {nvml.get('attempts', 0)} attempt(s): {nvml.get('error') or 'not started'}"
+        )
     if data.get("metrics_url"):
         lines.append(f"metrics: {data['metrics_url']}/metrics")
     cdi = data.get("cdi") or {}
     if cdi.get("source") or cdi.get("error"):
-        lines.append(f"CDI spec in {cdi.get('spec_dir')}: " + (f"ERROR {cdi['error']}" if cdi.get("error") else f"written by {cdi['source']}"))
+        lines.append(
+            f"CDI spec in {cdi.get('spec_dir')}: "
+            + (f"ERROR {cdi['error']}" if cdi.get("error") else f"written by {cdi['source']}")
+        )
     lines.append("")
     rows: list[tuple[str, ...]] = [("RESOURCE", "STATE", "PID", "RESTARTS", "REGISTERED SINCE", "SOCKET")]
     for w in data.get("workers", []):
@@ -226,7 +244,10 @@ def format_status(data: dict[str, Any]) -> str:
     for w in data.get("workers", []):
         if w["state"] != "RUNNING" and w.get("reason"):
             retry = w.get("next_retry_in")
-            lines.append(f"  {w['resource']}: {w['state']}: {w['reason']}" + (f" (next try in {retry:g}s)" if retry is not None else ""))
+            lines.append(
+                f"  {w['resource']}: {w['state']}: {w['reason']}"
+                + (f" (next try in {retry:g}s)" if retry is not None else "")
+            )
     reconcile = data.get("reconcile") or {}
     pending = reconcile.get("pending")
     if pending:
@@ -254,7 +275,9 @@ def format_status(data: dict[str, Any]) -> str:
         lines += ["", "MPS control daemons:"]
         for resource, d in sorted(mps.items()):
             pid = f" pid {d['pid']}" if d.get("pid") else ""
-            lines.append(f"  {resource}  {d['state']}{pid}  restarts {d.get('restarts', 0)}  {d.get('reason', '')}")
+            lines.append(
+                f"  {resource}  {d['state']}{pid}  restarts {d.get('restarts', 0)}  {d.get('reason', '')}"
+            )
     allocations = data.get("allocations")
     if allocations:
         source = data.get("allocations_source")

@@ -101,12 +101,20 @@ class Supervisor:
             epoch=uuid.uuid4().hex[:12],
             post=post,
         )
-        self.control = ControlEndpoint(endpoint=self.rundir.control_endpoint, count=self.metrics.control_message_dropped)
+        self.control = ControlEndpoint(
+            endpoint=self.rundir.control_endpoint, count=self.metrics.control_message_dropped
+        )
         self.spawner = WorkerSpawner(config=config, rundir=self.rundir, record_tag=self.sockets.add)
-        self.workers = WorkerSet(spawner=self.spawner, policy=worker_policy(config), listeners=(self.on_worker_state,))
-        self.mps = MpsWiring(config=config, environ=self.environ, nvml_module=self.nvml.module, hub=self.hub, post=post)
+        self.workers = WorkerSet(
+            spawner=self.spawner, policy=worker_policy(config), listeners=(self.on_worker_state,)
+        )
+        self.mps = MpsWiring(
+            config=config, environ=self.environ, nvml_module=self.nvml.module, hub=self.hub, post=post
+        )
         self.cdi = CdiSync(config=config, timers=self.timers)
-        self.labels = NodeLabels(nvml_module=self.nvml.module, simulated=self.nvml.simulator is not None, timers=self.timers)
+        self.labels = NodeLabels(
+            nvml_module=self.nvml.module, simulated=self.nvml.simulator is not None, timers=self.timers
+        )
         follow = Follow(
             nvml_module=self.nvml.module,
             hub=self.hub,
@@ -144,7 +152,11 @@ class Supervisor:
             clock=self.clock,
         )
         self.commands = CommandTarget(
-            status=self.status, replan=self.replan, planned=self.reconciler, health=self.hub, faults=self.nvml.simulator
+            status=self.status,
+            replan=self.replan,
+            planned=self.reconciler,
+            health=self.hub,
+            faults=self.nvml.simulator,
         )
         self.watches = Watches(
             plugin_dir=self.plugin_dir,
@@ -184,7 +196,9 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self.mailbox.wakeup_fd, warn_on_full_buffer=False)
-        log.info("gpuvisor starting (pid %d): %s", os.getpid(), json.dumps(self.config.describe(), sort_keys=True))
+        log.info(
+            "gpuvisor starting (pid %d): %s", os.getpid(), json.dumps(self.config.describe(), sort_keys=True)
+        )
         if self.config.unknown_keys:
             log.warning("config file keys ignored (unknown): %s", ", ".join(self.config.unknown_keys))
         self.prepare()  # refused here, nothing of another supervisor's run dir is touched
@@ -350,7 +364,9 @@ class Supervisor:
         if new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
             removed = self.sockets.sweep(handle.resource, handle.socket_tag)
             if removed:
-                log.info("removed the socket(s) a dead worker of %s left: %s", handle.resource, ", ".join(removed))
+                log.info(
+                    "removed the socket(s) a dead worker of %s left: %s", handle.resource, ", ".join(removed)
+                )
 
     # ------------------------------------------------------------------ NVML
     def try_nvml(self) -> None:

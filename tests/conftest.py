@@ -42,7 +42,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         tier = os.path.relpath(str(item.path), TESTS).split(os.sep)[0]
         if tier not in TIERS:
-            raise pytest.UsageError(f"{item.nodeid}: a test lives in one of the tier folders {', '.join(TIERS)}")
+            raise pytest.UsageError(
+                f"{item.nodeid}: a test lives in one of the tier folders {', '.join(TIERS)}"
+            )
         item.add_marker(tier)
 
 

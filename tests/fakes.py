@@ -110,10 +110,14 @@ def policy() -> HealthPolicy:
     return HealthPolicy.from_settings(None, None, {}, 60.0)
 
 
-def hub_with_book(node_factory: object = nodes.pcie_l4, data: object = None) -> tuple[HealthHub, FakeClock, Metrics]:
+def hub_with_book(
+    node_factory: object = nodes.pcie_l4, data: object = None
+) -> tuple[HealthHub, FakeClock, Metrics]:
     clock = FakeClock()
     metrics = Metrics(version="test")
-    hub = HealthHub(endpoint="ipc:///nowhere", policy=policy(), metrics=metrics, clock=clock, epoch="epoch1", post=no_post)
+    hub = HealthHub(
+        endpoint="ipc:///nowhere", policy=policy(), metrics=metrics, clock=clock, epoch="epoch1", post=no_post
+    )
     node = node_factory()  # type: ignore[operator]
     plans = plan_resources(node, config_from_data(data))
     hub.node = node

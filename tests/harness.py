@@ -68,14 +68,28 @@ def run_supervisor(
         "--metrics-address", "",
         *args,
     ]  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env(env), check=False)
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env(env), check=False
+    )
 
 
 def gpuvisor_status(node: SimNode, *extra: str) -> subprocess.CompletedProcess[str]:
     """`gpuvisor status *extra` on `node`'s run dir, in the node's environment, reading allocations
     from the checkpoint only (no pod-resources socket: this machine's kubelet, if any, is not the node's)."""
-    argv = [sys.executable, "-m", "supervisor", "status", "--run-dir", node.run_dir, "--pod-resources-socket", "", *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=child_env(node.env), cwd=REPO, check=False)
+    argv = [
+        sys.executable,
+        "-m",
+        "supervisor",
+        "status",
+        "--run-dir",
+        node.run_dir,
+        "--pod-resources-socket",
+        "",
+        *extra,
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=60, env=child_env(node.env), cwd=REPO, check=False
+    )
 
 
 class SimNode:
@@ -183,7 +197,9 @@ class SimNode:
 
     def wait_listed(self, resources: Sequence[str], timeout: float = 30.0) -> None:
         ok = self.kubelet.wait_listed(resources, timeout)
-        assert ok, f"{list(resources)} not registered and listed within {timeout}s\n--- log:\n{self.log()[-6000:]}"
+        assert ok, (
+            f"{list(resources)} not registered and listed within {timeout}s\n--- log:\n{self.log()[-6000:]}"
+        )
 
     def command(self, name: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
         return send_command(self.run_dir, name, args or {})
@@ -195,9 +211,13 @@ class SimNode:
         dev = self.kubelet.devices(resource).get(device_id)
         return dev.health if dev else ""
 
-    def wait_health(self, resource: str, device_ids: Sequence[str], health: str, timeout: float = 15.0) -> None:
+    def wait_health(
+        self, resource: str, device_ids: Sequence[str], health: str, timeout: float = 15.0
+    ) -> None:
         ok = wait_until(lambda: all(self.health(resource, d) == health for d in device_ids), timeout)
-        assert ok, f"{resource} {list(device_ids)} not {health}: {self.kubelet.devices(resource)}\n{self.log()[-4000:]}"
+        assert ok, (
+            f"{resource} {list(device_ids)} not {health}: {self.kubelet.devices(resource)}\n{self.log()[-4000:]}"
+        )
 
     def elapsed(self, since: float) -> float:
         return time.monotonic() - since
@@ -206,7 +226,9 @@ class SimNode:
 # ---------------------------------------------------------------- a config file and SIGHUP
 
 
-def config_node(directory: Path, text: str, profile: str = "pcie-l4", args: Sequence[str] = ()) -> tuple[SimNode, Path]:
+def config_node(
+    directory: Path, text: str, profile: str = "pcie-l4", args: Sequence[str] = ()
+) -> tuple[SimNode, Path]:
     """A node (not started) on `profile` whose config file is `<directory>/config.yaml`, holding `text`."""
     path = directory / "config.yaml"
     path.write_text(text)
@@ -301,7 +323,9 @@ def get(url: str) -> tuple[int, str]:
 
 def metrics_url(node: SimNode) -> str:
     """The supervisor's metrics base URL, from `status` (waits for the control socket)."""
-    assert wait_until(lambda: os.path.exists(os.path.join(node.run_dir, "control.sock")), 20), node.log()[-3000:]
+    assert wait_until(lambda: os.path.exists(os.path.join(node.run_dir, "control.sock")), 20), node.log()[
+        -3000:
+    ]
     url = node.command("status")["metrics_url"]
     assert isinstance(url, str) and url.startswith("http://127.0.0.1:")
     return url

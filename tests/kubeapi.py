@@ -63,11 +63,16 @@ NODE_FEATURE_SCHEMA = structural(yaml.safe_load(SCHEMA_FILE.read_text()))
 
 def node_feature_problems(obj: Any, namespace: str, name: str | None) -> list[str]:
     """What the API server would refuse in a NodeFeature sent to `namespace` (and `name` for a PUT)."""
-    problems = [f"{'.'.join(map(str, e.absolute_path)) or '(object)'}: {e.message}" for e in jsonschema.Draft7Validator(NODE_FEATURE_SCHEMA).iter_errors(obj)]
+    problems = [
+        f"{'.'.join(map(str, e.absolute_path)) or '(object)'}: {e.message}"
+        for e in jsonschema.Draft7Validator(NODE_FEATURE_SCHEMA).iter_errors(obj)
+    ]
     if not isinstance(obj, dict):
         return problems or ["not an object"]
     if (obj.get("apiVersion"), obj.get("kind")) != ("nfd.k8s-sigs.io/v1alpha1", "NodeFeature"):
-        problems.append(f"apiVersion/kind {obj.get('apiVersion')}/{obj.get('kind')} is not nfd.k8s-sigs.io/v1alpha1/NodeFeature")
+        problems.append(
+            f"apiVersion/kind {obj.get('apiVersion')}/{obj.get('kind')} is not nfd.k8s-sigs.io/v1alpha1/NodeFeature"
+        )
     meta = obj.get("metadata") or {}
     obj_name = meta.get("name", "")
     if not isinstance(obj_name, str) or len(obj_name) > 253 or not DNS_SUBDOMAIN.match(obj_name):
@@ -75,10 +80,14 @@ def node_feature_problems(obj: Any, namespace: str, name: str | None) -> list[st
     if name is not None and obj_name != name:
         problems.append(f"metadata.name {obj_name!r} does not match the URL's {name!r}")
     if meta.get("namespace", namespace) != namespace:
-        problems.append(f"metadata.namespace {meta.get('namespace')!r} does not match the URL's {namespace!r}")
+        problems.append(
+            f"metadata.namespace {meta.get('namespace')!r} does not match the URL's {namespace!r}"
+        )
     for key, value in (meta.get("labels") or {}).items():
         prefix, _, label = key.rpartition("/")
-        if not (LABEL_NAME.match(label) and 0 < len(label) <= 63) or (prefix and not DNS_SUBDOMAIN.match(prefix)):
+        if not (LABEL_NAME.match(label) and 0 < len(label) <= 63) or (
+            prefix and not DNS_SUBDOMAIN.match(prefix)
+        ):
             problems.append(f"metadata.labels key {key!r} is not a valid label name")
         if not isinstance(value, str) or len(value) > 63 or not LABEL_NAME.match(value):
             problems.append(f"metadata.labels[{key!r}] value {value!r} is not a valid label value")
@@ -134,7 +143,9 @@ class FakeApiServer:
             return [r for r in self.requests if method is None or r.method == method]
 
 
-def status(code: int, reason: str, message: str, name: str = "", kind: str = "nodefeatures") -> dict[str, Any]:
+def status(
+    code: int, reason: str, message: str, name: str = "", kind: str = "nodefeatures"
+) -> dict[str, Any]:
     """A metav1.Status as the API server sends it with an error."""
     return {
         "kind": "Status",
@@ -179,7 +190,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(code, status(code, reason, f"injected {reason}"))
                 return
             # The API server takes a missing Content-Type as its first media type, JSON.
-            if method in ("POST", "PUT") and self.headers.get("Content-Type", "application/json").split(";")[0] != "application/json":
+            if (
+                method in ("POST", "PUT")
+                and self.headers.get("Content-Type", "application/json").split(";")[0] != "application/json"
+            ):
                 self._send(415, status(415, "UnsupportedMediaType", "expected application/json"))
                 return
             pod = POD_PATH.match(path)
@@ -202,7 +216,9 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and name:
             found = state.node_features.get(key)
             if found is None:
-                self._send(404, status(404, "NotFound", f'nodefeatures.nfd.k8s-sigs.io "{name}" not found', name))
+                self._send(
+                    404, status(404, "NotFound", f'nodefeatures.nfd.k8s-sigs.io "{name}" not found', name)
+                )
             else:
                 self._send(200, found)
             return
@@ -217,15 +233,34 @@ class _Handler(BaseHTTPRequestHandler):
         obj_name = body["metadata"]["name"]
         current = state.node_features.get((namespace, obj_name))
         if method == "POST" and current is not None:
-            self._send(409, status(409, "AlreadyExists", f'nodefeatures.nfd.k8s-sigs.io "{obj_name}" already exists', obj_name))
+            self._send(
+                409,
+                status(
+                    409,
+                    "AlreadyExists",
+                    f'nodefeatures.nfd.k8s-sigs.io "{obj_name}" already exists',
+                    obj_name,
+                ),
+            )
             return
         if method == "PUT":
             if current is None:
-                self._send(404, status(404, "NotFound", f'nodefeatures.nfd.k8s-sigs.io "{obj_name}" not found', obj_name))
+                self._send(
+                    404,
+                    status(404, "NotFound", f'nodefeatures.nfd.k8s-sigs.io "{obj_name}" not found', obj_name),
+                )
                 return
             sent = body["metadata"].get("resourceVersion")
             if sent != current["metadata"]["resourceVersion"]:
-                self._send(409, status(409, "Conflict", f"Operation cannot be fulfilled: the object has been modified (resourceVersion {sent!r})", obj_name))
+                self._send(
+                    409,
+                    status(
+                        409,
+                        "Conflict",
+                        f"Operation cannot be fulfilled: the object has been modified (resourceVersion {sent!r})",
+                        obj_name,
+                    ),
+                )
                 return
         state.version += 1
         stored = json.loads(json.dumps(body))
@@ -233,7 +268,9 @@ class _Handler(BaseHTTPRequestHandler):
         meta["namespace"] = namespace
         meta["resourceVersion"] = str(state.version)
         meta.setdefault("uid", current["metadata"]["uid"] if current else str(uuid.uuid4()))
-        meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        meta.setdefault(
+            "creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        )
         meta["generation"] = (current["metadata"].get("generation", 1) + 1) if current else 1
         state.node_features[(namespace, obj_name)] = stored
         self._send(201 if method == "POST" else 200, stored)
@@ -275,7 +312,11 @@ def _certificates(directory: Path) -> tuple[bytes, Path, Path]:
     )  # fmt: skip
     cert_file, key_file = directory / "server.crt", directory / "server.key"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     return ca.public_bytes(serialization.Encoding.PEM), cert_file, key_file
 
 
@@ -294,7 +335,9 @@ class RunningApiServer:
         self.ca_data = base64.b64encode(ca_pem).decode()
         self.kubeconfig = directory / "kubeconfig"
         self.kubeconfig.write_text(self.kubeconfig_text(self.ca_data))
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="fake-apiserver", daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, args=(0.05,), name="fake-apiserver", daemon=True
+        )
         self.thread.start()
 
     def kubeconfig_text(self, ca_data: str, token: str = TOKEN) -> str:

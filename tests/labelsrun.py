@@ -25,7 +25,11 @@ def labels_argv(*args: str) -> list[str]:
 def labels_env(**extra: str) -> dict[str, str]:
     """This process's environment without what a label setting reads, the checkout first on PYTHONPATH, `extra` over it."""
     names = {n for s in LABEL_SETTINGS for n in s.envs}
-    env = {k: v for k, v in os.environ.items() if k not in names and not k.startswith(("GFD_", "GPUVISOR_", "MOCK_NVML_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in names and not k.startswith(("GFD_", "GPUVISOR_", "MOCK_NVML_"))
+    }
     env["PYTHONPATH"] = checkout_path()
     env.update(extra)
     return env
@@ -34,11 +38,19 @@ def labels_env(**extra: str) -> dict[str, str]:
 def run_labels(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`gpuvisor labels *args` to completion (`env` default: `labels_env()`), its output captured."""
     return subprocess.run(
-        labels_argv(*args), env=env or labels_env(), cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT, check=False
+        labels_argv(*args),
+        env=env or labels_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
     )
 
 
 def start_labels(*args: str, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """`gpuvisor labels *args` started, its stderr (the log) going to `log`; the caller ends it."""
     with open(log, "w") as fh:
-        return subprocess.Popen(labels_argv(*args), env=env or labels_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=fh)
+        return subprocess.Popen(
+            labels_argv(*args), env=env or labels_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=fh
+        )

@@ -22,7 +22,9 @@ TIMEOUT = 60
 def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     """The one object of `kind` named `name`."""
     found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    assert len(found) == 1, f"expected one {kind} {name}: {[(d['kind'], d['metadata']['name']) for d in docs]}"
+    assert len(found) == 1, (
+        f"expected one {kind} {name}: {[(d['kind'], d['metadata']['name']) for d in docs]}"
+    )
     return found[0]
 
 

@@ -38,7 +38,9 @@ from tests.helpers import REPO
 LIB_NAME = "libnvidia-ml.so.550.163.01"
 SONAME = "libnvidia-ml.so.1"
 # Where the harness is: beside the checkout (../shared), or named by the environment.
-MOCK_DIR = os.environ.get("GPUVISOR_MOCKNVML_DIR") or os.path.join(os.path.dirname(REPO), "shared", "mocknvml")
+MOCK_DIR = os.environ.get("GPUVISOR_MOCKNVML_DIR") or os.path.join(
+    os.path.dirname(REPO), "shared", "mocknvml"
+)
 CONFIG_DIR = os.path.join(MOCK_DIR, "configs")
 
 
@@ -124,7 +126,11 @@ def environ(
     the calling environment are left out, so a test sees only what it sets. `pythonpath` goes
     before the checkout on PYTHONPATH (e.g. a directory holding an older `pynvml`).
     """
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(("GPUVISOR_", "DP_", "MOCK_NVML_"))}
+    env = {
+        k: v
+        for k, v in (os.environ if base is None else base).items()
+        if not k.startswith(("GPUVISOR_", "DP_", "MOCK_NVML_"))
+    }
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
     env["PYTHONPATH"] = os.pathsep.join([*pythonpath, REPO])
     if profile is not None:

@@ -99,10 +99,14 @@ def main() -> None:
         for timeout in (int(t) for t in args.wait_ms.split(",") if t.strip()):
             start = time.monotonic()
             event = watch.wait(timeout)
-            waits.append({"timeout_ms": timeout, "elapsed_ms": (time.monotonic() - start) * 1000, "event": repr(event)})
+            waits.append(
+                {"timeout_ms": timeout, "elapsed_ms": (time.monotonic() - start) * 1000, "event": repr(event)}
+            )
         out["waits"] = waits
     out["wanted_mask"] = int(
-        pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
+        pynvml.nvmlEventTypeXidCriticalError
+        | pynvml.nvmlEventTypeSingleBitEccError
+        | pynvml.nvmlEventTypeDoubleBitEccError
     )
     out["supported_masks"] = {
         gpu.uuid: int(pynvml.nvmlDeviceGetSupportedEventTypes(pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)))

@@ -28,7 +28,7 @@ from supervisor.node.planning import plan_resources
 from tests import nodes
 from tests.helpers import wait_until
 
-FAKE_CONTROL = r'''
+FAKE_CONTROL = r"""
 import json, os, signal, sys, time
 
 PIPE = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
@@ -147,7 +147,7 @@ def main():
 
 
 sys.exit(main())
-'''
+"""
 
 
 def install(tmp_path: Path) -> Path:

@@ -66,7 +66,12 @@ def make_gpu(
 
 def _nvlink_mesh(count: int, nvlinks: int, per_numa: int) -> tuple[Link, ...]:
     return tuple(
-        Link(a=a, b=b, ancestor=TOPOLOGY_NODE if a // per_numa == b // per_numa else TOPOLOGY_SYSTEM, nvlinks=nvlinks)
+        Link(
+            a=a,
+            b=b,
+            ancestor=TOPOLOGY_NODE if a // per_numa == b // per_numa else TOPOLOGY_SYSTEM,
+            nvlinks=nvlinks,
+        )
         for a in range(count)
         for b in range(a + 1, count)
     )
@@ -77,13 +82,17 @@ def dgx_h100() -> Node:
     gpus = tuple(
         make_gpu(0x100, i, H100_80GB, 81559, numa_node=i // 4, compute_capability=(9, 0)) for i in range(8)
     )
-    return Node(gpus=gpus, links=_nvlink_mesh(8, 18, 4), driver_version="550.54.15", cuda_driver_version=12040)
+    return Node(
+        gpus=gpus, links=_nvlink_mesh(8, 18, 4), driver_version="550.54.15", cuda_driver_version=12040
+    )
 
 
 def dgx_a100() -> Node:
     """8 x A100-SXM4-80GB, all pairs over NVSwitch (12 NVLinks), two NUMA nodes."""
     gpus = tuple(make_gpu(0xA100, i, A100_80GB, 81920, numa_node=i // 4) for i in range(8))
-    return Node(gpus=gpus, links=_nvlink_mesh(8, 12, 4), driver_version="550.54.15", cuda_driver_version=12040)
+    return Node(
+        gpus=gpus, links=_nvlink_mesh(8, 12, 4), driver_version="550.54.15", cuda_driver_version=12040
+    )
 
 
 def pcie_l4() -> Node:
@@ -105,16 +114,20 @@ MIG_A100_LAYOUT: dict[int, tuple[str, ...]] = {
 def mig_a100() -> Node:
     """8 x A100-SXM4-80GB; GPUs 0-3 MIG-enabled with mixed profiles (see MIG_A100_LAYOUT)."""
     gpus = tuple(
-        make_gpu(0xA1, i, A100_80GB, 81920, numa_node=i // 4, mig_profiles=MIG_A100_LAYOUT.get(i)) for i in range(8)
+        make_gpu(0xA1, i, A100_80GB, 81920, numa_node=i // 4, mig_profiles=MIG_A100_LAYOUT.get(i))
+        for i in range(8)
     )
-    return Node(gpus=gpus, links=_nvlink_mesh(8, 12, 4), driver_version="550.54.15", cuda_driver_version=12040)
+    return Node(
+        gpus=gpus, links=_nvlink_mesh(8, 12, 4), driver_version="550.54.15", cuda_driver_version=12040
+    )
 
 
 def mig_uniform(gpus: int = 2, profile: str = "1g.10gb", per_gpu: int = 7) -> Node:
     """Every GPU MIG-enabled with the same profile: what the `single` strategy accepts."""
     return Node(
         gpus=tuple(
-            make_gpu(0xB1, i, A100_80GB, 81920, numa_node=0, mig_profiles=(profile,) * per_gpu) for i in range(gpus)
+            make_gpu(0xB1, i, A100_80GB, 81920, numa_node=0, mig_profiles=(profile,) * per_gpu)
+            for i in range(gpus)
         ),
         links=_nvlink_mesh(gpus, 12, 8),
     )

@@ -89,8 +89,6 @@ class ContainerResponse:
     cdi_devices: tuple[str, ...] = ()
 
 
-
-
 @dataclass(frozen=True)
 class _Entry:
     """What the hot path needs about one allocatable device ID."""
@@ -140,7 +138,9 @@ class Allocator:
 
         self._imex_error = ""
         try:
-            selected = select_channels(settings.imex_channel_ids, settings.dev_root, settings.imex_required, imex_problem)
+            selected = select_channels(
+                settings.imex_channel_ids, settings.dev_root, settings.imex_required, imex_problem
+            )
         except ImexChannelMissing as exc:
             if strict_imex:
                 raise

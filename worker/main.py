@@ -81,10 +81,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-level", default="info")
     p.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_S, help="seconds between heartbeats")
     p.add_argument(
-        "--secret-fd", type=int, default=-1, help="an inherited pipe holding this spawn's secret (read once, closed)"
+        "--secret-fd",
+        type=int,
+        default=-1,
+        help="an inherited pipe holding this spawn's secret (read once, closed)",
     )
     p.add_argument(
-        "--socket-tag", type=socket_tag, default=None, help="6 hex digits in this process's socket names (the supervisor's record)"
+        "--socket-tag",
+        type=socket_tag,
+        default=None,
+        help="6 hex digits in this process's socket names (the supervisor's record)",
     )
     return p.parse_args(argv)
 
@@ -295,7 +301,9 @@ class Worker:
             self._pending_plan = None
             bad = sorted(d for d, h in items if not h.healthy)
             log.info(
-                "plan updated in place: %d devices; unhealthy now: %s", len(plan.devices), ", ".join(bad) or "none"
+                "plan updated in place: %d devices; unhealthy now: %s",
+                len(plan.devices),
+                ", ".join(bad) or "none",
             )
         elif self.book.set_health(items, replace=replace):
             bad = sorted(d for d, h in items if not h.healthy)

@@ -183,7 +183,9 @@ class Registrar:
             return
         self.state = state
         if state is RegState.RETRYING:
-            log.warning("registration failing, retrying with backoff: %s", detail, extra={"state": state.value})
+            log.warning(
+                "registration failing, retrying with backoff: %s", detail, extra={"state": state.value}
+            )
         else:
             log.info("%s (%s)", state.value, detail, extra={"state": state.value})
         self._on_state(state, detail)
@@ -266,7 +268,11 @@ class Registrar:
         """Was the live registration dropped soon after it was made by the same kubelet? Counts it."""
         lost = problem.startswith(NO_STREAM) or problem.startswith("the kubelet ended our")
         same_kubelet = kubelet_identity(self.kubelet_socket) == self._registered_with
-        if lost and same_kubelet and time.monotonic() - self._registered_mono < STABLE_S + self.current_stream_deadline:
+        if (
+            lost
+            and same_kubelet
+            and time.monotonic() - self._registered_mono < STABLE_S + self.current_stream_deadline
+        ):
             self._drop_streak += 1
             return True
         self._drop_streak = 0
@@ -349,7 +355,9 @@ class Registrar:
         """One Register call, abandoned early if it can no longer succeed."""
         server = self.server
         assert server is not None
-        request = pb.RegisterRequest(version=VERSION, endpoint=server.name, resource_name=self.resource, options=OPTIONS)
+        request = pb.RegisterRequest(
+            version=VERSION, endpoint=server.name, resource_name=self.resource, options=OPTIONS
+        )
         channel = grpc.insecure_channel(unix_target(self.kubelet_socket))
         # The kubelet may open its stream before Register returns: from here on the next stream
         # is its own, and whatever happens to this Register, the next one gets a fresh server.

@@ -223,10 +223,14 @@ class PluginService:
             self._plan_seen = plan
         return self._allocator, self._preferred
 
-    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+    def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> pb.DevicePluginOptions:
         return OPTIONS
 
-    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+    def ListAndWatch(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> Iterator[pb.ListAndWatchResponse]:
         """A stream not tied to a server (direct use); servers go through `stream()`."""
         return self.stream(self.server, context)
 
@@ -316,7 +320,10 @@ class PluginService:
         responses = []
         for creq in request.container_requests:
             ids = policy.select(
-                list(creq.available_deviceIDs), list(creq.must_include_deviceIDs), int(creq.allocation_size), lost
+                list(creq.available_deviceIDs),
+                list(creq.must_include_deviceIDs),
+                int(creq.allocation_size),
+                lost,
             )
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         self._observe("GetPreferredAllocation", time.perf_counter() - start)
@@ -354,7 +361,9 @@ class _ServerView:
         self.Allocate = service.Allocate
         self.PreStartContainer = service.PreStartContainer
 
-    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+    def ListAndWatch(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> Iterator[pb.ListAndWatchResponse]:
         return self._service.stream(self._server, context)
 
 
@@ -463,7 +472,9 @@ class PluginServer:
                 self._extras -= 1
 
     def start(self) -> None:
-        executor = self._executor or futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
+        executor = self._executor or futures.ThreadPoolExecutor(
+            max_workers=RPC_THREADS, thread_name_prefix="rpc"
+        )
         server = grpc.server(executor, options=[("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=MAX_RPCS)
         server.add_generic_rpc_handlers((device_plugin_handler(_ServerView(self.service, self)),))
         server.add_insecure_port(unix_target(self.path))
@@ -493,6 +504,7 @@ class PluginServer:
         unary call still running), so the kubelet has seen our streams end before we register
         a successor.
         """
+
         def mark() -> None:
             self.stopping = True
 

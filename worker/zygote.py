@@ -49,7 +49,9 @@ def _returncode(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def _child(sock: socket.socket, wake_r: int, wake_w: int, argv: list[str], secret: str, zygote_pid: int) -> None:
+def _child(
+    sock: socket.socket, wake_r: int, wake_w: int, argv: list[str], secret: str, zygote_pid: int
+) -> None:
     """In the forked child: drop the zygote's plumbing and become a worker."""
     code = 1
     try:
@@ -145,7 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--supervisor-pid", type=int, required=True)
     parser.add_argument("--pad", default="", help="blank room for the workers' command lines")
     args = parser.parse_args(argv)
-    set_cmdline([sys.executable, "-m", "worker.zygote", "--fd", str(args.fd), "--supervisor-pid", str(args.supervisor_pid)])
+    set_cmdline(
+        [
+            sys.executable,
+            "-m",
+            "worker.zygote",
+            "--fd",
+            str(args.fd),
+            "--supervisor-pid",
+            str(args.supervisor_pid),
+        ]
+    )
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != args.supervisor_pid:
         return 0

@@ -19,9 +19,13 @@ DEVICE_PLUGIN_SERVICE = "v1beta1.DevicePlugin"
 
 
 class DevicePluginServicer(Protocol):
-    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions: ...
+    def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> pb.DevicePluginOptions: ...
 
-    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]: ...
+    def ListAndWatch(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> Iterator[pb.ListAndWatchResponse]: ...
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
@@ -80,15 +84,19 @@ class DevicePluginClient:
 
     def __init__(self, channel: grpc.Channel) -> None:
         base = f"/{DEVICE_PLUGIN_SERVICE}/"
-        self.GetDevicePluginOptions: grpc.UnaryUnaryMultiCallable[pb.Empty, pb.DevicePluginOptions] = channel.unary_unary(
-            base + "GetDevicePluginOptions",
-            request_serializer=_serialize,
-            response_deserializer=pb.DevicePluginOptions.FromString,
+        self.GetDevicePluginOptions: grpc.UnaryUnaryMultiCallable[pb.Empty, pb.DevicePluginOptions] = (
+            channel.unary_unary(
+                base + "GetDevicePluginOptions",
+                request_serializer=_serialize,
+                response_deserializer=pb.DevicePluginOptions.FromString,
+            )
         )
-        self.ListAndWatch: grpc.UnaryStreamMultiCallable[pb.Empty, pb.ListAndWatchResponse] = channel.unary_stream(
-            base + "ListAndWatch",
-            request_serializer=_serialize,
-            response_deserializer=pb.ListAndWatchResponse.FromString,
+        self.ListAndWatch: grpc.UnaryStreamMultiCallable[pb.Empty, pb.ListAndWatchResponse] = (
+            channel.unary_stream(
+                base + "ListAndWatch",
+                request_serializer=_serialize,
+                response_deserializer=pb.ListAndWatchResponse.FromString,
+            )
         )
         self.GetPreferredAllocation: grpc.UnaryUnaryMultiCallable[
             pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
@@ -97,8 +105,12 @@ class DevicePluginClient:
             request_serializer=_serialize,
             response_deserializer=pb.PreferredAllocationResponse.FromString,
         )
-        self.Allocate: grpc.UnaryUnaryMultiCallable[pb.AllocateRequest, pb.AllocateResponse] = channel.unary_unary(
-            base + "Allocate", request_serializer=_serialize, response_deserializer=pb.AllocateResponse.FromString
+        self.Allocate: grpc.UnaryUnaryMultiCallable[pb.AllocateRequest, pb.AllocateResponse] = (
+            channel.unary_unary(
+                base + "Allocate",
+                request_serializer=_serialize,
+                response_deserializer=pb.AllocateResponse.FromString,
+            )
         )
         self.PreStartContainer: grpc.UnaryUnaryMultiCallable[
             pb.PreStartContainerRequest, pb.PreStartContainerResponse
@@ -114,5 +126,7 @@ class RegistrationClient:
 
     def __init__(self, channel: grpc.Channel) -> None:
         self.Register: grpc.UnaryUnaryMultiCallable[pb.RegisterRequest, pb.Empty] = channel.unary_unary(
-            f"/{REGISTRATION_SERVICE}/Register", request_serializer=_serialize, response_deserializer=pb.Empty.FromString
+            f"/{REGISTRATION_SERVICE}/Register",
+            request_serializer=_serialize,
+            response_deserializer=pb.Empty.FromString,
         )

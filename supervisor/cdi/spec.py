@@ -85,10 +85,12 @@ def cdi_device_id(device: AllocatableDevice, id_strategy: str) -> str:
     return device.index if id_strategy == "index" else device.uuid
 
 
-
-
 def _node(container_path: str, dev_root: str) -> dict[str, str]:
-    return {"path": container_path, "hostPath": host_path(dev_root, container_path), "permissions": DEVICE_PERMISSIONS}
+    return {
+        "path": container_path,
+        "hostPath": host_path(dev_root, container_path),
+        "permissions": DEVICE_PERMISSIONS,
+    }
 
 
 def build_spec(
@@ -127,7 +129,10 @@ def build_spec(
                             f"{path} cannot be read: {exc.strerror or exc}"
                         ) from None
                 gpu = f"gpu{device.gpu_minor}"
-                for key in (f"{gpu}/gi{device.mig_gi}/access", f"{gpu}/gi{device.mig_gi}/ci{device.mig_ci}/access"):
+                for key in (
+                    f"{gpu}/gi{device.mig_gi}/access",
+                    f"{gpu}/gi{device.mig_gi}/ci{device.mig_ci}/access",
+                ):
                     minor = minors[path].get(key)
                     if minor is None:
                         raise CdiError(
@@ -143,7 +148,9 @@ def build_spec(
     return {
         "cdiVersion": CDI_VERSION,
         "kind": f"{CDI_VENDOR}/{CDI_CLASS}",
-        "devices": [{"name": name, "containerEdits": {"deviceNodes": nodes}} for name, nodes in devices.items()],
+        "devices": [
+            {"name": name, "containerEdits": {"deviceNodes": nodes}} for name, nodes in devices.items()
+        ],
         "containerEdits": edits,
     }
 
@@ -168,7 +175,12 @@ def build_imex_spec(
         "kind": f"{CDI_VENDOR}/{IMEX_CLASS}",
         "devices": [
             # As NVIDIA's: path and host path only (the CDI default permissions).
-            {"name": c.id, "containerEdits": {"deviceNodes": [{"path": c.path, "hostPath": host_path(dev_root, c.path)}]}}
+            {
+                "name": c.id,
+                "containerEdits": {
+                    "deviceNodes": [{"path": c.path, "hostPath": host_path(dev_root, c.path)}]
+                },
+            }
             for c in channels.values()
         ],
     }
@@ -267,7 +279,9 @@ def _check_edits(
             problems.append(f"{at}: must be a mapping")
             continue
         if hook.get("hookName") not in _HOOK_NAMES:
-            problems.append(f"{at}.hookName {hook.get('hookName')!r}: must be one of {', '.join(sorted(_HOOK_NAMES))}")
+            problems.append(
+                f"{at}.hookName {hook.get('hookName')!r}: must be one of {', '.join(sorted(_HOOK_NAMES))}"
+            )
         _check_path(hook.get("path"), f"{at}.path", problems)
         _check_env(hook.get("env"), f"{at}.env", problems)
 
@@ -456,11 +470,15 @@ def generate_with_nvidia_ctk(
         validate_spec(spec, f"CDI spec from {ctk}")
         assert isinstance(spec, dict)  # validate_spec checked it
         if spec.get("kind") != f"{CDI_VENDOR}/{CDI_CLASS}":
-            raise CdiError(f"the CDI spec from {ctk} has kind {spec.get('kind')!r}, not {CDI_VENDOR}/{CDI_CLASS}")
+            raise CdiError(
+                f"the CDI spec from {ctk} has kind {spec.get('kind')!r}, not {CDI_VENDOR}/{CDI_CLASS}"
+            )
         names = {d.get("name") for d in spec.get("devices", []) if isinstance(d, dict)}
         missing = sorted(set(expected_names) - names)
         if missing:
-            raise CdiError(f"the CDI spec from {ctk} lacks device(s) {', '.join(missing)} that Allocate hands out")
+            raise CdiError(
+                f"the CDI spec from {ctk} lacks device(s) {', '.join(missing)} that Allocate hands out"
+            )
         try:
             _install(tmp, final, spec_dir, fmt, CDI_CLASS)
         except OSError as exc:
@@ -550,7 +568,6 @@ class CdiSpecWriter:
         self.source, self.last_text = "gpuvisor", text
         log.info("CDI spec written: %s (%d device(s))", path, len(spec["devices"]))
         return path
-
 
     def _sync_imex(self, plans: Mapping[str, ResourcePlan]) -> None:
         """The imex-channel spec, when a CDI plan injects IMEX channels (ours whatever writes the GPU one)."""

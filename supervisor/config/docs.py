@@ -16,7 +16,7 @@ RUN_NOTES = (
     "flag takes no separate value (`--pass-device-specs=false`, not `--pass-device-specs false`), and "
     "arguments from the first non-flag one on are ignored. Only in the config file: `resources.gpus`, "
     "`resources.mig`, `sharing.timeSlicing` / `sharing.mps`, and `gpuvisor.health` "
-    "(`xids: {\"<xid>\": ignore|transient|until-reset}`, `transientQuietSeconds`)."
+    '(`xids: {"<xid>": ignore|transient|until-reset}`, `transientQuietSeconds`).'
 )
 
 

@@ -105,7 +105,9 @@ def _number(kind_: str, raw: object) -> int | float:
     try:
         return golang.parse_int(str(raw), 0, 64) if kind_ == "int" else golang.parse_float(str(raw))
     except ValueError:
-        what = "an integer (Go syntax: 16, 0x10, -1)" if kind_ == "int" else "a number (Go syntax: 5, 2.5, 1e3)"
+        what = (
+            "an integer (Go syntax: 16, 0x10, -1)" if kind_ == "int" else "a number (Go syntax: 5, 2.5, 1e3)"
+        )
         raise Invalid(f"invalid value {show(str(raw))}: must be {what}") from None
 
 
@@ -145,7 +147,9 @@ def parse_go_flags(argv: Sequence[str], table: Mapping[str, Setting] = SETTINGS_
             raise ConfigError(f"flag {form}", "", "flag provided but not defined")
         earlier = out.forms.get(setting.name)
         if earlier is not None and earlier.lstrip("-") != name:
-            raise ConfigError(f"flag {form}", "", f"cannot use two forms of the same flag: {earlier} and {form}")
+            raise ConfigError(
+                f"flag {form}", "", f"cannot use two forms of the same flag: {earlier} and {form}"
+            )
         out.forms[setting.name] = form
         try:
             if setting.kind == "bool":

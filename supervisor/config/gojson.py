@@ -64,7 +64,9 @@ def go_int(value: object, *, unsigned: bool = False) -> int:
     low, high = (0, golang.UINT64_MAX) if unsigned else (golang.INT64_MIN, golang.INT64_MAX)
     if number is None or not low <= number <= high:
         what = "a non-negative integer" if unsigned else "an integer"
-        raise Invalid(f"must be {what}, not {show(value) if not isinstance(value, list | dict) else kind(value)}")
+        raise Invalid(
+            f"must be {what}, not {show(value) if not isinstance(value, list | dict) else kind(value)}"
+        )
     return number
 
 

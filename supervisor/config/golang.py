@@ -232,7 +232,10 @@ def is_uuid(text: str) -> bool:
         return False
     if any(text[i] != "-" for i in (8, 13, 18, 23)):
         return False
-    return all(text[i] in _HEX and text[i + 1] in _HEX for i in (0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34))
+    return all(
+        text[i] in _HEX and text[i + 1] in _HEX
+        for i in (0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34)
+    )
 
 
 def is_dns1123_subdomain(text: str) -> bool:

@@ -81,7 +81,12 @@ def _from_env(setting: Setting, raw: str, origin: str) -> tuple[bool, Any]:
 
 
 def resolve_setting(
-    setting: Setting, given: Given, environ: Mapping[str, str], tree: Mapping[str, Any], own: Mapping[str, Any], source: str
+    setting: Setting,
+    given: Given,
+    environ: Mapping[str, str],
+    tree: Mapping[str, Any],
+    own: Mapping[str, Any],
+    source: str,
 ) -> tuple[Any, str]:
     """(value, where it came from), by precedence flag > env var > file > default.
 
@@ -121,7 +126,9 @@ def decode_file(data: object, source: str) -> tuple[Mapping[str, Any], dict[str,
     tree, unknown = nvidia.decode(root, source)
     version = tree.get("version", "")
     if version not in ("", CONFIG_VERSION):
-        raise ConfigError(source, "version", f"unsupported config version {show(version)}: only v1 is supported")
+        raise ConfigError(
+            source, "version", f"unsupported config version {show(version)}: only v1 is supported"
+        )
     return root, tree, unknown
 
 
@@ -150,7 +157,9 @@ def _check_whole(config_values: Mapping[str, Any], strategy: str, source: str) -
     if config_values["mig_strategy"] == "mixed":
         raise ConfigError(source, "sharing.mps", "MPS sharing is not supported with the mixed MIG strategy")
     if not config_values["mps_root"]:
-        raise ConfigError(source, "sharing.mps", "MPS sharing needs an MPS root: set flags.mpsRoot, --mps-root or MPS_ROOT")
+        raise ConfigError(
+            source, "sharing.mps", "MPS sharing needs an MPS root: set flags.mpsRoot, --mps-root or MPS_ROOT"
+        )
 
 
 def ignored_notice(given: Given) -> list[str]:

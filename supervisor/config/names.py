@@ -25,7 +25,9 @@ def new_resource_name(name: str) -> str:
     """NVIDIA's NewResourceName: the fully-qualified name, or Invalid."""
     full = name if name.startswith(f"{RESOURCE_DOMAIN}/") else f"{RESOURCE_DOMAIN}/{name}"
     if len(full.encode()) > MAX_RESOURCE_NAME_LENGTH:
-        raise Invalid(f"fully-qualified resource name must be at most {MAX_RESOURCE_NAME_LENGTH} characters: {full}")
+        raise Invalid(
+            f"fully-qualified resource name must be at most {MAX_RESOURCE_NAME_LENGTH} characters: {full}"
+        )
     part = full.split("/", 1)[1]
     if not golang.is_dns1123_subdomain(part):
         raise Invalid(

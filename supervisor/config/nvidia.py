@@ -115,7 +115,9 @@ CONFIG: Final = Struct(
         ),
         "resources": Struct({"gpus": Custom(pointer=True), "mig": Custom(pointer=True)}),
         "sharing": Struct({"timeSlicing": Custom(pointer=False), "mps": Custom(pointer=True)}),
-        "imex": Struct({"channelIDs": Leaf(gojson.go_int_list), "required": Leaf(gojson.go_bool, pointer=False)}),
+        "imex": Struct(
+            {"channelIDs": Leaf(gojson.go_int_list), "required": Leaf(gojson.go_bool, pointer=False)}
+        ),
     }
 )
 

@@ -68,9 +68,15 @@ def _patterns(value: object, source: str, key: str, unknown: list[str]) -> tuple
         if "name" not in entry:
             raise ConfigError(source, f"{at}.name", "resources must have a 'name' field set")
         raw = entry["pattern"]
-        pattern = "" if raw is None else _field(lambda v: gojson.go_string(v, coerce=False), raw, source, f"{at}.pattern")
+        pattern = (
+            ""
+            if raw is None
+            else _field(lambda v: gojson.go_string(v, coerce=False), raw, source, f"{at}.pattern")
+        )
         if len(pattern) > MAX_PATTERN_LENGTH:
-            raise ConfigError(source, f"{at}.pattern", f"too long: {len(pattern)} characters, at most {MAX_PATTERN_LENGTH}")
+            raise ConfigError(
+                source, f"{at}.pattern", f"too long: {len(pattern)} characters, at most {MAX_PATTERN_LENGTH}"
+            )
         name = _field(_resource_name, entry["name"], source, f"{at}.name")
         unknown.extend(f"{at}.{k}" for k in entry if k not in ("pattern", "name"))
         out.append(ResourcePattern(pattern=pattern, name=name))
@@ -103,7 +109,9 @@ def _device(item: object) -> str:
             pass
     if isinstance(item, str):
         return device_ref(item)
-    raise Invalid(f"unsupported device {show(item)} ({kind(item)}): use a GPU index, an i:j MIG index, or a UUID")
+    raise Invalid(
+        f"unsupported device {show(item)} ({kind(item)}): use a GPU index, an i:j MIG index, or a UUID"
+    )
 
 
 def _devices(value: object, source: str, key: str) -> DeviceSelector:
@@ -111,7 +119,9 @@ def _devices(value: object, source: str, key: str) -> DeviceSelector:
     if value is None or isinstance(value, str):
         text = value or ""
         if text != "all":
-            raise ConfigError(source, key, f"devices set as {show(text)} but the only valid string input is 'all'")
+            raise ConfigError(
+                source, key, f"devices set as {show(text)} but the only valid string input is 'all'"
+            )
         return DeviceSelector(all=True)
     if isinstance(value, int | float) and not isinstance(value, bool):
         count = _field(gojson.go_int, value, source, key)
@@ -127,7 +137,9 @@ def _devices(value: object, source: str, key: str) -> DeviceSelector:
             if ref not in refs:
                 refs.append(ref)
         return DeviceSelector(refs=tuple(refs))
-    raise ConfigError(source, key, f'invalid devices {show(value)}: use "all", a count > 0, or a list of device references')
+    raise ConfigError(
+        source, key, f'invalid devices {show(value)}: use "all", a count > 0, or a list of device references'
+    )
 
 
 def _replicas(entry: Mapping[str, Any], source: str, at: str) -> int:
@@ -171,10 +183,14 @@ def _replicated(value: object, source: str, key: str, unknown: list[str]) -> _Re
     """ReplicatedResources.UnmarshalJSON."""
     spec = _object(value, source, f"{key}.resources", "no resources specified")
     raw_rbd = spec.get("renameByDefault")
-    rename_by_default = False if raw_rbd is None else _field(gojson.go_bool, raw_rbd, source, f"{key}.renameByDefault")
+    rename_by_default = (
+        False if raw_rbd is None else _field(gojson.go_bool, raw_rbd, source, f"{key}.renameByDefault")
+    )
     fail: bool | None = None
     if spec.get("failRequestsGreaterThanOne") is not None:
-        fail = _field(gojson.go_bool, spec["failRequestsGreaterThanOne"], source, f"{key}.failRequestsGreaterThanOne")
+        fail = _field(
+            gojson.go_bool, spec["failRequestsGreaterThanOne"], source, f"{key}.failRequestsGreaterThanOne"
+        )
     raw_resources = spec.get("resources")
     items = [] if raw_resources is None else _field(gojson.go_list, raw_resources, source, f"{key}.resources")
     if not items:
@@ -185,7 +201,9 @@ def _replicated(value: object, source: str, key: str, unknown: list[str]) -> _Re
         if rename_by_default and not rename:
             rename = name + SHARED_SUFFIX  # NVIDIA does not check the length of the default rename
         resources.append(SharedResource(name=name, rename=rename, devices=devices, replicas=replicas))
-    unknown.extend(f"{key}.{k}" for k in spec if k not in ("renameByDefault", "failRequestsGreaterThanOne", "resources"))
+    unknown.extend(
+        f"{key}.{k}" for k in spec if k not in ("renameByDefault", "failRequestsGreaterThanOne", "resources")
+    )
     return _Replicated(rename_by_default, fail, resources)
 
 
@@ -205,14 +223,22 @@ def _occurrences(values: Sequence[object], source: str, key: str, unknown: list[
     return state
 
 
-def parse_sharing(tree: Mapping[str, Any] | None, source: str, unknown: list[str], notices: list[str]) -> SharingConfig:
+def parse_sharing(
+    tree: Mapping[str, Any] | None, source: str, unknown: list[str], notices: list[str]
+) -> SharingConfig:
     section = tree or {}
     time_slicing = _occurrences(section.get("timeSlicing") or (), source, "sharing.timeSlicing", unknown)
     mps = _occurrences(section.get("mps") or (), source, "sharing.mps", unknown)
     if mps is not None:
         if time_slicing is not None:
-            notices.append("sharing.timeSlicing is ignored: sharing.mps is set too, and MPS is the strategy used (as in NVIDIA's plugin)")
-        strategy, chosen, fail_default = "mps", mps, True  # config.go: MPS fails requests > 1 unless told not to
+            notices.append(
+                "sharing.timeSlicing is ignored: sharing.mps is set too, and MPS is the strategy used (as in NVIDIA's plugin)"
+            )
+        strategy, chosen, fail_default = (
+            "mps",
+            mps,
+            True,
+        )  # config.go: MPS fails requests > 1 unless told not to
     elif time_slicing is not None:
         strategy, chosen, fail_default = "time-slicing", time_slicing, False
     else:
@@ -244,9 +270,13 @@ def parse_health(value: object, source: str) -> HealthConfig:
         raise ConfigError(source, "gpuvisor.health", f"this section must be a mapping, not {kind(value)}")
     raw_xids = value.get("xids")
     if raw_xids is not None and not isinstance(raw_xids, Mapping):
-        raise ConfigError(source, "gpuvisor.health.xids", f"this section must be a mapping, not {kind(raw_xids)}")
+        raise ConfigError(
+            source, "gpuvisor.health.xids", f"this section must be a mapping, not {kind(raw_xids)}"
+        )
     if raw_xids is not None and len(raw_xids) > MAX_XIDS:
-        raise ConfigError(source, "gpuvisor.health.xids", f"too many XIDs: {len(raw_xids)}, at most {MAX_XIDS}")
+        raise ConfigError(
+            source, "gpuvisor.health.xids", f"too many XIDs: {len(raw_xids)}, at most {MAX_XIDS}"
+        )
     xids: dict[int, str] = {}
     for raw_xid, action in (raw_xids or {}).items():
         key = f"gpuvisor.health.xids.{raw_xid}"
@@ -256,7 +286,9 @@ def parse_health(value: object, source: str) -> HealthConfig:
         if xid in xids:
             raise ConfigError(source, key, f"XID {xid} is listed twice")
         if action not in XID_ACTIONS:
-            raise ConfigError(source, key, f"invalid value {show(action)}: must be one of {', '.join(XID_ACTIONS)}")
+            raise ConfigError(
+                source, key, f"invalid value {show(action)}: must be one of {', '.join(XID_ACTIONS)}"
+            )
         xids[xid] = str(action)
     quiet = value.get("transientQuietSeconds")
     quiet_seconds = (

@@ -74,7 +74,9 @@ def strategy_list(value: Sequence[str]) -> tuple[str, ...]:
     out: list[str] = []
     for item in value:
         if item not in DEVICE_LIST_STRATEGIES:
-            raise Invalid(f"invalid device list strategy {show(item)}: must be one of {', '.join(DEVICE_LIST_STRATEGIES)}")
+            raise Invalid(
+                f"invalid device list strategy {show(item)}: must be one of {', '.join(DEVICE_LIST_STRATEGIES)}"
+            )
         if item not in out:
             out.append(item)
     return tuple(out)
@@ -140,7 +142,9 @@ def own_int(minimum: int, maximum: int) -> Check:
         elif isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
             number = int(value.strip())
         else:
-            raise Invalid(f"must be an integer, not {show(value) if isinstance(value, str | float) else kind(value)}")
+            raise Invalid(
+                f"must be an integer, not {show(value) if isinstance(value, str | float) else kind(value)}"
+            )
         if not minimum <= number <= maximum:
             raise Invalid(f"must be >= {minimum} and <= {maximum}, not {number}")
         return number
@@ -348,6 +352,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _s("enable_healthchecks", (), ("DP_ENABLE_HEALTHCHECKS",), None, "string", (), token_list,
        "NVIDIA's health-check switch: all, or a comma list of XIDs to treat as fatal.", gpuvisor=True),
 )  # fmt: skip
+
 
 def flag_table(settings: Sequence[Setting]) -> Mapping[str, Setting]:
     """Every flag name without its dashes (Go's flag package takes -name and --name alike)."""

@@ -210,7 +210,9 @@ def _check_tree(root: object, source: str) -> None:
         node, depth, path = stack.pop()
         budget -= 1
         if budget < 0:
-            raise ConfigError(source, "", f"too large: more than {MAX_CONFIG_NODES} values once aliases are expanded")
+            raise ConfigError(
+                source, "", f"too large: more than {MAX_CONFIG_NODES} values once aliases are expanded"
+            )
         if depth > MAX_CONFIG_DEPTH:
             raise ConfigError(source, "", f"nested deeper than {MAX_CONFIG_DEPTH} levels")
         if isinstance(node, dict):
@@ -218,7 +220,9 @@ def _check_tree(root: object, source: str) -> None:
         elif isinstance(node, list):
             stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(node))
         elif isinstance(node, float) and not math.isfinite(node):
-            raise ConfigError(source, path, f"holds {node!r}, which JSON (and so NVIDIA's config reader) cannot represent")
+            raise ConfigError(
+                source, path, f"holds {node!r}, which JSON (and so NVIDIA's config reader) cannot represent"
+            )
 
 
 def parse_config_text(text: str, source: str) -> object:
@@ -254,5 +258,3 @@ def read_config_file(path: str) -> object:
     except UnicodeDecodeError:
         raise ConfigError(path, "", "the config file is not UTF-8 text") from None
     return parse_config_text(text, path)
-
-

@@ -31,7 +31,9 @@ SIM_ACTIONS = ("xid", "ecc", "lose", "restore", "reset", "mig")
 class FaultInjector(Protocol):
     """Fault injection on a simulated node (supervisor.sim.nvml.Simulator)."""
 
-    def inject_xid(self, uuid: str, xid: int, gpu_instance: int | None = None, compute_instance: int | None = None) -> None: ...
+    def inject_xid(
+        self, uuid: str, xid: int, gpu_instance: int | None = None, compute_instance: int | None = None
+    ) -> None: ...
 
     def inject_ecc(self, uuid: str, kind: str = "double") -> None: ...
 

@@ -184,7 +184,9 @@ class ControlEndpoint:
             log.exception("handling a %s control message failed; dropped", message.KIND)
             self._drop("handler failed")
 
-    def _dispatch(self, route: list[bytes], message: Message, handlers: ControlHandlers, answer: Answer) -> None:
+    def _dispatch(
+        self, route: list[bytes], message: Message, handlers: ControlHandlers, answer: Answer
+    ) -> None:
         if isinstance(message, Command):
             self.send(route, answer(message))
             return

@@ -241,14 +241,20 @@ class Reconciler:
     def catch_up(self, resource: str) -> None:
         """Send the current plan to the resource's worker if it has an older one."""
         text = self.plan_json.get(resource, "")
-        if text and self.worker_plan.get(resource) != text and self.tell(resource, PlanUpdate(plan_json=text)):
+        if (
+            text
+            and self.worker_plan.get(resource) != text
+            and self.tell(resource, PlanUpdate(plan_json=text))
+        ):
             self.worker_plan[resource] = text
 
     # ------------------------------------------------------------------ internals
     def _went_through(self, what: str) -> None:
         """A reload read a valid config, or a rediscovery went through: the refusal it answers
         (any, for a reload; an earlier rediscovery's, for a rediscovery) is history."""
-        if what == "reload" or (what == "rediscovery" and self.refusal is not None and self.refusal.what == what):
+        if what == "reload" or (
+            what == "rediscovery" and self.refusal is not None and self.refusal.what == what
+        ):
             self.refusal = None
 
     def _refuse(self, refusal: Refusal) -> None:
@@ -352,11 +358,16 @@ class Reconciler:
                 self.worker_plan.pop(resource, None)
             elif action.kind is ActionKind.START and plan is not None:
                 if not quiet:
-                    log.info("%s: resource %s added (%d devices)", desired.trigger, resource, len(plan.devices))
+                    log.info(
+                        "%s: resource %s added (%d devices)", desired.trigger, resource, len(plan.devices)
+                    )
                 self.workers.want(resource, self.plan_files.plan_path(resource), plan_changed=True)
             elif action.kind is ActionKind.UPDATE and plan is not None:
                 log.info(
-                    "%s: resource %s updated in place (%d devices)", desired.trigger, resource, len(plan.devices)
+                    "%s: resource %s updated in place (%d devices)",
+                    desired.trigger,
+                    resource,
+                    len(plan.devices),
                 )
                 self.workers.want(resource, self.plan_files.plan_path(resource), plan_changed=True)
                 self.catch_up(resource)
@@ -370,7 +381,9 @@ class Reconciler:
                 "trigger": self.pending.trigger,
                 "reason": self.pending_error,
                 "for_seconds": round(self.timers.clock.monotonic() - self.pending_since, 1),
-                "next_retry_in": None if nxt is None else round(max(0.0, nxt - self.timers.clock.monotonic()), 1),
+                "next_retry_in": None
+                if nxt is None
+                else round(max(0.0, nxt - self.timers.clock.monotonic()), 1),
                 "attempts": self.backoff.attempts,
             }
         refused = str(self.refusal) if self.refusal is not None else None

@@ -191,7 +191,11 @@ class Replanner:
     def _live_part(self, config: Config) -> Config:
         """`config` with the settings a running supervisor cannot change held at their values."""
         running = self.keeper.config
-        held = {name: getattr(running, name) for name in RESTART_ONLY if getattr(config, name) != getattr(running, name)}
+        held = {
+            name: getattr(running, name)
+            for name in RESTART_ONLY
+            if getattr(config, name) != getattr(running, name)
+        }
         for name in held:
             log.warning("setting %s changed; it takes effect at the next restart", name)
         return dataclasses.replace(config, **held) if held else config

@@ -105,7 +105,9 @@ class DeviceChange:
     since: float
 
     def to_health(self) -> DeviceHealth:
-        return DeviceHealth(device_id=self.device_id, healthy=self.healthy, reason=self.reason, since=self.since)
+        return DeviceHealth(
+            device_id=self.device_id, healthy=self.healthy, reason=self.reason, since=self.since
+        )
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,9 @@ class HealthBook:
     def snapshot(self, resource: str) -> tuple[int, list[DeviceHealth]]:
         """(health sequence, every device of `resource`) — consistent with each other."""
         if resource not in self._devices:
-            raise KeyError(f"no resource {resource!r} in the health book (known: {', '.join(self._devices) or 'none'})")
+            raise KeyError(
+                f"no resource {resource!r} in the health book (known: {', '.join(self._devices) or 'none'})"
+            )
         records = []
         for dev in self._devices[resource]:
             healthy, reason, since = self._state[dev.key]
@@ -270,7 +274,9 @@ class HealthBook:
         reason = f"{ecc.value} ECC error [{action.value}]"
         self._raise(gpu_uuid, gi, ci, f"ecc:{ecc.value}", recovery, reason, now)
         changes = self._recompute({gpu_uuid}, now)
-        return self._finish(changes, now, f"{ecc.value} ECC error on {where}: {action.value}", gpu_uuid, None, action)
+        return self._finish(
+            changes, now, f"{ecc.value} ECC error on {where}: {action.value}", gpu_uuid, None, action
+        )
 
     def mark_lost(self, gpu_uuid: str, now: float, reason: str = "") -> ChangeBatch:
         """NVML lost the GPU (fell off the bus, handle gone): unhealthy until it is found again."""
@@ -305,7 +311,9 @@ class HealthBook:
         if not ok:
             text = f"health probe failed: {reason}" if reason else "health probe failed"
             self._raise(gpu_uuid, None, None, _PROBE, Recovery.UNTIL_PROBE_PASSES, text, now)
-            return self._finish(self._recompute({gpu_uuid}, now), now, f"probe of {gpu_uuid} failed", gpu_uuid)
+            return self._finish(
+                self._recompute({gpu_uuid}, now), now, f"probe of {gpu_uuid} failed", gpu_uuid
+            )
         self._probe_ok_op[gpu_uuid] = self._op
         self._clear(gpu_uuid, lambda c: c.recovery is Recovery.UNTIL_PROBE_PASSES)
         recovered = self._clear_quiet_transients(gpu_uuid, now)
@@ -445,9 +453,11 @@ class HealthBook:
         probe_op = self._probe_ok_op.get(gpu, -1)
         return self._clear(
             gpu,
-            lambda c: c.recovery is Recovery.TRANSIENT
-            and now - c.last_event >= quiet
-            and probe_op > c.last_event_op,
+            lambda c: (
+                c.recovery is Recovery.TRANSIENT
+                and now - c.last_event >= quiet
+                and probe_op > c.last_event_op
+            ),
         )
 
     def _explain(self, dev: _Device) -> str | None:
@@ -455,9 +465,7 @@ class HealthBook:
         conds = self._conditions.get(dev.device.gpu_uuid)
         if not conds:
             return None
-        hits = [
-            c for c in conds.values() if _overlaps(c.gi, c.ci, dev.device.mig_gi, dev.device.mig_ci)
-        ]
+        hits = [c for c in conds.values() if _overlaps(c.gi, c.ci, dev.device.mig_gi, dev.device.mig_ci)]
         if not hits:
             return None
         hits.sort(key=lambda c: (_SEVERITY[c.recovery], c.since, c.name))

@@ -71,7 +71,9 @@ class _Window:
 
 
 class EventLog:
-    def __init__(self, *, window: float = WINDOW_S, max_keys: int = MAX_KEYS, logger: logging.Logger = log) -> None:
+    def __init__(
+        self, *, window: float = WINDOW_S, max_keys: int = MAX_KEYS, logger: logging.Logger = log
+    ) -> None:
         self.window = window
         self.max_keys = max_keys
         self.log = logger

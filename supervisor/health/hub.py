@@ -135,8 +135,13 @@ class HealthHub:
                 )
             case Unattributed(event_type, data):
                 return HealthEvent(
-                    "an unknown GPU", None, None, f"NVML event type 0x{event_type:x} (data {data})",
-                    "ignored: NVML named no GPU it can tell", unhealthy=False, odd=True,
+                    "an unknown GPU",
+                    None,
+                    None,
+                    f"NVML event type 0x{event_type:x} (data {data})",
+                    "ignored: NVML named no GPU it can tell",
+                    unhealthy=False,
+                    odd=True,
                 )
             case _:
                 return None

@@ -73,7 +73,9 @@ class HealthMonitor:
         self._on_error = on_error
         self.probe_interval = probe_interval
         if not math.isfinite(self.probe_interval) or self.probe_interval <= 0:
-            raise ValueError(f"probe_interval must be a positive number of seconds, got {self.probe_interval!r}")
+            raise ValueError(
+                f"probe_interval must be a positive number of seconds, got {self.probe_interval!r}"
+            )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nvml-health", daemon=True)
         self._watch: EventWatch | None = None
@@ -174,7 +176,9 @@ class HealthMonitor:
                 backoff.reset()
                 if self._failure is not None:
                     self._failure = None
-                    log.info("NVML event wait works again: devices recover after the quiet period and a passing probe")
+                    log.info(
+                        "NVML event wait works again: devices recover after the quiet period and a passing probe"
+                    )
                 if event is not None:
                     self.events += 1
                     try:
@@ -204,7 +208,9 @@ class HealthMonitor:
     def _open_watch(self) -> EventWatch:
         watch = EventWatch.open(self.nvml)
         if watch.skipped:
-            log.warning("no health events from: %s", ", ".join(f"{k} ({v})" for k, v in watch.skipped.items()))
+            log.warning(
+                "no health events from: %s", ", ".join(f"{k} ({v})" for k, v in watch.skipped.items())
+            )
         return watch
 
     def _close_watch(self) -> None:
@@ -243,12 +249,18 @@ class HealthMonitor:
         results = [self._probe(gpu.uuid) for gpu in self.node.gpus]
         lost = sorted(r.uuid for r in results if r.status in _LOST_STATUSES)
         if lost:
-            log.warning("NVML event wait failed (%s); lost GPUs: %s; retrying in %gs", exc, ", ".join(lost), backoff)
+            log.warning(
+                "NVML event wait failed (%s); lost GPUs: %s; retrying in %gs", exc, ", ".join(lost), backoff
+            )
             self._failure = None
         else:
             reason = f"NVML event wait failed: {exc}"
             if self._failure is None:
-                log.error("%s: every device is marked unhealthy until NVML recovers; retrying in %gs", reason, backoff)
+                log.error(
+                    "%s: every device is marked unhealthy until NVML recovers; retrying in %gs",
+                    reason,
+                    backoff,
+                )
             else:
                 log.debug("%s again; retrying in %gs", reason, backoff)
             self._failure = reason
@@ -279,7 +291,11 @@ class HealthMonitor:
         uuid = result.uuid
         if result.status in _LOST_STATUSES:
             self._lost.add(uuid)
-            detail = "GPU is lost (fell off the bus)" if result.status == "lost" else "GPU is no longer visible to NVML"
+            detail = (
+                "GPU is lost (fell off the bus)"
+                if result.status == "lost"
+                else "GPU is no longer visible to NVML"
+            )
             return [Lost(uuid, detail)]
         out: list[Finding] = []
         if uuid in self._lost:

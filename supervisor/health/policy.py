@@ -338,9 +338,13 @@ class HealthPolicy:
         """One paragraph for the start-up log and `gpuvisor status`."""
         if not self.checks_enabled:
             return f"health checks disabled ({DISABLE_ENV}={self.disable_env!r})"
-        lines = [f"health checks enabled; transient faults recover after {self.quiet_seconds:g}s quiet and a passing probe"]
+        lines = [
+            f"health checks enabled; transient faults recover after {self.quiet_seconds:g}s quiet and a passing probe"
+        ]
         if self.only_enabled:
-            lines.append(f"only XIDs {_fmt(self.env_enabled)} count ({DISABLE_ENV}=all, {ENABLE_ENV}={self.enable_env!r})")
+            lines.append(
+                f"only XIDs {_fmt(self.env_enabled)} count ({DISABLE_ENV}=all, {ENABLE_ENV}={self.enable_env!r})"
+            )
         else:
             known = set(self.rules) | self.env_ignored
             ignored = sorted(x for x in known if self.classify_xid(x) is Action.IGNORE)

@@ -144,14 +144,18 @@ def trusted_dir(path: str) -> None:
             raise
         st = os.lstat(path)
         if stat.S_ISLNK(st.st_mode):
-            raise RunDirUntrusted(f"run dir {path} is a symlink: refusing to write through it (give the real path)") from None
+            raise RunDirUntrusted(
+                f"run dir {path} is a symlink: refusing to write through it (give the real path)"
+            ) from None
         if not stat.S_ISDIR(st.st_mode):
             raise RunDirUntrusted(f"run dir {path} is not a directory") from None
         raise
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
-            raise RunDirUntrusted(f"run dir {path} belongs to uid {st.st_uid}, not to this process's uid {os.geteuid()}")
+            raise RunDirUntrusted(
+                f"run dir {path} belongs to uid {st.st_uid}, not to this process's uid {os.geteuid()}"
+            )
         if st.st_mode & 0o022:
             raise RunDirUntrusted(
                 f"run dir {path} is writable by its group or by everyone (mode {stat.S_IMODE(st.st_mode):04o}): "
@@ -214,7 +218,11 @@ def remove_temp_files(directory: str) -> list[str]:
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(directory):
-            if entry.name.startswith(TEMP_PREFIX) and entry.name.endswith(".tmp") and entry.is_file(follow_symlinks=False):
+            if (
+                entry.name.startswith(TEMP_PREFIX)
+                and entry.name.endswith(".tmp")
+                and entry.is_file(follow_symlinks=False)
+            ):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                     removed.append(entry.name)
@@ -262,7 +270,10 @@ class WorkerSockets:
             isinstance(r, str) and isinstance(ts, list) and all(isinstance(t, str) and is_tag(t) for t in ts)
             for r, ts in tags.items()
         ):
-            log.warning("ignoring %s: not a socket record of gpuvisor's; sockets of an earlier run stay", self.record_path)
+            log.warning(
+                "ignoring %s: not a socket record of gpuvisor's; sockets of an earlier run stay",
+                self.record_path,
+            )
             return
         self.tags = {r: list(ts) for r, ts in tags.items()}
 

@@ -57,7 +57,9 @@ class Notifier:
             self._sock.sendto(payload, self.address)
         except OSError as exc:
             self._failed = True
-            log.warning("systemd notification to %r failed (%s): no more notifications will be sent", self.shown, exc)
+            log.warning(
+                "systemd notification to %r failed (%s): no more notifications will be sent", self.shown, exc
+            )
             self.close()
             return False
         return True
@@ -118,7 +120,9 @@ def _socket_address(value: str) -> str | None:
     if value.startswith("/"):
         return value
     # systemd also knows vsock: addresses (VMs); they are not for a node agent: say so once.
-    log.warning("NOTIFY_SOCKET=%r is neither a path nor an abstract socket name: systemd notification is off", value)
+    log.warning(
+        "NOTIFY_SOCKET=%r is neither a path nor an abstract socket name: systemd notification is off", value
+    )
     return None
 
 

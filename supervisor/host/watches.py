@@ -53,7 +53,9 @@ class _KubeletHandler(FileSystemEventHandler):
 class KubeletWatch:
     """Calls `on_kubelet()` when kubelet.sock appears and `on_deleted(name)` when a file goes."""
 
-    def __init__(self, plugin_dir: str, on_kubelet: Callable[[], None], on_deleted: Callable[[str], None]) -> None:
+    def __init__(
+        self, plugin_dir: str, on_kubelet: Callable[[], None], on_deleted: Callable[[str], None]
+    ) -> None:
         self.plugin_dir = plugin_dir
         self._observer = Observer()
         self._observer.daemon = True
@@ -137,13 +139,17 @@ class Watches:
     def start(self) -> None:
         try:
             self.kubelet = KubeletWatch(
-                self.plugin_dir, lambda: self.post(self.on_kubelet), lambda name: self.post(partial(self.on_deleted, name))
+                self.plugin_dir,
+                lambda: self.post(self.on_kubelet),
+                lambda name: self.post(partial(self.on_deleted, name)),
             )
             self.kubelet.start()
         except OSError as exc:  # e.g. the node's inotify instance limit (fs.inotify.max_user_instances)
             self.kubelet = None
             log.warning(
-                "cannot watch %s (%s): workers notice a kubelet restart themselves, within 2 s", self.plugin_dir, exc
+                "cannot watch %s (%s): workers notice a kubelet restart themselves, within 2 s",
+                self.plugin_dir,
+                exc,
             )
         if self.config_file:
             try:

@@ -151,7 +151,11 @@ class Labeller:
         s = self.settings
         facts = read_node_facts(self.module, self.sysfs_root, fail_on_init_error=s.fail_on_init_error)
         return label_node(
-            facts, s.label_config, machine_type_file=s.machine_type_file, sysfs_root=self.sysfs_root, timestamp=self.timestamp
+            facts,
+            s.label_config,
+            machine_type_file=s.machine_type_file,
+            sysfs_root=self.sysfs_root,
+            timestamp=self.timestamp,
         )
 
     def label_once(self) -> bool:
@@ -166,7 +170,9 @@ class Labeller:
             if self.passes == 1 or self.settings.oneshot:
                 log.error("labelling failed: %s", exc)
             else:
-                log.error("labelling failed: %s (the last labels stay in place; next try in one interval)", exc)
+                log.error(
+                    "labelling failed: %s (the last labels stay in place; next try in one interval)", exc
+                )
             return False
         if changed:
             log.info("labels written: %d", len(labels))

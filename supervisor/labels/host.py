@@ -50,13 +50,23 @@ def read_machine_type(path: str) -> str:
         with open(path, "rb") as fh:
             data = fh.read(MAX_MACHINE_TYPE_BYTES)
     except OSError as exc:
-        log.warning("cannot read the machine type from %s (%s): using %r, as GFD does", path, exc.strerror or exc, MACHINE_TYPE_UNKNOWN)
+        log.warning(
+            "cannot read the machine type from %s (%s): using %r, as GFD does",
+            path,
+            exc.strerror or exc,
+            MACHINE_TYPE_UNKNOWN,
+        )
         return MACHINE_TYPE_UNKNOWN
     return data.decode("utf-8", errors="replace").strip()
 
 
 def label_node(
-    facts: NodeFacts, config: LabelConfig, *, machine_type_file: str, sysfs_root: str | None, timestamp: int | None
+    facts: NodeFacts,
+    config: LabelConfig,
+    *,
+    machine_type_file: str,
+    sysfs_root: str | None,
+    timestamp: int | None,
 ) -> dict[str, str]:
     """GFD's labels for `facts` with what the host adds: the machine type from `machine_type_file`
     ("" gives "unknown") and the vGPU scan of `sysfs_root` (None: a simulated node, no vGPU).
@@ -66,7 +76,11 @@ def label_node(
     none on a simulated node, whose machine is not the host's. Raises LabelError.
     """
     return compute_labels(
-        facts, config, machine_type=read_machine_type(machine_type_file), vgpu=scan_vgpu(sysfs_root), timestamp=timestamp
+        facts,
+        config,
+        machine_type=read_machine_type(machine_type_file),
+        vgpu=scan_vgpu(sysfs_root),
+        timestamp=timestamp,
     )
 
 
@@ -86,7 +100,9 @@ def read_node_facts(module: Any, sysfs_root: str | None, *, fail_on_init_error: 
                 "libnvidia-ml.so.1 is on the library path and, in a container, that the NVIDIA container "
                 "runtime runs this pod; --fail-on-init-error=false labels the node without GPU labels instead"
             ) from None
-        log.warning("NVML could not be initialised (%s): no GPU labels this time (--fail-on-init-error=false)", exc)
+        log.warning(
+            "NVML could not be initialised (%s): no GPU labels this time (--fail-on-init-error=false)", exc
+        )
         return NodeFacts()
     try:
         return facts_from_nvml(nvml)
@@ -169,7 +185,9 @@ def vgpu_info(capability: bytes, where: str) -> VgpuDevice:
         record = capability[pos] if pos < len(capability) else 0xFF
     end = pos + 2 + _HOST_DRIVER_VERSION_LENGTH + _HOST_DRIVER_BRANCH_LENGTH
     if record != 0 or end > len(capability):
-        raise LabelError(f"error getting vGPU device info: cannot find driver version record in vendor specific capability for device {where}")
+        raise LabelError(
+            f"error getting vGPU device info: cannot find driver version record in vendor specific capability for device {where}"
+        )
     version = capability[pos + 2 : pos + 2 + _HOST_DRIVER_VERSION_LENGTH]
     branch = capability[pos + 2 + _HOST_DRIVER_VERSION_LENGTH : end]
     return VgpuDevice(version.decode("latin-1").strip("\x00"), branch.decode("latin-1").strip("\x00"))

@@ -78,7 +78,9 @@ def node_feature_name(node_name: str) -> str:
     return f"{NAME_PREFIX}-{node_name}"
 
 
-def node_feature_object(node_name: str, namespace: str, labels: Mapping[str, str], owners: list[dict[str, Any]]) -> dict[str, Any]:
+def node_feature_object(
+    node_name: str, namespace: str, labels: Mapping[str, str], owners: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The NodeFeature GFD creates (metadata without owner references when there are none)."""
     metadata: dict[str, Any] = {
         "name": node_feature_name(node_name),
@@ -108,7 +110,11 @@ def _spec_view(spec: object) -> dict[str, Any]:
 
 def _owners_view(owners: object) -> list[dict[str, Any]]:
     keys = ("apiVersion", "kind", "name", "uid", "controller", "blockOwnerDeletion")
-    return [{k: o.get(k) for k in keys} for o in owners if isinstance(o, dict)] if isinstance(owners, list) else []
+    return (
+        [{k: o.get(k) for k in keys} for o in owners if isinstance(o, dict)]
+        if isinstance(owners, list)
+        else []
+    )
 
 
 class NodeFeaturePublisher:
@@ -151,16 +157,24 @@ class NodeFeaturePublisher:
         wanted = node_feature_object(self.node_name, self.namespace, labels, self.owners)
         try:
             self.limiter.acquire()
-            current = api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, _request_timeout=REQUEST_TIMEOUT)
+            current = api.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as exc:
             if exc.status != 404:
-                raise ApiError(f"failed to get NodeFeature object {self.namespace}/{self.name}: {_describe(exc)}") from None
+                raise ApiError(
+                    f"failed to get NodeFeature object {self.namespace}/{self.name}: {_describe(exc)}"
+                ) from None
             current = None
         except Exception as exc:  # urllib3 connection and TLS errors
             raise ApiError(f"failed to get NodeFeature object {self.namespace}/{self.name}: {exc}") from None
         if current is None:
-            self._send(api.create_namespaced_custom_object, "create", GROUP, VERSION, self.namespace, PLURAL, wanted)
-            log.info("created NodeFeature object %s/%s with %d labels", self.namespace, self.name, len(labels))
+            self._send(
+                api.create_namespaced_custom_object, "create", GROUP, VERSION, self.namespace, PLURAL, wanted
+            )
+            log.info(
+                "created NodeFeature object %s/%s with %d labels", self.namespace, self.name, len(labels)
+            )
             return "created"
         updated = copy.deepcopy(current)
         metadata = updated.setdefault("metadata", {})
@@ -178,7 +192,16 @@ class NodeFeaturePublisher:
         ):
             log.debug("no changes in NodeFeature object %s/%s", self.namespace, self.name)
             return "unchanged"
-        self._send(api.replace_namespaced_custom_object, "update", GROUP, VERSION, self.namespace, PLURAL, self.name, updated)
+        self._send(
+            api.replace_namespaced_custom_object,
+            "update",
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            self.name,
+            updated,
+        )
         log.info("updated NodeFeature object %s/%s: %d labels", self.namespace, self.name, len(labels))
         return "updated"
 
@@ -189,9 +212,13 @@ class NodeFeaturePublisher:
         try:
             call(*args, _request_timeout=REQUEST_TIMEOUT, _content_type="application/json")
         except ApiException as exc:
-            raise ApiError(f"failed to {what} NodeFeature object {self.namespace}/{self.name}: {_describe(exc)}") from None
+            raise ApiError(
+                f"failed to {what} NodeFeature object {self.namespace}/{self.name}: {_describe(exc)}"
+            ) from None
         except Exception as exc:
-            raise ApiError(f"failed to {what} NodeFeature object {self.namespace}/{self.name}: {exc}") from None
+            raise ApiError(
+                f"failed to {what} NodeFeature object {self.namespace}/{self.name}: {exc}"
+            ) from None
 
     def _owner_references(self) -> list[dict[str, Any]]:
         """The pod's DaemonSet (as controller) and the pod (getOwnerReferences); none when the pod
@@ -203,18 +230,37 @@ class NodeFeaturePublisher:
 
         self.limiter.acquire()
         try:
-            pod = client.CoreV1Api(self._api_client()).read_namespaced_pod(self.pod_name, self.namespace, _request_timeout=REQUEST_TIMEOUT)
+            pod = client.CoreV1Api(self._api_client()).read_namespaced_pod(
+                self.pod_name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
         except Exception as exc:
             detail = _describe(exc) if hasattr(exc, "status") else str(exc)
-            log.warning("failed to resolve owner references: failed to get pod %s/%s: %s", self.namespace, self.pod_name, detail)
+            log.warning(
+                "failed to resolve owner references: failed to get pod %s/%s: %s",
+                self.namespace,
+                self.pod_name,
+                detail,
+            )
             return []
         meta = pod.metadata
-        owner = next((o for o in (meta.owner_references if meta is not None else None) or [] if o.kind == "DaemonSet"), None)
+        owner = next(
+            (o for o in (meta.owner_references if meta is not None else None) or [] if o.kind == "DaemonSet"),
+            None,
+        )
         if owner is None or meta is None:
-            log.info("pod %s is not owned by a DaemonSet: the NodeFeature object gets no owner references", self.pod_name)
+            log.info(
+                "pod %s is not owned by a DaemonSet: the NodeFeature object gets no owner references",
+                self.pod_name,
+            )
             return []
         return [
-            {"apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name, "uid": owner.uid, "controller": True},
+            {
+                "apiVersion": owner.api_version,
+                "kind": owner.kind,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+            },
             {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid},
         ]
 
@@ -240,7 +286,9 @@ def api_client_for(kubeconfig: str) -> Any:
         else:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except (config.ConfigException, OSError, ValueError, TypeError) as exc:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account (no --kubeconfig)"
+        where = (
+            f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account (no --kubeconfig)"
+        )
         raise ApiError(f"cannot configure the Kubernetes client from {where}: {exc}") from None
     return client.ApiClient(configuration)
 

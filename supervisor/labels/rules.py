@@ -72,7 +72,17 @@ def sanitise(text: str) -> str:
 
 def arch_family(major: int, minor: int) -> str:
     """internal/lm/resource.go getArchFamily."""
-    families = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell", 12: "blackwell", 13: "rubin"}
+    families = {
+        1: "tesla",
+        2: "fermi",
+        3: "kepler",
+        5: "maxwell",
+        6: "pascal",
+        9: "hopper",
+        10: "blackwell",
+        12: "blackwell",
+        13: "rubin",
+    }
     if major == 7:
         return "volta" if minor < 5 else "turing"
     if major == 8:
@@ -148,7 +158,9 @@ def _full_gpu_labels(gpu: GpuFacts, count: int, sharing: SharingView | None) -> 
     return labels
 
 
-def _mig_resource_labels(name: str, parent: GpuFacts, mig: MigFacts, count: int, sharing: SharingView) -> dict[str, str]:
+def _mig_resource_labels(
+    name: str, parent: GpuFacts, mig: MigFacts, count: int, sharing: SharingView
+) -> dict[str, str]:
     """NewMIGResourceLabeler (internal/lm/resource.go) with the MIG attributes (nvml-mig-device.go)."""
     rl = _Resource(name, sharing)
     labels = rl.base(count, parent.name, "MIG", mig_name(mig.profile))
@@ -172,7 +184,9 @@ def _gpu_labels(gpus: tuple[GpuFacts, ...], sharing: SharingView) -> dict[str, s
     (without sharing), then full GPUs, which overwrite a MIG-enabled model of the same name. The
     count of a model covers all its GPUs, MIG-enabled or not."""
     counts: dict[str, int] = {}
-    last: dict[tuple[bool, str], GpuFacts] = {}  # the last GPU of each (MIG enabled, model), as GFD's map keeps
+    last: dict[
+        tuple[bool, str], GpuFacts
+    ] = {}  # the last GPU of each (MIG enabled, model), as GFD's map keeps
     for gpu in gpus:
         counts[gpu.name] = counts.get(gpu.name, 0) + 1
         last[(gpu.mig_enabled, gpu.name)] = gpu
@@ -247,7 +261,9 @@ def _version_labels(facts: NodeFacts) -> dict[str, str]:
     """newVersionLabeler (internal/lm/nvml.go); the CUDA version as resource/nvml-lib.go splits it."""
     parts = facts.driver_version.split(".")
     if not 2 <= len(parts) <= 3:
-        raise LabelError(f'error getting driver version: Version "{facts.driver_version}" does not match format "X.Y[.Z]"')
+        raise LabelError(
+            f'error getting driver version: Version "{facts.driver_version}" does not match format "X.Y[.Z]"'
+        )
     major, minor = parts[0], parts[1]
     rev = parts[2] if len(parts) > 2 else ""
     cuda_major, cuda_minor = facts.cuda_driver_version // 1000, facts.cuda_driver_version % 1000 // 10
@@ -272,7 +288,9 @@ def _mps_capable(gpus: tuple[GpuFacts, ...], sharing: SharingView) -> str:
     if sharing.strategy != "mps":
         return "false"
     if any(g.mig_enabled for g in gpus):
-        raise LabelError("error creating sharing labeler: failed to check MPS-capable: MPS sharing is not supported for mig devices")
+        raise LabelError(
+            "error creating sharing labeler: failed to check MPS-capable: MPS sharing is not supported for mig devices"
+        )
     return "true"
 
 
@@ -300,7 +318,9 @@ def _device_labels(facts: NodeFacts, config: LabelConfig, machine_type: str) -> 
     if not gpus:
         return {}
     if config.mig_strategy not in MIG_STRATEGIES:
-        raise LabelError(f"error creating resource labeler: failed to construct MIG resource labeler: unknown strategy: {config.mig_strategy}")
+        raise LabelError(
+            f"error creating resource labeler: failed to construct MIG resource labeler: unknown strategy: {config.mig_strategy}"
+        )
     labels = {f"{PREFIX}/gpu.machine": sanitise(machine_type)}
     labels.update(_version_labels(facts))
     labels[f"{PREFIX}/mig.capable"] = "true" if any(g.mig_capable for g in gpus) else "false"

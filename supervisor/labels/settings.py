@@ -74,7 +74,9 @@ def sleep_interval(value: object) -> float | None:
         try:
             nanoseconds: float = golang.parse_duration(value)
         except ValueError:
-            raise Invalid(f"invalid duration {value!r}: use a Go duration such as 60s, 5m or 1h30m, or infinite") from None
+            raise Invalid(
+                f"invalid duration {value!r}: use a Go duration such as 60s, 5m or 1h30m, or infinite"
+            ) from None
     elif isinstance(value, int | float) and not isinstance(value, bool):
         nanoseconds = value
         hint = ' (a number is nanoseconds, as in GFD: write a string such as "60s")'

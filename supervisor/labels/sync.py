@@ -79,4 +79,8 @@ class NodeLabels:
         return self.writing.error
 
     def status(self) -> dict[str, Json]:
-        return {"file": self.file.path if self.file is not None else None, "writes": self.writes, "error": self.error or None}
+        return {
+            "file": self.file.path if self.file is not None else None,
+            "writes": self.writes,
+            "error": self.error or None,
+        }

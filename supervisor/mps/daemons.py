@@ -67,7 +67,6 @@ __all__ = ["PID_FILE", "DaemonStatus", "MpsDaemons", "MpsError", "daemon_setting
 log = logging.getLogger("gpuvisor.mps")
 
 
-
 @dataclass
 class _Daemon:
     settings: DaemonSettings
@@ -243,7 +242,9 @@ class MpsDaemons:
         pending = _Pending()
         for resource in sorted(set(self._daemons) - set(desired)):
             gone = self._daemons.pop(resource)
-            log.info("MPS daemon for %s no longer wanted: stopping it", resource, extra={"resource": resource})
+            log.info(
+                "MPS daemon for %s no longer wanted: stopping it", resource, extra={"resource": resource}
+            )
             self._stop(gone)
             if gone.reported_up is False:
                 pending.events.append(_Event(resource, True, "resource no longer shared with MPS"))
@@ -289,7 +290,12 @@ class MpsDaemons:
                 # The shared-memory dir is every client's /dev/shm: any user must be able to write it.
                 os.chmod(path, mode)
         except OSError as exc:
-            self._fail(d, now, f"cannot create the MPS directories under {s.mps_root}: {exc.strerror or exc}", pending)
+            self._fail(
+                d,
+                now,
+                f"cannot create the MPS directories under {s.mps_root}: {exc.strerror or exc}",
+                pending,
+            )
             return
         pid_path = os.path.join(s.pipe_dir, PID_FILE)
         existing = _read_pid(pid_path)
@@ -298,7 +304,9 @@ class MpsDaemons:
                 # We killed it for not answering and it is still there: make sure it goes.
                 with contextlib.suppress(OSError):
                     os.kill(existing, signal.SIGKILL)
-                self._fail(d, now, f"hung MPS control daemon (pid {existing}) did not exit; killed it", pending)
+                self._fail(
+                    d, now, f"hung MPS control daemon (pid {existing}) did not exit; killed it", pending
+                )
                 return
             log.info(
                 "MPS daemon for %s already running (pid %d): adopting it", s.resource, existing,
@@ -337,7 +345,9 @@ class MpsDaemons:
         error = self._apply(d)
         if error:
             if now >= d.deadline:
-                self._fail(d, now, f"MPS control daemon (pid {pid}) refused its limits: {error}", pending, kill=True)
+                self._fail(
+                    d, now, f"MPS control daemon (pid {pid}) refused its limits: {error}", pending, kill=True
+                )
             return
         d.state = DState.UP
         d.since = now
@@ -357,9 +367,15 @@ class MpsDaemons:
         if d.applied != d.settings:
             error = self._apply(d)
             if error:
-                self._fail(d, now, f"MPS control daemon (pid {pid}) refused new limits: {error}", pending, kill=True)
+                self._fail(
+                    d, now, f"MPS control daemon (pid {pid}) refused new limits: {error}", pending, kill=True
+                )
                 return
-            log.info("MPS daemon for %s: limits updated", d.settings.resource, extra={"resource": d.settings.resource})
+            log.info(
+                "MPS daemon for %s: limits updated",
+                d.settings.resource,
+                extra={"resource": d.settings.resource},
+            )
         if now < d.next_probe:
             return
         ok, answer = self._tool.command(d.settings, HEALTH_QUERY)
@@ -370,7 +386,9 @@ class MpsDaemons:
         d.probe_failures += 1
         d.next_probe = now + min(1.0, self._probe_interval)
         if d.probe_failures >= PROBE_FAILURES_TO_RESTART:
-            self._fail(d, now, f"MPS control daemon (pid {pid}) is not answering: {answer}", pending, kill=True)
+            self._fail(
+                d, now, f"MPS control daemon (pid {pid}) is not answering: {answer}", pending, kill=True
+            )
 
     def _apply(self, d: _Daemon) -> str:
         """Send the daemon its defaults; an error text, empty when all were taken."""
@@ -382,7 +400,14 @@ class MpsDaemons:
         return ""
 
     def _fail(
-        self, d: _Daemon, now: float, reason: str, pending: _Pending, *, kill: bool = False, count: bool = True
+        self,
+        d: _Daemon,
+        now: float,
+        reason: str,
+        pending: _Pending,
+        *,
+        kill: bool = False,
+        count: bool = True,
     ) -> None:
         s = d.settings
         if kill and d.pid is not None and self._tool.alive(d.pid):
@@ -413,7 +438,12 @@ class MpsDaemons:
             return
         d.reported_up = up
         if up:
-            log.info("MPS daemon for %s up: %s", d.settings.resource, reason, extra={"resource": d.settings.resource, "state": "up"})
+            log.info(
+                "MPS daemon for %s up: %s",
+                d.settings.resource,
+                reason,
+                extra={"resource": d.settings.resource, "state": "up"},
+            )
         pending.events.append(_Event(d.settings.resource, up, reason))
 
     def _publish(self) -> None:
@@ -482,7 +512,9 @@ class MpsDaemons:
         pid = _read_pid(os.path.join(s.pipe_dir, PID_FILE)) if d.pid is None else d.pid
         if pid is not None and self._tool.alive(pid):
             self._tool.end(s, pid)
-            log.info("MPS daemon for %s stopped", s.resource, extra={"resource": s.resource, "state": "stopped"})
+            log.info(
+                "MPS daemon for %s stopped", s.resource, extra={"resource": s.resource, "state": "stopped"}
+            )
         if self._exclusive:
             error = self._tool.set_compute_mode(s, exclusive=False)
             if error:

@@ -75,7 +75,9 @@ def ready_file(mps_root: str) -> str:
     return os.path.join(mps_root, READY_MARKER)
 
 
-def find_control_binary(binary: str = MPS_CONTROL_BINARY, driver_root: str = "/", path: str | None = None) -> str:
+def find_control_binary(
+    binary: str = MPS_CONTROL_BINARY, driver_root: str = "/", path: str | None = None
+) -> str:
     """The control binary to run: `binary` itself when it names a path, else the first match on PATH
     (`path`, default $PATH), then under the driver root. Raises MpsError naming where it looked."""
     if "/" in binary:

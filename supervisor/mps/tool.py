@@ -52,7 +52,9 @@ class ControlTool:
 
     def find(self) -> str:
         """Find the binary (on PATH or under the driver root); raises MpsError naming where it looked."""
-        self.binary = find_control_binary(self._binary_name, self._driver_root, self._environ.get("PATH", os.defpath))
+        self.binary = find_control_binary(
+            self._binary_name, self._driver_root, self._environ.get("PATH", os.defpath)
+        )
         return self.binary
 
     def launch(self, s: DaemonSettings) -> str:
@@ -86,7 +88,9 @@ class ControlTool:
         `quit_timeout`."""
         ok, answer = self.command(s, "quit")
         if not ok:
-            log.warning("MPS daemon for %s did not take quit (%s): terminating pid %d", s.resource, answer, pid)
+            log.warning(
+                "MPS daemon for %s did not take quit (%s): terminating pid %d", s.resource, answer, pid
+            )
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + self._quit_timeout

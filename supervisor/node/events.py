@@ -47,7 +47,14 @@ class NvmlEvent:
 class EventWatch:
     """An NVML event set with XID and ECC events registered on every GPU that supports them."""
 
-    def __init__(self, nvml: Nvml, event_set: Any, uuids: dict[Any, str], registered: dict[str, int], skipped: dict[str, str]) -> None:
+    def __init__(
+        self,
+        nvml: Nvml,
+        event_set: Any,
+        uuids: dict[Any, str],
+        registered: dict[str, int],
+        skipped: dict[str, str],
+    ) -> None:
         self._nvml = nvml
         self._set = event_set
         self._uuids = uuids
@@ -115,7 +122,9 @@ class EventWatch:
     def __enter__(self) -> EventWatch:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     @classmethod
@@ -130,7 +139,11 @@ class EventWatch:
         rather than one GPU, and the caller's wait-failure handling applies).
         """
         m = nvml.module
-        wanted = int(m.nvmlEventTypeXidCriticalError | m.nvmlEventTypeSingleBitEccError | m.nvmlEventTypeDoubleBitEccError)
+        wanted = int(
+            m.nvmlEventTypeXidCriticalError
+            | m.nvmlEventTypeSingleBitEccError
+            | m.nvmlEventTypeDoubleBitEccError
+        )
         event_set = nvml.call("nvmlEventSetCreate")
         uuids: dict[Any, str] = {}
         registered: dict[str, int] = {}

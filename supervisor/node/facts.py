@@ -130,6 +130,7 @@ def facts_from_nvml(nvml: Nvml) -> NodeFacts:
     driver = text(nvml.call("nvmlSystemGetDriverVersion"))
     return NodeFacts(driver, int(nvml.call("nvmlSystemGetCudaDriverVersion")), gpus)
 
+
 def _gpu_facts(nvml: Nvml, index: int, h: Any) -> GpuFacts:
     name = text(nvml.call("nvmlDeviceGetName", h))
     try:
@@ -151,6 +152,7 @@ def _gpu_facts(nvml: Nvml, index: int, h: Any) -> GpuFacts:
         fabric=_fabric_clique(nvml, h),
     )
 
+
 def _mig_facts(nvml: Nvml, h: Any, gpu_memory_mib: int) -> tuple[MigFacts, ...]:
     return tuple(
         MigFacts(
@@ -168,6 +170,7 @@ def _mig_facts(nvml: Nvml, h: Any, gpu_memory_mib: int) -> tuple[MigFacts, ...]:
         for _j, _mh, _gi, attrs, profile in nvml.each_mig(h, gpu_memory_mib)
     )
 
+
 def _pci_class(nvml: Nvml, h: Any) -> int | None:
     """The GPU's PCI class from sysfs, as GFD reads it; None when unknown (gpu.mode "unknown")."""
     try:
@@ -180,9 +183,13 @@ def _pci_class(nvml: Nvml, h: Any) -> int | None:
         return None
     return pci_gpu_class(int(info.baseClass) << 16 | int(info.subClass) << 8)
 
+
 def _fabric_clique(nvml: Nvml, h: Any) -> FabricClique | None:
     """go-nvlib IsFabricAttached + GetFabricIDs: the v1 call if the library has it, else the V one."""
-    for function, struct in (("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"), ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t")):
+    for function, struct in (
+        ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+        ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t"),
+    ):
         cls = getattr(nvml.module, struct, None)
         if cls is None:  # an nvidia-ml-py older than the call
             continue

@@ -59,14 +59,18 @@ _NVLINK_DEVICE_TYPE_GPU = 0
 _GI_PROFILE_1_SLICE_REV1 = 0x7  # NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: the "+me" profile
 UNAVAILABLE = (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND)
 
-ProbeStatus = Literal["ok", "lost", "pending-retirement", "remapped-rows-pending", "row-remap-failure", "not-found", "error"]
+ProbeStatus = Literal[
+    "ok", "lost", "pending-retirement", "remapped-rows-pending", "row-remap-failure", "not-found", "error"
+]
 
 
 class NvmlCallError(Exception):
     """An NVML call failed. `code` is the NVML return code, `error` the binding's NVMLError."""
 
     def __init__(self, function: str, code: int, error: BaseException | None = None) -> None:
-        super().__init__(f"{function} failed: {error if error is not None else 'not available'} (NVML code {code})")
+        super().__init__(
+            f"{function} failed: {error if error is not None else 'not available'} (NVML code {code})"
+        )
         self.function = function
         self.code = code
         self.error = error
@@ -107,7 +111,9 @@ def sysfs_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
-def mig_profile_name(slices: int, memory_mib: int, gpu_memory_mib: int, media_extensions: bool = False) -> str:
+def mig_profile_name(
+    slices: int, memory_mib: int, gpu_memory_mib: int, media_extensions: bool = False
+) -> str:
     """A MIG profile name rebuilt from sizes: memory is named by its share of the GPU, in eighths."""
     total_gb = math.ceil(gpu_memory_mib / 1024)
     eighths = math.ceil(memory_mib * 8 / gpu_memory_mib) if gpu_memory_mib else 0
@@ -158,7 +164,9 @@ class Nvml:
         self.init()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.shutdown()
 
     # ------------------------------------------------------------ discovery
@@ -227,20 +235,29 @@ class Nvml:
     def mig_mode(self, h: Any) -> tuple[bool, bool]:
         """(MIG-capable, MIG enabled): NotSupported or no symbol is not capable (as go-nvlib says)."""
         mode = self.try_call("nvmlDeviceGetMigMode", h)
-        return mode is not None, mode is not None and int(mode[0]) == int(getattr(self.module, "NVML_DEVICE_MIG_ENABLE", 1))
+        return mode is not None, mode is not None and int(mode[0]) == int(
+            getattr(self.module, "NVML_DEVICE_MIG_ENABLE", 1)
+        )
 
     def each_mig(self, h: Any, gpu_memory_mib: int) -> Iterator[tuple[int, Any, int, Any, str]]:
         """The MIG devices of the GPU `h`: (index, handle, GPU instance id, attributes, profile)."""
         profiles = self._gi_profiles(h)
         for j in range(int(self.call("nvmlDeviceGetMaxMigDeviceCount", h))):
-            mh = self.try_call("nvmlDeviceGetMigDeviceHandleByIndex", h, j, tolerate=(NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT))
+            mh = self.try_call(
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                h,
+                j,
+                tolerate=(NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT),
+            )
             if mh is None:
                 continue
             gi = int(self.call("nvmlDeviceGetGpuInstanceId", mh))
             attrs = self.call("nvmlDeviceGetAttributes", mh)
             yield j, mh, gi, attrs, self._mig_profile(h, gi, attrs, profiles, gpu_memory_mib)
 
-    def _mig_devices(self, parent_index: int, parent_uuid: str, h: Any, gpu_memory_mib: int) -> tuple[MigDevice, ...]:
+    def _mig_devices(
+        self, parent_index: int, parent_uuid: str, h: Any, gpu_memory_mib: int
+    ) -> tuple[MigDevice, ...]:
         return tuple(
             MigDevice(
                 uuid=text(self.call("nvmlDeviceGetUUID", mh)),
@@ -259,14 +276,21 @@ class Nvml:
         """The parent's GPU-instance profiles: profile id -> (NVML profile enum, profile info)."""
         table: dict[int, tuple[int, Any]] = {}
         count = int(getattr(self.module, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0x12))
-        refused = (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NO_PERMISSION, NVML_ERROR_FUNCTION_NOT_FOUND)
+        refused = (
+            NVML_ERROR_NOT_SUPPORTED,
+            NVML_ERROR_INVALID_ARGUMENT,
+            NVML_ERROR_NO_PERMISSION,
+            NVML_ERROR_FUNCTION_NOT_FOUND,
+        )
         for enum in range(count):
             info = self.try_call("nvmlDeviceGetGpuInstanceProfileInfo", h, enum, tolerate=refused)
             if info is not None:
                 table[int(info.id)] = (enum, info)
         return table
 
-    def _mig_profile(self, h: Any, gi: int, attrs: Any, profiles: dict[int, tuple[int, Any]], gpu_memory_mib: int) -> str:
+    def _mig_profile(
+        self, h: Any, gi: int, attrs: Any, profiles: dict[int, tuple[int, Any]], gpu_memory_mib: int
+    ) -> str:
         gi_slices = int(attrs.gpuInstanceSliceCount)
         ci_slices = int(attrs.computeInstanceSliceCount)
         name = ""
@@ -276,7 +300,12 @@ class Nvml:
             if prof is not None:
                 name = text(getattr(prof, "name", "")).removeprefix("MIG ").strip()
                 if not name:
-                    name = mig_profile_name(int(prof.sliceCount), int(prof.memorySizeMB), gpu_memory_mib, enum == _GI_PROFILE_1_SLICE_REV1)
+                    name = mig_profile_name(
+                        int(prof.sliceCount),
+                        int(prof.memorySizeMB),
+                        gpu_memory_mib,
+                        enum == _GI_PROFILE_1_SLICE_REV1,
+                    )
         except NvmlCallError as exc:
             if exc.gpu_lost:
                 raise

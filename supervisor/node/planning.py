@@ -172,7 +172,8 @@ def _check_single(gpus: list[Gpu]) -> None:
                 by_profile[mig.profile].append(gpu.index)
     if len(by_profile) > 1:
         found = "; ".join(
-            f"{profile} on GPU(s) {', '.join(str(i) for i in indexes)}" for profile, indexes in sorted(by_profile.items())
+            f"{profile} on GPU(s) {', '.join(str(i) for i in indexes)}"
+            for profile, indexes in sorted(by_profile.items())
         )
         problems.append(f"MIG devices must all have the same profile, found {found}")
     empty = [g for g in mig_gpus if not g.mig_devices]
@@ -180,9 +181,13 @@ def _check_single(gpus: list[Gpu]) -> None:
         problems.append(f"MIG-enabled GPU(s) {_indexes(empty)} have no MIG devices")
     full = [g for g in gpus if not g.mig_enabled]
     if full:
-        problems.append(f"GPU(s) {_indexes(full)} are not MIG-enabled beside MIG-enabled GPU(s) {_indexes(mig_gpus)}")
+        problems.append(
+            f"GPU(s) {_indexes(full)} are not MIG-enabled beside MIG-enabled GPU(s) {_indexes(mig_gpus)}"
+        )
     if problems:
-        raise PlanningError(f"MIG strategy single: {'; and '.join(problems)} (the mixed strategy allows this)")
+        raise PlanningError(
+            f"MIG strategy single: {'; and '.join(problems)} (the mixed strategy allows this)"
+        )
 
 
 def _base_devices(node: Node, config: Config) -> list[_Placed]:

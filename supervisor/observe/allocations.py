@@ -123,12 +123,12 @@ def parse_checkpoint(
         return [], [f"{where} is not valid JSON ({exc}): allocations not shown"]
     data = doc.get("Data") if isinstance(doc, dict) else None
     if not isinstance(data, dict):
-        return [], [f"{where} has no \"Data\" object: allocations not shown"]
+        return [], [f'{where} has no "Data" object: allocations not shown']
     entries = data.get("PodDeviceEntries")
     if entries is None:
         return [], []
     if not isinstance(entries, list):
-        return [], [f"{where}: \"Data.PodDeviceEntries\" is not a list: allocations not shown"]
+        return [], [f'{where}: "Data.PodDeviceEntries" is not a list: allocations not shown']
     found: list[Allocation] = []
     bad = 0
     for entry in entries:
@@ -137,12 +137,19 @@ def parse_checkpoint(
             continue
         uid, container, resource = entry.get("PodUID"), entry.get("ContainerName"), entry.get("ResourceName")
         devices = _device_ids(entry.get("DeviceIDs"))
-        if not (isinstance(uid, str) and isinstance(container, str) and isinstance(resource, str)) or devices is None:
+        if (
+            not (isinstance(uid, str) and isinstance(container, str) and isinstance(resource, str))
+            or devices is None
+        ):
             bad += 1
             continue
         if _keep(resource, resources):
             found.append(Allocation(pod_uid=uid, container=container, resource=resource, devices=devices))
-    warnings = [f"{where}: skipped {bad} malformed entr{'y' if bad == 1 else 'ies'} of Data.PodDeviceEntries"] if bad else []
+    warnings = (
+        [f"{where}: skipped {bad} malformed entr{'y' if bad == 1 else 'ies'} of Data.PodDeviceEntries"]
+        if bad
+        else []
+    )
     return _sorted(found), warnings
 
 
@@ -157,7 +164,9 @@ def _load(path: str) -> tuple[bytes, str]:
         return b"", f"cannot read the kubelet checkpoint {path}: {exc.strerror or exc}"
 
 
-def read_checkpoint(path: str, resources: Collection[str] | None = None) -> tuple[list[Allocation], list[str]]:
+def read_checkpoint(
+    path: str, resources: Collection[str] | None = None
+) -> tuple[list[Allocation], list[str]]:
     """Read and parse the checkpoint file at `path`; a missing file is a warning, not an error."""
     raw, problem = _load(path)
     if problem:

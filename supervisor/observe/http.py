@@ -52,7 +52,9 @@ def parse_address(text: str) -> tuple[str, int]:
             raise AddressError(f"invalid metrics address {text!r}: unbalanced brackets around the IPv6 host")
         host = host[1:-1]
     elif ":" in host:
-        raise AddressError(f"invalid metrics address {text!r}: write an IPv6 host in brackets, e.g. [::1]:{port_text}")
+        raise AddressError(
+            f"invalid metrics address {text!r}: write an IPv6 host in brackets, e.g. [::1]:{port_text}"
+        )
     return host, int(port_text)
 
 
@@ -104,12 +106,24 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/readyz":
                 status, ctype, body = _probe_page(owner.readiness)
             elif path == "/":
-                status, ctype, body = 200, "text/plain; charset=utf-8", b"gpuvisor: /metrics /healthz /readyz\n"
+                status, ctype, body = (
+                    200,
+                    "text/plain; charset=utf-8",
+                    b"gpuvisor: /metrics /healthz /readyz\n",
+                )
             else:
-                status, ctype, body = 404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz or /readyz\n"
+                status, ctype, body = (
+                    404,
+                    "text/plain; charset=utf-8",
+                    b"not found: try /metrics, /healthz or /readyz\n",
+                )
         except Exception as exc:  # a bug behind one page must not take the endpoint down
             log.warning("HTTP %s failed: %s: %s", path, type(exc).__name__, exc)
-            status, ctype, body = 500, "text/plain; charset=utf-8", f"internal error: {type(exc).__name__}\n".encode()
+            status, ctype, body = (
+                500,
+                "text/plain; charset=utf-8",
+                f"internal error: {type(exc).__name__}\n".encode(),
+            )
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -171,7 +185,10 @@ class ProbeServer:
         server.owner = self
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": self.poll_interval}, name="http", daemon=True
+            target=server.serve_forever,
+            kwargs={"poll_interval": self.poll_interval},
+            name="http",
+            daemon=True,
         )
         self._thread.start()
         log.info("serving /metrics, /healthz and /readyz on %s", self.url)
@@ -187,7 +204,9 @@ class ProbeServer:
         return f"http://{shown}:{self.port}"
 
     def _bind(self, host: str, port: int) -> _Server:
-        where = f"metrics address {self.address!r} (--metrics-address / GPUVISOR_METRICS_ADDRESS; empty disables)"
+        where = (
+            f"metrics address {self.address!r} (--metrics-address / GPUVISOR_METRICS_ADDRESS; empty disables)"
+        )
         if host == "":
             # All interfaces: one IPv6 wildcard socket that takes IPv4 too, or plain IPv4 on a
             # node without IPv6.
@@ -229,7 +248,9 @@ class ProbeServer:
 
 
 def loop_liveness(
-    last_tick: Callable[[], float], limit: float = LIVENESS_LIMIT_S, clock: Callable[[], float] = time.monotonic
+    last_tick: Callable[[], float],
+    limit: float = LIVENESS_LIMIT_S,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Probe:
     """A liveness probe: alive while `last_tick()` (a `clock` reading) is at most `limit` old."""
 

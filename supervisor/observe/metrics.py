@@ -132,7 +132,9 @@ class _WorkerCollector(Collector):
             labels=["resource", "method"],
         )
         events = CounterMetricFamily(
-            "gpuvisor_worker_events", "Counted worker events (from heartbeats), by resource and event.", labels=["resource", "event"]
+            "gpuvisor_worker_events",
+            "Counted worker events (from heartbeats), by resource and event.",
+            labels=["resource", "event"],
         )
         gauges: dict[str, GaugeMetricFamily] = {}
         for resource, (totals, current) in snapshot.items():
@@ -156,7 +158,9 @@ class _WorkerCollector(Collector):
                 metric_name = "gpuvisor_worker_" + _NAME_SAFE.sub("_", name)
                 family = gauges.get(metric_name)
                 if family is None:
-                    family = GaugeMetricFamily(metric_name, f"Worker figure {name!r} (from heartbeats).", labels=["resource"])
+                    family = GaugeMetricFamily(
+                        metric_name, f"Worker figure {name!r} (from heartbeats).", labels=["resource"]
+                    )
                     gauges[metric_name] = family
                 family.add_metric([resource], value)
         yield hist
@@ -180,24 +184,50 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.up = Gauge("gpuvisor_up", "1 while the supervisor runs.", registry=r)
-        self.ready = Gauge("gpuvisor_ready", "1 when every planned resource is registered and streaming.", registry=r)
-        self.build_info = Gauge("gpuvisor_build_info", "Build information (always 1).", ["version", "python"], registry=r)
+        self.ready = Gauge(
+            "gpuvisor_ready", "1 when every planned resource is registered and streaming.", registry=r
+        )
+        self.build_info = Gauge(
+            "gpuvisor_build_info", "Build information (always 1).", ["version", "python"], registry=r
+        )
         self.worker_states = Gauge(
-            "gpuvisor_worker_state", "Worker lifecycle state (one-hot), by resource.", ["resource", "state"], registry=r
+            "gpuvisor_worker_state",
+            "Worker lifecycle state (one-hot), by resource.",
+            ["resource", "state"],
+            registry=r,
         )
         self.worker_restarts = Counter(
-            "gpuvisor_worker_restarts", "Worker process deaths that led to a restart, by cause.", ["resource", "cause"], registry=r
+            "gpuvisor_worker_restarts",
+            "Worker process deaths that led to a restart, by cause.",
+            ["resource", "cause"],
+            registry=r,
         )
         self.registrations = Counter(
-            "gpuvisor_registrations", "Successful registrations with the kubelet, by trigger.", ["resource", "trigger"], registry=r
+            "gpuvisor_registrations",
+            "Successful registrations with the kubelet, by trigger.",
+            ["resource", "trigger"],
+            registry=r,
         )
-        self.devices = Gauge("gpuvisor_devices", "Allocatable devices, by resource and health.", ["resource", "health"], registry=r)
+        self.devices = Gauge(
+            "gpuvisor_devices",
+            "Allocatable devices, by resource and health.",
+            ["resource", "health"],
+            registry=r,
+        )
         self.health_transitions = Counter(
-            "gpuvisor_health_transitions", "Device health changes, by resource and new health.", ["resource", "to"], registry=r
+            "gpuvisor_health_transitions",
+            "Device health changes, by resource and new health.",
+            ["resource", "to"],
+            registry=r,
         )
-        self.xid_events = Counter("gpuvisor_xid_events", "XID events seen (ignored ones included), by XID.", ["xid"], registry=r)
+        self.xid_events = Counter(
+            "gpuvisor_xid_events", "XID events seen (ignored ones included), by XID.", ["xid"], registry=r
+        )
         self.nvml_errors = Counter(
-            "gpuvisor_nvml_errors", "Failed NVML calls in the supervisor, by function and NVML code.", ["function", "code"], registry=r
+            "gpuvisor_nvml_errors",
+            "Failed NVML calls in the supervisor, by function and NVML code.",
+            ["function", "code"],
+            registry=r,
         )
         self.workers_fatal = Gauge(
             "gpuvisor_workers_fatal",
@@ -218,7 +248,9 @@ class Metrics:
             registry=r,
         )
         self.reload_pending = Gauge(
-            "gpuvisor_reload_pending", "1 while a wanted config waits to be applied (retried with backoff).", registry=r
+            "gpuvisor_reload_pending",
+            "1 while a wanted config waits to be applied (retried with backoff).",
+            registry=r,
         )
         self.control_dropped = Counter(
             "gpuvisor_control_messages_dropped",

@@ -65,18 +65,33 @@ def run_demo(profile: str, follow: bool) -> int:
                 stdin=subprocess.DEVNULL,
             )  # fmt: skip
         started = time.monotonic()
-        if not _wait(lambda: (bool(kubelet.resource_names()) and all(
-            kubelet.connected(r) for r in kubelet.resource_names()
-        )) or (proc is not None and proc.poll() is not None), 60):
+        if not _wait(
+            lambda: (
+                (
+                    bool(kubelet.resource_names())
+                    and all(kubelet.connected(r) for r in kubelet.resource_names())
+                )
+                or (proc is not None and proc.poll() is not None)
+            ),
+            60,
+        ):
             raise DemoError("the plugin did not register within 60 s")
         if proc.poll() is not None:
             raise DemoError(f"the supervisor exited with status {proc.returncode}")
-        _wait(lambda: len(kubelet.resource_names()) > 0 and all(kubelet.connected(r) for r in kubelet.resource_names()), 5)
+        _wait(
+            lambda: (
+                len(kubelet.resource_names()) > 0
+                and all(kubelet.connected(r) for r in kubelet.resource_names())
+            ),
+            5,
+        )
         _say(f"\n1. Registered in {time.monotonic() - started:.2f}s. What the kubelet sees:")
         for resource in kubelet.resource_names():
             show_devices(kubelet, resource)
 
-        resource = "nvidia.com/gpu" if "nvidia.com/gpu" in kubelet.resource_names() else kubelet.resource_names()[0]
+        resource = (
+            "nvidia.com/gpu" if "nvidia.com/gpu" in kubelet.resource_names() else kubelet.resource_names()[0]
+        )
         ids, response = kubelet.allocate(resource, 2)
         _say(f"\n2. A pod asks for 2 x {resource}. GetPreferredAllocation picked {', '.join(ids)}.")
         _say("   Allocate answered:")
@@ -105,7 +120,9 @@ def run_demo(profile: str, follow: bool) -> int:
              f" allocatable {kubelet.allocatable(resource)}")  # fmt: skip
 
         if follow:
-            _say(f"\nRunning; try `gpuvisor status --run-dir {run_dir}` or `gpuvisor sim ...`. Ctrl-C to stop.")
+            _say(
+                f"\nRunning; try `gpuvisor status --run-dir {run_dir}` or `gpuvisor sim ...`. Ctrl-C to stop."
+            )
             signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
                 while proc.poll() is None:

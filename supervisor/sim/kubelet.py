@@ -205,7 +205,9 @@ class KubeletStandin:
             except Exception as exc:  # any dial or options failure fails Register
                 error = f"failed to get device plugin options: {exc}"
         with self._cond:
-            self.registrations.append(Registration(request.resource_name, request.endpoint, time.monotonic(), error))
+            self.registrations.append(
+                Registration(request.resource_name, request.endpoint, time.monotonic(), error)
+            )
             self._cond.notify_all()
         if error or endpoint is None:
             log.info("registration of %r refused: %s", request.resource_name, error)
@@ -263,7 +265,9 @@ class KubeletStandin:
                 self.drop_fresh -= 1
             self._cond.notify_all()
         if drop:
-            log.info("%s: dropping the freshly registered endpoint %s", endpoint.resource, endpoint.socket_path)
+            log.info(
+                "%s: dropping the freshly registered endpoint %s", endpoint.resource, endpoint.socket_path
+            )
             self._close_endpoint(endpoint)
         thread = threading.Thread(
             target=self._watch, args=(endpoint,), name=f"law-{endpoint.resource}", daemon=True
@@ -409,7 +413,9 @@ class KubeletStandin:
                 raise LookupError(f"resource {name} has no registered plugin")
             return res, res.endpoint
 
-    def preferred(self, name: str, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+    def preferred(
+        self, name: str, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
         _, ep = self._client(name)
         request = pb.PreferredAllocationRequest(
             container_requests=[

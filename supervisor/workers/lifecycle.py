@@ -46,6 +46,7 @@ from common.socketnames import new_tag
 
 log = logging.getLogger("gpuvisor.workers")
 
+
 class WState(Enum):
     STARTING = "STARTING"
     RUNNING = "RUNNING"
@@ -99,6 +100,7 @@ class Policy:
     def beat_interval(self) -> float:
         """How often a worker started now beats: 4 beats per timeout, at most every 2.5 s."""
         return max(0.05, min(2.5, self.heartbeat_timeout / 4))
+
     register_timeout: float = 60.0  # STARTING this long without a first heartbeat: a hang
     stop_timeout: float = 3.0  # SIGTERM, then SIGKILL after this long
 
@@ -167,7 +169,6 @@ class WorkerHandle:
         for listener in self.listeners:
             listener(self, old, new, reason)
 
-
     def view(self, now: float) -> dict[str, Json]:
         """This worker as `gpuvisor status` shows it (`now` on the WorkerSet clock)."""
         return {
@@ -184,7 +185,9 @@ class WorkerHandle:
             "registration": self.registration,
             "no_stream_reregistrations": int(self.stats.get("count:no_stream_reregistrations", 0)),
             "reason": self.reason,
-            "next_retry_in": round(max(0.0, self.backoff_until - now), 2) if self.backoff_until > now else None,
+            "next_retry_in": round(max(0.0, self.backoff_until - now), 2)
+            if self.backoff_until > now
+            else None,
         }
 
 
@@ -273,7 +276,9 @@ class WorkerSet:
                     handle.proc.send_signal(signal.SIGKILL)
 
     # ------------------------------------------------------------------ events from workers
-    def heartbeat(self, resource: str, pid: int, registered: bool, socket_path: str, now: float) -> WorkerHandle | None:
+    def heartbeat(
+        self, resource: str, pid: int, registered: bool, socket_path: str, now: float
+    ) -> WorkerHandle | None:
         """Record a worker's heartbeat; returns its handle, or None for a stranger or a dead one."""
         handle = self.workers.get(resource)
         if handle is None or handle.proc is None or handle.pid != pid:
@@ -292,8 +297,16 @@ class WorkerSet:
 
     def deadlines(self) -> list[float]:
         """When a tick has something to do without any event: a backoff ends, a worker is killed."""
-        out = [h.backoff_until for h in self.workers.values() if h.state in (WState.BACKOFF, WState.FATAL) and h.wanted]
-        out += [h.stop_deadline for h in self.workers.values() if h.state is WState.STOPPING and h.proc is not None]
+        out = [
+            h.backoff_until
+            for h in self.workers.values()
+            if h.state in (WState.BACKOFF, WState.FATAL) and h.wanted
+        ]
+        out += [
+            h.stop_deadline
+            for h in self.workers.values()
+            if h.state is WState.STOPPING and h.proc is not None
+        ]
         return out
 
     # ------------------------------------------------------------------ reconcile
@@ -343,7 +356,9 @@ class WorkerSet:
         if handle is not None and handle.proc is not None and handle.pid == pid and handle.registered:
             handle.served = True
 
-    def _fail(self, handle: WorkerHandle, now: float, cause: str, fatal: bool = False, floor: float = 0.0) -> None:
+    def _fail(
+        self, handle: WorkerHandle, now: float, cause: str, fatal: bool = False, floor: float = 0.0
+    ) -> None:
         """A quick failure: back off, or FATAL past start_retries (retried when the backoff ends)."""
         handle.quick_failures += 1
         delay = max(self.policy.backoff(handle.quick_failures), floor)
@@ -351,7 +366,9 @@ class WorkerSet:
             delay = max(delay, self.policy.fatal_min_retry)
             handle.backoff_until = now + delay
             streak = f"{handle.quick_failures} quick failure(s) in a row"
-            handle.change_state(WState.FATAL, f"{cause}; {streak}; next try in {delay:.1f}s (retried until it serves)")
+            handle.change_state(
+                WState.FATAL, f"{cause}; {streak}; next try in {delay:.1f}s (retried until it serves)"
+            )
             return
         handle.backoff_until = now + delay
         handle.change_state(WState.BACKOFF, f"{cause}; restart in {delay:.2f}s")

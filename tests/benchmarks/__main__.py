@@ -41,7 +41,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tests.benchmarks", description="Run gpuvisor's benchmarks.")
     p.add_argument("--quick", action="store_true", help="smaller runs: a smoke test of every benchmark")
     p.add_argument("--json", metavar="PATH", default="", help="also write the JSON document to PATH")
-    p.add_argument("--only", metavar="NAME,...", default="", help=f"run only these (of: {', '.join(BENCHES)})")
+    p.add_argument(
+        "--only", metavar="NAME,...", default="", help=f"run only these (of: {', '.join(BENCHES)})"
+    )
     args = p.parse_args(argv)
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]

@@ -53,7 +53,11 @@ def serve_echo(path: str) -> None:
 
     handler = grpc.method_handlers_generic_handler(
         "gpuvisor.bench.Echo",
-        {"Echo": grpc.unary_unary_rpc_method_handler(echo, request_deserializer=_identity, response_serializer=_identity)},
+        {
+            "Echo": grpc.unary_unary_rpc_method_handler(
+                echo, request_deserializer=_identity, response_serializer=_identity
+            )
+        },
     )
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
@@ -104,7 +108,9 @@ def run(quick: bool) -> list[Row]:
                 raise RuntimeError("the echo server did not start")
             channel = grpc.insecure_channel(unix_target(echo_path))
             try:
-                call = channel.unary_unary(ECHO_METHOD, request_serializer=_identity, response_deserializer=_identity)
+                call = channel.unary_unary(
+                    ECHO_METHOD, request_serializer=_identity, response_deserializer=_identity
+                )
                 allocate, bare = _measure(kubelet, call, ids, calls, warmup)
             finally:
                 channel.close()

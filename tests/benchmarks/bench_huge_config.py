@@ -17,7 +17,11 @@ from tests import nodes
 from tests.benchmarks.common import Row, p50
 from tests.process.test_huge_configs import run_to_exit, time_slicing
 
-CASES = (("replicas 200000", 200_000), ("replicas 1e9", 1_000_000_000), ("replicas 10000 (5 MiB answer)", 10_000))
+CASES = (
+    ("replicas 200000", 200_000),
+    ("replicas 1e9", 1_000_000_000),
+    ("replicas 10000 (5 MiB answer)", 10_000),
+)
 
 
 def _handling_ms(replicas: int, rounds: int) -> list[float]:
@@ -39,8 +43,12 @@ def run(quick: bool) -> list[Row]:
         exits = [run_to_exit(time_slicing(replicas)) for _ in range(rounds)]
         codes = sorted({status for status, *_ in exits})
         note = f"{rounds} run(s), exit status {codes}"
-        rows.append(Row(f"{label}: process start -> exit p50", p50([s * 1000 for *_, s in exits]), "ms", "", note))
-        rows.append(Row(f"{label}: peak RSS", max(rss for _, _, rss, _ in exits) / 1024, "MiB", "< 200 MiB", note))
+        rows.append(
+            Row(f"{label}: process start -> exit p50", p50([s * 1000 for *_, s in exits]), "ms", "", note)
+        )
+        rows.append(
+            Row(f"{label}: peak RSS", max(rss for _, _, rss, _ in exits) / 1024, "MiB", "< 200 MiB", note)
+        )
         rows.append(Row(f"{label}: config handling p50", p50(_handling_ms(replicas, 5 if quick else 50)), "ms", "< 1000 ms",
                         "load_config + plan_resources, in process"))  # fmt: skip
     return rows

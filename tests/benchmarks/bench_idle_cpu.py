@@ -41,4 +41,12 @@ def run(quick: bool) -> list[Row]:
         used = _cpu(procs) - before
         elapsed = time.monotonic() - t0
     pct = 100.0 * used / elapsed
-    return [Row("idle CPU, whole tree", pct, "% of a core", "<= 0.5 %", f"{len(procs)} processes over {elapsed:.0f} s")]
+    return [
+        Row(
+            "idle CPU, whole tree",
+            pct,
+            "% of a core",
+            "<= 0.5 %",
+            f"{len(procs)} processes over {elapsed:.0f} s",
+        )
+    ]

@@ -37,7 +37,14 @@ def storm(node: SimNode, kills: int, gap: float) -> list[float]:
         def back(before: str = before) -> bool:
             res = node.kubelet.resource(RESOURCE)
             ep = res.endpoint if res is not None else None
-            return bool(ep and ep.socket_path != before and ep.connected and ep.updates and res and res.allocatable == 8)
+            return bool(
+                ep
+                and ep.socket_path != before
+                and ep.connected
+                and ep.updates
+                and res
+                and res.allocatable == 8
+            )
 
         if not node.kubelet.wait_for(back, 60):
             break
@@ -54,7 +61,13 @@ def run(quick: bool) -> list[Row]:
     note = f"{len(recoveries)}/{kills} kills 1 s after each recovery, dgx-h100, default settings; FATAL seen {fatal}x"
     return [
         Row("kill storm: recovery p50", p50(recoveries), "ms", "<= 60 ms", note),
-        Row("kill storm: recovery max", max(recoveries) if recoveries else float("nan"), "ms", "<= 300 ms", note),
+        Row(
+            "kill storm: recovery max",
+            max(recoveries) if recoveries else float("nan"),
+            "ms",
+            "<= 300 ms",
+            note,
+        ),
         Row("kill storm: recoveries <= 300 ms", float(within), "count", f"{kills}", note),
         Row("kill storm: FATAL transitions", float(fatal), "count", "0", note),
     ]

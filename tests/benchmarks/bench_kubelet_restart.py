@@ -108,7 +108,13 @@ def run(quick: bool) -> list[Row]:
         one_note += f", {one.failures} not back within 20 s"
     nan = float("nan")
     return [
-        Row("restart -> all listed p50", p50(full.samples), "ms", "<= 30 ms (issue 8); < 50 ms (issue 3)", note),
+        Row(
+            "restart -> all listed p50",
+            p50(full.samples),
+            "ms",
+            "<= 30 ms (issue 8); < 50 ms (issue 3)",
+            note,
+        ),
         Row("restart -> all listed p90", percentile(full.samples, 90), "ms"),
         Row("restart -> all listed max", max(full.samples) if full.samples else nan, "ms", "<= 250 ms"),
         Row(

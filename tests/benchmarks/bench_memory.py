@@ -44,8 +44,22 @@ def run(quick: bool) -> list[Row]:
                 continue
             total_pss += mem.pss
             total_uss += mem.uss
-            rows.append(Row(f"{label} PSS", mem.pss / 2**20, "MiB", "", f"USS {mem.uss / 2**20:.1f} MiB, pid {proc.pid}"))
+            rows.append(
+                Row(
+                    f"{label} PSS",
+                    mem.pss / 2**20,
+                    "MiB",
+                    "",
+                    f"USS {mem.uss / 2**20:.1f} MiB, pid {proc.pid}",
+                )
+            )
         rows.append(
-            Row("total PSS (supervisor + workers)", total_pss / 1e6, "MB", "<= 120 MB", f"{len(procs)} processes; USS total {total_uss / 1e6:.1f} MB")
+            Row(
+                "total PSS (supervisor + workers)",
+                total_pss / 1e6,
+                "MB",
+                "<= 120 MB",
+                f"{len(procs)} processes; USS total {total_uss / 1e6:.1f} MB",
+            )
         )
     return rows

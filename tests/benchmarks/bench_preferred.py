@@ -44,9 +44,9 @@ def plan_16x64() -> ResourcePlan:
     return plan_resources(node, config)[GPU]
 
 
-def _cases(ids: list[str], sizes: list[int], rounds: int, rng: random.Random, free_share: float) -> list[
-    tuple[list[str], int]
-]:
+def _cases(
+    ids: list[str], sizes: list[int], rounds: int, rng: random.Random, free_share: float
+) -> list[tuple[list[str], int]]:
     """(available, size) requests: each size with everything free, then with random subsets free."""
     cases: list[tuple[list[str], int]] = []
     for _ in range(rounds):
@@ -85,7 +85,9 @@ def _time_grpc(plan: ResourcePlan, rounds: int) -> Timer:
             for i in range(rounds + 20):
                 request = pb.PreferredAllocationRequest(
                     container_requests=[
-                        pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=1 + i % 8)
+                        pb.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=ids, allocation_size=1 + i % 8
+                        )
                     ]
                 )
                 if i < 20:  # warm-up: connection and first-call costs
@@ -109,7 +111,13 @@ def run(quick: bool) -> list[Row]:
     return [
         Row("policy 8 GPUs p50", p50(eight.ms()), "ms", TARGET, f"{n8} calls, sizes 1-8, all or some free"),
         Row("policy 8 GPUs max", max(eight.ms()), "ms", TARGET),
-        Row("policy 16x64 p50", p50(big.ms()), "ms", TARGET, f"{n16} calls, {len(big_plan.devices)} IDs, sizes 1-16"),
+        Row(
+            "policy 16x64 p50",
+            p50(big.ms()),
+            "ms",
+            TARGET,
+            f"{n16} calls, {len(big_plan.devices)} IDs, sizes 1-16",
+        ),
         Row("policy 16x64 max", max(big.ms()), "ms", TARGET),
         Row("gRPC 8 GPUs p50", p50(via_grpc.ms()), "ms", "", f"{len(via_grpc.samples)} calls, for reference"),
     ]

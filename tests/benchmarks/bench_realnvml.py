@@ -46,7 +46,9 @@ TTL = "50ms"
 def _discovery_rows(libdir: str, rounds: int) -> list[Row]:
     rows = []
     for profile in mocknvml.profiles():
-        report = mocknvml.child_report(mocknvml.environ(libdir, profile), "--discover-rounds", str(rounds + 1), timeout=120)
+        report = mocknvml.child_report(
+            mocknvml.environ(libdir, profile), "--discover-rounds", str(rounds + 1), timeout=120
+        )
         samples = report["discover_ms"][1:]  # the first pays for lazy symbol lookups
         note = f"{len(report['node']['gpus'])} GPUs, {rounds} rounds; nvmlInit {report['init_ms']:.1f} ms"
         rows.append(Row(f"discovery {profile} p50 (real binding)", p50(samples), "ms", "", note))
@@ -59,7 +61,9 @@ def _discovery_rows(libdir: str, rounds: int) -> list[Row]:
         nvml.discover()
         samples.append((time.perf_counter() - start) * 1000)
     nvml.shutdown()
-    rows.append(Row("discovery dgx-h100 p50 (simulator)", p50(samples[1:]), "ms", "", f"8 GPUs, {rounds} rounds"))
+    rows.append(
+        Row("discovery dgx-h100 p50 (simulator)", p50(samples[1:]), "ms", "", f"8 GPUs, {rounds} rounds")
+    )
     return rows
 
 
@@ -71,7 +75,13 @@ def _fault_rows(libdir: str, rounds: int) -> list[Row]:
         overrides = mocknvml.overrides_file(tmp)
         config = os.path.join(tmp, "config.yaml")
         with open(config, "w", encoding="utf-8") as fh:
-            yaml.safe_dump({"version": "v1", "gpuvisor": {"health": {"transientQuietSeconds": 0.2, "xids": {"48": "transient"}}}}, fh)
+            yaml.safe_dump(
+                {
+                    "version": "v1",
+                    "gpuvisor": {"health": {"transientQuietSeconds": 0.2, "xids": {"48": "transient"}}},
+                },
+                fh,
+            )
         args = ["--config-file", config, "--probe-interval", str(PROBE_S)]
         with mocknvml.real_node(libdir, FAULT_PROFILE, args, overrides=overrides, overrides_ttl=TTL) as node:
             node.wait_listed([GPU], 60)
@@ -95,7 +105,13 @@ def _fault_rows(libdir: str, rounds: int) -> list[Row]:
         Row("real binding fault->Unhealthy p50", p50(to_unhealthy), "ms", "", note),
         Row("real binding fault->Unhealthy p99", p99(to_unhealthy), "ms", "", note),
         Row("real binding fault->Unhealthy max", max(to_unhealthy), "ms", "", note),
-        Row("real binding fault->Unhealthy min", min(to_unhealthy), "ms", "", "a write just before a probe round: the mock re-reading the file, the round, gpuvisor's path"),
+        Row(
+            "real binding fault->Unhealthy min",
+            min(to_unhealthy),
+            "ms",
+            "",
+            "a write just before a probe round: the mock re-reading the file, the round, gpuvisor's path",
+        ),
         Row("real binding cleared->Healthy p50", p50(to_healthy), "ms", "", back),
     ]
 

@@ -123,7 +123,8 @@ def format_table(rows: Sequence[tuple[str, Row]], extra: Sequence[tuple[str, str
     out = []
     for n, line in enumerate(lines):
         cells = [
-            cell.rjust(widths[i]) if i == 2 and n else cell.ljust(widths[i]) for i, cell in enumerate(line[:-1])
+            cell.rjust(widths[i]) if i == 2 and n else cell.ljust(widths[i])
+            for i, cell in enumerate(line[:-1])
         ]
         out.append("  ".join([*cells, line[-1]]).rstrip())
         if n == 0:

@@ -49,7 +49,13 @@ def test_unknown_benchmark_name_is_a_usage_error() -> None:
 
 @pytest.mark.parametrize(
     ("values", "q", "want"),
-    [([], 50, math.nan), ([3.0], 99, 3.0), ([1.0, 2.0, 3.0, 4.0], 50, 2.5), ([1.0, 2.0, 3.0], 100, 3.0), ([5.0, 1.0], 0, 1.0)],
+    [
+        ([], 50, math.nan),
+        ([3.0], 99, 3.0),
+        ([1.0, 2.0, 3.0, 4.0], 50, 2.5),
+        ([1.0, 2.0, 3.0], 100, 3.0),
+        ([5.0, 1.0], 0, 1.0),
+    ],
 )
 def test_percentile_interpolates_between_ranks(values: list[float], q: float, want: float) -> None:
     """percentile() interpolates linearly, handles one value and gives NaN for none."""
@@ -59,7 +65,9 @@ def test_percentile_interpolates_between_ranks(values: list[float], q: float, wa
 
 def test_table_shows_missing_values_as_na() -> None:
     """A NaN figure prints as n/a and status lines (not available) follow the rows."""
-    text = format_table([("b", Row("x p50", math.nan, "ms", "< 5 ms", "why"))], [("bench_later", "not available")])
+    text = format_table(
+        [("b", Row("x p50", math.nan, "ms", "< 5 ms", "why"))], [("bench_later", "not available")]
+    )
     lines = text.splitlines()
     assert "n/a" in lines[2] and lines[2].endswith("why")
     assert lines[3].split() == ["bench_later", "not", "available"]

@@ -81,7 +81,12 @@ gpuvisor:
 CONFIG_B = CONFIG_A.replace("replicas: 2", "replicas: 3")
 CONFIG_BAD = CONFIG_A.replace("replicas: 2", "replicas: 1")
 
-MIG_LAYOUTS = (["3g.40gb", "3g.40gb"], ["2g.20gb", "2g.20gb", "2g.20gb"], ["1g.10gb"] * 7, ["3g.40gb", "2g.20gb", "1g.10gb+me"])
+MIG_LAYOUTS = (
+    ["3g.40gb", "3g.40gb"],
+    ["2g.20gb", "2g.20gb", "2g.20gb"],
+    ["1g.10gb"] * 7,
+    ["3g.40gb", "2g.20gb", "1g.10gb+me"],
+)
 
 
 class Violation(Exception):
@@ -163,7 +168,9 @@ class ChaosReport:
         lines.append(f"FATAL workers left: {self.fatal_left}; resources lost: {self.resources_lost}")
         for note in self.left_out:
             lines.append(f"left out: {note}")
-        lines.append(f"result: {'OK' if self.ok() else 'FAILED'} ({len(self.faults)} faults, seed {self.seed})")
+        lines.append(
+            f"result: {'OK' if self.ok() else 'FAILED'} ({len(self.faults)} faults, seed {self.seed})"
+        )
         return "\n".join(lines)
 
 
@@ -230,7 +237,11 @@ class Chaos:
     def sample(self) -> dict[str, float]:
         assert self.node is not None and self.node.proc is not None
         p = psutil.Process(self.node.proc.pid)
-        return {"rss_mib": round(p.memory_info().rss / 2**20, 1), "fds": p.num_fds(), "threads": p.num_threads()}
+        return {
+            "rss_mib": round(p.memory_info().rss / 2**20, 1),
+            "fds": p.num_fds(),
+            "threads": p.num_threads(),
+        }
 
     # ------------------------------------------------------------------ faults
     def random_fault(self) -> str:
@@ -331,8 +342,11 @@ class Chaos:
     def _await_replaced(self, resource: str, pid: int) -> None:
         """Until the supervisor no longer shows `pid` for `resource` (it noticed the fault): the
         invariants checked before that would only see the state from before the fault."""
+
         def replaced() -> bool:
-            return not any(w["resource"] == resource and w.get("pid") == pid for w in self.status()["workers"])
+            return not any(
+                w["resource"] == resource and w.get("pid") == pid for w in self.status()["workers"]
+            )
 
         if not wait_until(replaced, self.deadline, interval=0.01):
             raise Violation(f"{resource}: the supervisor still shows pid {pid} as its worker")
@@ -346,7 +360,11 @@ class Chaos:
     def _plant_strays(self, resource: str, socket: str) -> None:
         assert self.node is not None
         base = os.path.basename(socket)  # gpuvisor-<name>-<tag><nn>.sock: the sweep's own kind
-        stem = base[: -len("00.sock")] if base.endswith(".sock") else f"gpuvisor-{resource.split('/')[-1]}-0badc0"
+        stem = (
+            base[: -len("00.sock")]
+            if base.endswith(".sock")
+            else f"gpuvisor-{resource.split('/')[-1]}-0badc0"
+        )
         n = len(self.strays)
         target = os.path.join(self.node.base, "stray-target")
         if not os.path.exists(target):
@@ -430,7 +448,9 @@ class Chaos:
             assert self.kubelet.connected(resource), f"{resource} not connected at the kubelet"
         for resource in self.kubelet.resource_names():
             if resource not in planned:
-                assert self.kubelet.allocatable(resource) == 0, f"{resource} no longer planned but allocatable"
+                assert self.kubelet.allocatable(resource) == 0, (
+                    f"{resource} no longer planned but allocatable"
+                )
         ours = [s for s in sockets_in(node.plugin_dir) if s.startswith("gpuvisor-")]
         assert len(ours) == len(planned), f"{len(ours)} gpuvisor sockets for {len(planned)} resources: {ours}"
         endpoints = sorted(os.path.basename(self.kubelet.endpoint_socket(r)) for r in planned)
@@ -474,7 +494,9 @@ class Chaos:
         report = ChaosReport(seed=self.seed, start=self.baseline)
         started = time.monotonic()
         i = 0
-        while (duration is None and i < faults) or (duration is not None and time.monotonic() - started < duration):
+        while (duration is None and i < faults) or (
+            duration is not None and time.monotonic() - started < duration
+        ):
             i += 1
             kind = self.random_fault()
             t0 = time.monotonic()
@@ -489,7 +511,9 @@ class Chaos:
                 if self.node is not None:
                     report.log_tail = self.node.log()[-8000:]
             report.faults.append(record)
-            self.say(f"  {i:>4} {kind:<16} {record.seconds * 1000:8.1f} ms  {'ok' if record.recovered else 'VIOLATION'}  {detail}")
+            self.say(
+                f"  {i:>4} {kind:<16} {record.seconds * 1000:8.1f} ms  {'ok' if record.recovered else 'VIOLATION'}  {detail}"
+            )
             if not record.recovered:
                 break
             if kind == "supervisor-kill":
@@ -509,13 +533,19 @@ class Chaos:
             if report.end["threads"] > base["threads"] + 16:
                 report.violations.append(f"threads grew from {base['threads']} to {report.end['threads']}")
             if report.end["rss_mib"] > base["rss_mib"] * 1.5 + 16:
-                report.violations.append(f"RSS grew from {base['rss_mib']} MiB to {report.end['rss_mib']} MiB")
+                report.violations.append(
+                    f"RSS grew from {base['rss_mib']} MiB to {report.end['rss_mib']} MiB"
+                )
         return report
 
 
 def _diff(seen: dict[str, str], want: dict[str, str]) -> str:
     keys = sorted(set(seen) | set(want))
-    parts = [f"{k}: {seen.get(k, 'absent')} (supervisor: {want.get(k, 'absent')})" for k in keys if seen.get(k) != want.get(k)]
+    parts = [
+        f"{k}: {seen.get(k, 'absent')} (supervisor: {want.get(k, 'absent')})"
+        for k in keys
+        if seen.get(k) != want.get(k)
+    ]
     return textwrap.shorten("; ".join(parts), 600)
 
 
@@ -530,7 +560,9 @@ def parse_duration(text: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m tests.chaos", description="kill-and-recover chaos against a simulated node")
+    p = argparse.ArgumentParser(
+        prog="python -m tests.chaos", description="kill-and-recover chaos against a simulated node"
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--faults", type=int, default=50)
     p.add_argument("--duration", default=None, help="run for this long instead (e.g. 90s, 30m, 2h)")
@@ -540,7 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
     duration = parse_duration(args.duration) if args.duration else None
-    replay = f"python -m tests.chaos --seed {seed} " + (f"--duration {args.duration}" if duration else f"--faults {args.faults}")
+    replay = f"python -m tests.chaos --seed {seed} " + (
+        f"--duration {args.duration}" if duration else f"--faults {args.faults}"
+    )
     print(f"chaos: seed {seed}; replay with: {replay}", flush=True)
     try:
         with Chaos(seed, args.deadline, log=lambda s: print(s, flush=True)) as chaos:
@@ -569,5 +603,3 @@ def main(argv: list[str] | None = None) -> int:
     counts = Counter(f.kind for f in report.faults)
     print(f"survived {len(report.faults)} faults of {len(counts)} kinds")
     return 0
-
-

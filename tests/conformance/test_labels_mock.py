@@ -100,9 +100,22 @@ def expected_lines(profile: MockProfile, config: str) -> set[str]:
     if profile.clique is not None:
         labels["gpu.clique"] = profile.clique  # lm/imex.go:38-40
     if config == "ts4":  # lm/resource.go:160-206: 4 replicas, time-slicing, -SHARED
-        labels.update({"gpu.replicas": "4", "gpu.sharing-strategy": "time-slicing", "gpu.product": profile.product + "-SHARED"})
+        labels.update(
+            {
+                "gpu.replicas": "4",
+                "gpu.sharing-strategy": "time-slicing",
+                "gpu.product": profile.product + "-SHARED",
+            }
+        )
     elif config == "mps2":  # lm/nvml.go:189-191: no MIG-enabled GPU, MPS-capable
-        labels.update({"gpu.replicas": "2", "gpu.sharing-strategy": "mps", "gpu.product": profile.product + "-SHARED", "mps.capable": "true"})
+        labels.update(
+            {
+                "gpu.replicas": "2",
+                "gpu.sharing-strategy": "mps",
+                "gpu.product": profile.product + "-SHARED",
+                "mps.capable": "true",
+            }
+        )
     elif config == "mig-mixed":  # lm/strategy.go:25; the mock has no MIG device to label
         labels["mig.strategy"] = "mixed"
     return {f"nvidia.com/{k}={v}" for k, v in labels.items()}
@@ -122,14 +135,22 @@ def _child_env(libdir: str, profile: str) -> dict[str, str]:
 
 def _argv(config: Path | None, output: Path, machine_type: Path) -> list[str]:
     # The golden README's command line, word for word.
-    args = ["--oneshot", "--no-timestamp", "--use-node-feature-api=false", "--machine-type-file", str(machine_type)]
+    args = [
+        "--oneshot",
+        "--no-timestamp",
+        "--use-node-feature-api=false",
+        "--machine-type-file",
+        str(machine_type),
+    ]
     if config is not None:
         args += ["--config-file", str(config)]
     return labels_argv(*args, "--output-file", str(output))
 
 
 @pytest.fixture(scope="module")
-def outputs(mock_nvml_libdir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[int, str, str]]:
+def outputs(
+    mock_nvml_libdir: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, str], tuple[int, str, str]]:
     """(profile, config) -> (exit status, output file text, stderr) for every profile and config."""
     if _host_has_nvidia_pci():
         pytest.skip("this host has NVIDIA PCI devices: the expected gpu.mode and vgpu.present assume none")
@@ -150,7 +171,9 @@ def outputs(mock_nvml_libdir: str, tmp_path_factory: pytest.TempPathFactory) -> 
     while jobs or running:
         while jobs and len(running) < 4:
             key, work, argv, env = jobs.pop(0)
-            proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
             running.append((key, work, proc))
         key, work, proc = running.pop(0)
         try:
@@ -167,7 +190,9 @@ CASES = [(p, c) for p in PROFILES for c in CONFIGS]
 
 
 @pytest.mark.parametrize(("profile", "config"), CASES)
-def test_labels_over_the_mock_match_gfd(outputs: dict[tuple[str, str], tuple[int, str, str]], profile: str, config: str) -> None:
+def test_labels_over_the_mock_match_gfd(
+    outputs: dict[tuple[str, str], tuple[int, str, str]], profile: str, config: str
+) -> None:
     """The golden command line over a mock profile writes GFD's set of lines (its own golden where there is one)."""
     status, text, err = outputs[(profile, config)]
     assert status == 0, err
@@ -206,7 +231,9 @@ def test_a_lost_gpu_mid_run_keeps_the_last_labels(mock_nvml_libdir: str, tmp_pat
         assert "GPU is lost" in log.read_text() and out.read_text() == first
         mocknvml.write_overrides(overrides)
         mark = log.read_text().count("labels unchanged")
-        assert wait_until(lambda: log.read_text().count("labels unchanged") > mark, timeout=30), log.read_text()
+        assert wait_until(lambda: log.read_text().count("labels unchanged") > mark, timeout=30), (
+            log.read_text()
+        )
         assert out.read_text() == first
     finally:
         proc.terminate()

@@ -267,9 +267,14 @@ def test_input_taken_as_nvidia_takes_it(row: Row, tmp_path: Path, capsys: pytest
 
 def test_ignored_arguments_are_named_in_a_notice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Arguments NVIDIA's flag parsing ignores are accepted, and a notice (a logged warning) names them."""
-    config, _ = _take(Row("", argv=("--pass-device-specs", "false", "--mig-strategy", "mixed")), tmp_path, capsys)
+    config, _ = _take(
+        Row("", argv=("--pass-device-specs", "false", "--mig-strategy", "mixed")), tmp_path, capsys
+    )
     assert config is not None
-    assert any('"false" "--mig-strategy" "mixed"' in notice and "--flag=false" in notice for notice in config.notices)  # type: ignore[attr-defined]
+    notices = config.notices  # type: ignore[attr-defined]
+    assert any(
+        '"false" "--mig-strategy" "mixed"' in notice and "--flag=false" in notice for notice in notices
+    )
 
 
 def test_help_and_version_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:

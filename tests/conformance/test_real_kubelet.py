@@ -18,7 +18,9 @@ import pytest
 
 from tests.helpers import REPO
 
-HARNESS = os.environ.get("GPUVISOR_REAL_KUBELET") or os.path.join(os.path.dirname(REPO), "shared", "real-kubelet", "run.sh")
+HARNESS = os.environ.get("GPUVISOR_REAL_KUBELET") or os.path.join(
+    os.path.dirname(REPO), "shared", "real-kubelet", "run.sh"
+)
 GPUVISOR = os.path.join(os.path.dirname(sys.executable), "gpuvisor")
 
 SCENARIOS = [

@@ -54,7 +54,9 @@ def reports(mock_nvml_libdir: str) -> dict[str, dict[str, Any]]:
     """One adapter report per profile; the children run side by side (they mostly wait)."""
     with ThreadPoolExecutor(max_workers=len(PROFILES) or 1) as pool:
         futures = {
-            p: pool.submit(mocknvml.child_report, mocknvml.environ(mock_nvml_libdir, p), "--wait-ms", str(WAIT_MS))
+            p: pool.submit(
+                mocknvml.child_report, mocknvml.environ(mock_nvml_libdir, p), "--wait-ms", str(WAIT_MS)
+            )
             for p in PROFILES
         }
         return {p: f.result() for p, f in futures.items()}
@@ -100,7 +102,9 @@ def test_nvlinks_match_the_profile(reports: dict[str, dict[str, Any]], profile: 
     """NVLinks between every GPU pair: links_per_gpu through the profile's NVSwitches, none without."""
     node, want = discovered(reports[profile]), mocknvml.expected_node(profile)
     count = len(want.gpus)
-    assert sorted((link.a, link.b) for link in node.links) == [(a, b) for a in range(count) for b in range(a + 1, count)]
+    assert sorted((link.a, link.b) for link in node.links) == [
+        (a, b) for a in range(count) for b in range(a + 1, count)
+    ]
     assert {link.nvlinks for link in node.links} == {want.nvlinks_per_pair}
 
 
@@ -129,12 +133,16 @@ def test_event_wait_times_out_as_asked(reports: dict[str, dict[str, Any]], profi
 def test_idle_health_loop_does_not_spin(mock_nvml_libdir: str) -> None:
     """The supervisor's health thread over the real binding, idle for 3 s with 1 s probes, uses
     near-zero CPU: it blocks in the event wait instead of spinning (NVIDIA #1937 burns a core)."""
-    report = mocknvml.child_report(mocknvml.environ(mock_nvml_libdir, "a100"), "--idle-seconds", "3", "--probe-interval", "1")
+    report = mocknvml.child_report(
+        mocknvml.environ(mock_nvml_libdir, "a100"), "--idle-seconds", "3", "--probe-interval", "1"
+    )
     idle = report["idle"]
     assert idle["errors"] == 0 and idle["events"] == 0
     assert idle["probes"] >= 2 * 8, idle  # the thread was alive and probing every GPU
     share = idle["health_thread_cpu_s"] / idle["seconds"]
-    print(f"idle health thread: {share:.3%} of a core; whole process {idle['process_cpu_s'] / idle['seconds']:.3%}")
+    print(
+        f"idle health thread: {share:.3%} of a core; whole process {idle['process_cpu_s'] / idle['seconds']:.3%}"
+    )
     assert share < 0.02, idle
 
 

@@ -111,7 +111,9 @@ def test_status_json_reports_real_nvml_up_and_every_device(h100: SimNode) -> Non
     status = json.loads(proc.stdout)
     assert status["simulated"] is False, status
     assert (status["nvml"], status["ready"]) == ({"up": True, "error": "", "attempts": 1}, True), status
-    assert [(w["resource"], w["state"], w["registered"]) for w in status["workers"]] == [(GPU, "RUNNING", True)], status
+    assert [(w["resource"], w["state"], w["registered"]) for w in status["workers"]] == [
+        (GPU, "RUNNING", True)
+    ], status
     assert {d["id"]: d["health"] for d in status["resources"][GPU]} == {g.uuid: HEALTHY for g in H100.gpus}
 
 
@@ -220,7 +222,10 @@ def test_fallen_off_the_bus_with_xid_79_recovers_when_found(faults: tuple[SimNod
 
 @pytest.mark.parametrize(
     ("index", "rows", "reason"),
-    [(1, {"pending": True}, "remapped rows pending a reset"), (6, {"failure_occurred": True}, "row remapping failed")],
+    [
+        (1, {"pending": True}, "remapped rows pending a reset"),
+        (6, {"failure_occurred": True}, "row remapping failed"),
+    ],
 )
 def test_remapped_rows_mark_the_gpu_until_a_probe_passes(
     faults: tuple[SimNode, str], index: int, rows: dict[str, bool], reason: str
@@ -276,12 +281,19 @@ def test_no_library_exits_with_what_to_check(no_library: str) -> None:
         assert "Traceback" not in proc.stderr
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith("gpuvisor: NVML could not be initialised"), last
-        for hint in ("NVML Shared Library Not Found", "(NVML code 12)", "libnvidia-ml.so.1", "LD_LIBRARY_PATH"):
+        for hint in (
+            "NVML Shared Library Not Found",
+            "(NVML code 12)",
+            "libnvidia-ml.so.1",
+            "LD_LIBRARY_PATH",
+        ):
             assert hint in last, (hint, last)
         assert not os.path.exists(os.path.join(tmp, "r")) or sockets_in(os.path.join(tmp, "r")) == []
 
 
-def test_no_library_without_fail_on_init_error_is_not_ready_and_retries(mock_nvml_libdir: str, no_library: str) -> None:
+def test_no_library_without_fail_on_init_error_is_not_ready_and_retries(
+    mock_nvml_libdir: str, no_library: str
+) -> None:
     """--fail-on-init-error=false and no library: the supervisor stays up, not ready, no workers,
     retrying; once libnvidia-ml.so.1 appears on the library path it comes up and registers."""
     with mocknvml.real_node(no_library, None, ["--fail-on-init-error=false"]) as node:
@@ -311,7 +323,9 @@ def test_oldest_binding_runs_the_node_and_delivers_xids(mock_nvml_libdir: str, o
             env=env, cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
         assert which.stdout.split() == [os.path.join(oldest_binding, "pynvml.py"), "False"]
-        with mocknvml.real_node(mock_nvml_libdir, "t4", FAST, overrides=overrides, pythonpath=[oldest_binding]) as node:
+        with mocknvml.real_node(
+            mock_nvml_libdir, "t4", FAST, overrides=overrides, pythonpath=[oldest_binding]
+        ) as node:
             node.wait_listed([GPU], 60)
             assert sorted(node.kubelet.devices(GPU)) == sorted(t4)
             assert all(not d.numa_nodes for d in node.kubelet.devices(GPU).values())

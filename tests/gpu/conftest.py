@@ -89,8 +89,12 @@ class Cuda:
     client_argv: tuple[str, ...]
     how: str
 
-    def run(self, argv: tuple[str, ...], env: Mapping[str, str], timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), env=dict(env), capture_output=True, text=True, timeout=timeout, check=False)
+    def run(
+        self, argv: tuple[str, ...], env: Mapping[str, str], timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), env=dict(env), capture_output=True, text=True, timeout=timeout, check=False
+        )
 
 
 @pytest.fixture(scope="session")
@@ -145,7 +149,12 @@ def cuda() -> Iterator[Cuda]:
         programs = []
         for name, source in (("fault", NVCC_FAULT), ("client", NVCC_CLIENT)):
             (Path(tmp) / f"{name}.cu").write_text(source)
-            subprocess.run([nvcc, "-o", f"{tmp}/{name}", f"{tmp}/{name}.cu"], check=True, capture_output=True, timeout=300)
+            subprocess.run(
+                [nvcc, "-o", f"{tmp}/{name}", f"{tmp}/{name}.cu"],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
             programs.append((f"{tmp}/{name}",))
         yield Cuda(programs[0], programs[1], "nvcc")
 

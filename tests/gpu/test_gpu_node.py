@@ -54,7 +54,8 @@ def test_discovery_matches_what_the_driver_reports(driver: list[DriverGpu]) -> N
         nvml.shutdown()
     found = [(g.index, g.uuid, g.name, g.memory_mib, g.mig_enabled, g.compute_capability) for g in node.gpus]
     expected = [
-        (g.index, g.uuid, g.name, g.memory_mib, bool(g.mig_enabled), g.compute_capability) for g in full_gpus(driver)
+        (g.index, g.uuid, g.name, g.memory_mib, bool(g.mig_enabled), g.compute_capability)
+        for g in full_gpus(driver)
     ]
     assert found == expected
 
@@ -67,13 +68,17 @@ def test_every_gpu_registers_its_health_events(driver: list[DriverGpu]) -> None:
         with EventWatch.open(nvml) as watch:
             xid_bit = int(pynvml.nvmlEventTypeXidCriticalError)
             assert watch.skipped == {}
-            assert {uuid: mask & xid_bit for uuid, mask in watch.registered.items()} == {g.uuid: xid_bit for g in driver}
+            assert {uuid: mask & xid_bit for uuid, mask in watch.registered.items()} == {
+                g.uuid: xid_bit for g in driver
+            }
             watch.wait(100)  # an event or a timeout: no error
     finally:
         nvml.shutdown()
 
 
-def test_run_registers_every_gpu_and_allocate_hands_out_device_nodes_that_exist(driver: list[DriverGpu]) -> None:
+def test_run_registers_every_gpu_and_allocate_hands_out_device_nodes_that_exist(
+    driver: list[DriverGpu],
+) -> None:
     """`gpuvisor run` on real NVML: every GPU is advertised Healthy, and Allocate (envvar plus
     device specs) names the allocated GPU and only device nodes that exist on this host."""
     with SimNode(None, args=["--pass-device-specs"]) as node:
@@ -98,8 +103,12 @@ def test_an_application_xid_is_counted_logged_and_ignored(driver: list[DriverGpu
         url = metrics_url(node)
         before = sample(url, "gpuvisor_xid_events_total", xid="31") or 0.0
         faulted = cuda.run(cuda.fault_argv, {**os.environ, "CUDA_VISIBLE_DEVICES": victim.uuid})
-        assert faulted.returncode != 0, f"the faulting kernel did not fault ({cuda.how}): {faulted.stdout}{faulted.stderr}"
-        assert wait_until(lambda: (sample(url, "gpuvisor_xid_events_total", xid="31") or 0.0) > before, 30), node.log()[-4000:]
+        assert faulted.returncode != 0, (
+            f"the faulting kernel did not fault ({cuda.how}): {faulted.stdout}{faulted.stderr}"
+        )
+        assert wait_until(lambda: (sample(url, "gpuvisor_xid_events_total", xid="31") or 0.0) > before, 30), (
+            node.log()[-4000:]
+        )
         line = f"XID 31 on {victim.uuid}: ignored as an application error"
         assert wait_until(lambda: line in node.log(), 10), node.log()[-4000:]
         assert node.health(GPU, victim.uuid) == "Healthy"
@@ -116,21 +125,33 @@ def test_mps_daemon_serves_a_cuda_client_with_the_allocate_answer(
     with short_tmpdir("gvmps") as base:
         root = Path(base) / "mps"
         config = Path(base) / "config.yaml"
-        config.write_text("version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n")
+        config.write_text(
+            "version: v1\nsharing:\n  mps:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 2\n"
+        )
         args = ["--config-file", str(config), "--mps-root", str(root), "--mps-control-binary", mps_control]
         with SimNode(None, args=args) as node:
             node.wait_listed([GPU], timeout=60)
-            assert wait_until(lambda: node.kubelet.allocatable(GPU) == 2 * len(driver), 60), node.log()[-4000:]
+            assert wait_until(lambda: node.kubelet.allocatable(GPU) == 2 * len(driver), 60), node.log()[
+                -4000:
+            ]
             pid = int((root / GPU / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
             _chosen, response = node.kubelet.allocate(GPU, 1)
             pipe = response.envs["CUDA_MPS_PIPE_DIRECTORY"]
             host_pipe = next(m.host_path for m in response.mounts if m.container_path == pipe)
-            env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": host_pipe, "CUDA_VISIBLE_DEVICES": response.envs["NVIDIA_VISIBLE_DEVICES"].split("::")[0]}
+            env = {
+                **os.environ,
+                "CUDA_MPS_PIPE_DIRECTORY": host_pipe,
+                "CUDA_VISIBLE_DEVICES": response.envs["NVIDIA_VISIBLE_DEVICES"].split("::")[0],
+            }
             done = cuda.run(cuda.client_argv, env)
-            assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == str(CLIENT_SUM), done.stderr
+            assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == str(CLIENT_SUM), (
+                done.stderr
+            )
             control_log = (root / GPU / "log" / "control.log").read_text()
             assert "NEW CLIENT" in control_log.upper(), control_log[-2000:]
-        assert wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 15)
+        assert wait_until(
+            lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 15
+        )
 
 
 def test_labels_oneshot_writes_gfds_label_set(driver: list[DriverGpu]) -> None:
@@ -139,12 +160,16 @@ def test_labels_oneshot_writes_gfds_label_set(driver: list[DriverGpu]) -> None:
     gpu = full_gpus(driver)[0]
     with short_tmpdir("gvlabels") as base:
         out = Path(base) / "gfd"
-        done = run_labels("--oneshot", "--no-timestamp", "--use-node-feature-api=false", "--output-file", str(out))
+        done = run_labels(
+            "--oneshot", "--no-timestamp", "--use-node-feature-api=false", "--output-file", str(out)
+        )
         assert done.returncode == 0, done.stderr
         labels = dict(line.split("=", 1) for line in out.read_text().splitlines())
     assert set(labels) >= GFD_KEYS, sorted(GFD_KEYS - set(labels))
     assert labels["nvidia.com/gpu.count"] == str(len(driver))
     assert labels["nvidia.com/gpu.product"] == gpu.name.replace(" ", "-")
     assert labels["nvidia.com/gpu.memory"] == str(gpu.memory_mib)
-    assert (labels["nvidia.com/gpu.compute.major"], labels["nvidia.com/gpu.compute.minor"]) == tuple(map(str, gpu.compute_capability))
+    assert (labels["nvidia.com/gpu.compute.major"], labels["nvidia.com/gpu.compute.minor"]) == tuple(
+        map(str, gpu.compute_capability)
+    )
     assert labels["nvidia.com/cuda.driver-version.full"] == gpu.driver_version

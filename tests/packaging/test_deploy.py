@@ -34,7 +34,14 @@ UNIT = SYSTEMD / "gpuvisor.service"
 INSTALL = SYSTEMD / "install.sh"
 EXEC_START = "/opt/gpuvisor/venv/bin/gpuvisor run"
 
-KUSTOMIZATIONS = ("base", "overlays/default", "overlays/mig", "overlays/cpu-manager", "overlays/mps", "overlays/labels")
+KUSTOMIZATIONS = (
+    "base",
+    "overlays/default",
+    "overlays/mig",
+    "overlays/cpu-manager",
+    "overlays/mps",
+    "overlays/labels",
+)
 NAMESPACE = "gpuvisor"
 METRICS_PORT = 9475
 CONFIG_MOUNT = "/etc/gpuvisor"
@@ -87,7 +94,9 @@ def _pod_spec(docs: list[dict[str, Any]], name: str = "gpuvisor") -> dict[str, A
     return manifests.pod(manifests.daemonset(docs, name))
 
 
-def _container(docs: list[dict[str, Any]], name: str = "gpuvisor", container_name: str = "gpuvisor") -> dict[str, Any]:
+def _container(
+    docs: list[dict[str, Any]], name: str = "gpuvisor", container_name: str = "gpuvisor"
+) -> dict[str, Any]:
     container = manifests.container(manifests.daemonset(docs, name))
     assert container["name"] == container_name
     return container
@@ -256,7 +265,9 @@ def test_image_env_and_resources(kustomization: str) -> None:
     assert env["GPUVISOR_LOG_FORMAT"] == "json"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     # The MPS overlay runs MPS control daemons: their binaries come with the "compute" capability.
-    assert env["NVIDIA_DRIVER_CAPABILITIES"] == ("compute,utility" if kustomization == "overlays/mps" else "utility")
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == (
+        "compute,utility" if kustomization == "overlays/mps" else "utility"
+    )
     resources = container["resources"]
     assert resources["requests"] == {"cpu": "50m", "memory": "128Mi"}
     assert resources["limits"] == {"memory": "384Mi"}
@@ -328,7 +339,10 @@ def test_labels_overlay_runs_the_labeller_into_nfds_features_d() -> None:
     assert "GFD_OUTPUT_FILE" not in env  # GFD's default path, inside the mount below
     mount = _mounts(container)[FEATURES_D]
     assert not mount.get("readOnly", False)
-    assert _volume_sources(docs, "gpuvisor-labels")[mount["name"]]["hostPath"] == {"path": FEATURES_D, "type": "DirectoryOrCreate"}
+    assert _volume_sources(docs, "gpuvisor-labels")[mount["name"]]["hostPath"] == {
+        "path": FEATURES_D,
+        "type": "DirectoryOrCreate",
+    }
     config = _mounts(container)[CONFIG_MOUNT]
     assert config["readOnly"] is True and env["CONFIG_FILE"] == f"{CONFIG_MOUNT}/config.yaml"
     assert _volume_sources(docs, "gpuvisor-labels")[config["name"]]["configMap"]["name"] == "gpuvisor-config"

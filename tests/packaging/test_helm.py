@@ -305,7 +305,9 @@ def test_default_install_is_the_kustomize_base() -> None:
         assert manifests.pod(chart)[key] == manifests.pod(kustomize)[key], key
     assert _canon(manifests.pod(chart)["tolerations"]) == _canon(manifests.pod(kustomize)["tolerations"])
     terms = manifests.pod(chart)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    base_terms = manifests.pod(kustomize)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    base_terms = manifests.pod(kustomize)["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
     assert _canon(terms["nodeSelectorTerms"]) == _canon(base_terms["nodeSelectorTerms"])
     assert (
         chart["spec"]["template"]["metadata"]["annotations"]
@@ -842,7 +844,9 @@ def test_service_monitor_scrapes_the_plugins_metrics_port() -> None:
     """serviceMonitor: a headless Service on the plugin pods' metrics port, and a ServiceMonitor selecting it."""
     docs = _render(_values("service-monitor"))
     plugin = _plugin(docs)
-    assert manifests.container(plugin)["ports"] == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]
+    assert manifests.container(plugin)["ports"] == [
+        {"name": "metrics", "containerPort": 9500, "protocol": "TCP"}
+    ]
     assert _env(plugin)["GPUVISOR_METRICS_ADDRESS"] == "0.0.0.0:9500"
     assert plugin["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9500"
     service = manifests.find(docs, "Service", "gpuvisor-metrics")

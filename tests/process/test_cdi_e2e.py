@@ -55,19 +55,25 @@ def test_cdi_spec_follows_the_devices_and_outlives_the_supervisor() -> None:
             assert devices <= names
             for resource in (GPU, MIG_3G):
                 ids, response = node.kubelet.allocate(resource, 1)
-                assert [c.name for c in response.cdi_devices] == [f"{CDI_VENDOR}/{CDI_CLASS}={i}" for i in ids]
+                assert [c.name for c in response.cdi_devices] == [
+                    f"{CDI_VENDOR}/{CDI_CLASS}={i}" for i in ids
+                ]
                 assert not response.envs.get("NVIDIA_VISIBLE_DEVICES")
                 assert {c.name.split("=", 1)[1] for c in response.cdi_devices} <= names
             status = node.command("status")
             assert status["cdi"] == {"spec_dir": str(spec_dir), "source": "gpuvisor", "error": None}
-            assert wait_until(lambda: node.command("status")["ready"], 20), node.command("status")["ready_detail"]
+            assert wait_until(lambda: node.command("status")["ready"], 20), node.command("status")[
+                "ready_detail"
+            ]
 
             # GPU 4 (a full GPU) is split into two 3g.40gb MIG devices: the spec is replaced.
             full_before = set(node.kubelet.devices(GPU))
             mig_before = set(node.kubelet.devices(MIG_3G))
             inode = os.stat(spec_dir / SPEC_NAME).st_ino
             node.sim("mig", gpu=4, layout=["3g.40gb", "3g.40gb"])
-            assert wait_until(lambda: len(node.kubelet.devices(MIG_3G)) == len(mig_before) + 2, 20), node.log()[-3000:]
+            assert wait_until(lambda: len(node.kubelet.devices(MIG_3G)) == len(mig_before) + 2, 20), (
+                node.log()[-3000:]
+            )
             assert wait_until(lambda: len(node.kubelet.devices(GPU)) == len(full_before) - 1, 20)
             gone = full_before - set(node.kubelet.devices(GPU))
             added = set(node.kubelet.devices(MIG_3G)) - mig_before

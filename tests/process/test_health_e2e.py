@@ -61,7 +61,9 @@ def unhealthy_at_standin(node: SimNode, resources: list[str]) -> set[tuple[str, 
 def l4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimNode]:
     path = tmp_path_factory.mktemp("health") / "config.yaml"
     path.write_text(yaml.safe_dump(L4_CONFIG), encoding="utf-8")
-    with SimNode("pcie-l4", args=["--config-file", str(path)], env={"GPUVISOR_PROBE_INTERVAL": "0.3"}) as node:
+    with SimNode(
+        "pcie-l4", args=["--config-file", str(path)], env={"GPUVISOR_PROBE_INTERVAL": "0.3"}
+    ) as node:
         node.wait_listed([GPU])
         yield node
 
@@ -178,12 +180,17 @@ def test_xid_on_a_mig_instance_marks_only_it_and_a_gpu_xid_marks_all_instances(t
     """mig-a100, mixed: an XID naming a GPU/compute instance marks only that MIG device (both
     its replicas); an XID naming none marks every MIG device of the GPU across mig-* resources."""
     path = tmp_path / "config.yaml"
-    config = {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/mig-1g.10gb", "replicas": 2}]}}}
+    config = {
+        "version": "v1",
+        "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/mig-1g.10gb", "replicas": 2}]}},
+    }
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     sim = load_simulator("mig-a100")
     nvml = Nvml(sim)
     nvml.init()
-    plans = plan_resources(nvml.discover(), load_config({"mig_strategy": "mixed", "config_file": str(path)}, {}))
+    plans = plan_resources(
+        nvml.discover(), load_config({"mig_strategy": "mixed", "config_file": str(path)}, {})
+    )
     nvml.shutdown()
     gpu0 = sim.gpu_uuids()[0]
     on_gpu0 = {(r, d.id) for r, p in plans.items() for d in p.devices if d.gpu_uuid == gpu0}
@@ -208,7 +215,9 @@ def test_worker_drops_a_malformed_message_and_keeps_applying(tmp_path: Path) -> 
     from worker.main import Worker, parse_args
 
     plan = plan_resources(_discover("pcie-l4"), load_config({}, {}))[GPU]
-    args = parse_args(["--resource", GPU, "--plan", "unused", "--kubelet-socket", str(tmp_path / "kubelet.sock")])
+    args = parse_args(
+        ["--resource", GPU, "--plan", "unused", "--kubelet-socket", str(tmp_path / "kubelet.sock")]
+    )
     worker = Worker(args, plan)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     tx, rx = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
@@ -219,7 +228,10 @@ def test_worker_drops_a_malformed_message_and_keeps_applying(tmp_path: Path) -> 
         tx.send_multipart([b"health", b"\xff\xfe"])
         tx.send_multipart([b"health", b'{"v":1,"seq":1}'])
         snapshot = HealthSnapshot(
-            seq=7, resource=GPU, devices=(DeviceHealth(device_id=bad, healthy=False, reason="test", since=1.0),), epoch="e"
+            seq=7,
+            resource=GPU,
+            devices=(DeviceHealth(device_id=bad, healthy=False, reason="test", since=1.0),),
+            epoch="e",
         )
         good = encode(SnapshotReply(snapshot), seq=3)
         tx.send_multipart(good)
@@ -248,7 +260,9 @@ def test_plan_update_lists_new_devices_only_with_their_snapshot_health(tmp_path:
     old = dataclasses.replace(full, devices=full.devices[:2])
     old_ids = [d.id for d in old.devices]
     bad = full.devices[3].id
-    args = parse_args(["--resource", GPU, "--plan", "unused", "--kubelet-socket", str(tmp_path / "kubelet.sock")])
+    args = parse_args(
+        ["--resource", GPU, "--plan", "unused", "--kubelet-socket", str(tmp_path / "kubelet.sock")]
+    )
     worker = Worker(args, old)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     tx, rx = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
@@ -261,7 +275,11 @@ def test_plan_update_lists_new_devices_only_with_their_snapshot_health(tmp_path:
         worker.dealer = dealer
 
         def reply(seq: int, *devices: DeviceHealth) -> None:
-            tx.send_multipart(encode(SnapshotReply(HealthSnapshot(seq=seq, resource=GPU, devices=devices, epoch="e")), seq=seq))
+            tx.send_multipart(
+                encode(
+                    SnapshotReply(HealthSnapshot(seq=seq, resource=GPU, devices=devices, epoch="e")), seq=seq
+                )
+            )
 
             def applied() -> bool:
                 worker._drain(rx)

@@ -88,7 +88,9 @@ def test_huge_config_at_start_is_a_config_error(replicas: int, error: str) -> No
 
 
 @pytest.mark.parametrize("replicas", [1_000_000_000, 10_000])
-def test_huge_config_at_reload_is_refused_and_the_running_one_keeps_serving(tmp_path: Path, replicas: int) -> None:
+def test_huge_config_at_reload_is_refused_and_the_running_one_keeps_serving(
+    tmp_path: Path, replicas: int
+) -> None:
     """SIGHUP with a config the kubelet could never receive is refused: the 16 devices stay listed, status answers, memory stays flat."""
     node, config = config_node(tmp_path, time_slicing(2), "dgx-h100")
     with node:

@@ -23,7 +23,10 @@ BARE_CHANNEL0_EXISTS = os.path.exists(CHANNEL0)
 
 def gpu_plan(dev_root: str, *, required: bool, strategies: tuple[str, ...] = ("envvar",)) -> ResourcePlan:
     data = {
-        "flags": {"nvidiaDevRoot": dev_root, "plugin": {"passDeviceSpecs": True, "deviceListStrategy": list(strategies)}},
+        "flags": {
+            "nvidiaDevRoot": dev_root,
+            "plugin": {"passDeviceSpecs": True, "deviceListStrategy": list(strategies)},
+        },
         "imex": {"channelIDs": [0], "required": required},
     }
     return plan_resources(nodes.pcie_l4(), config_from_data(data))["nvidia.com/gpu"]

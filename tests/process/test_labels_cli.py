@@ -57,7 +57,9 @@ def test_env_vars_work_like_flags(tmp_path: Path) -> None:
 
 def test_empty_output_file_writes_to_stdout(tmp_path: Path) -> None:
     """--output-file "" prints the labels on stdout, as GFD does."""
-    proc = run_labels("--simulate", "dgx-a100", "--oneshot", "--no-timestamp", *FILE_MODE, "--output-file", "")
+    proc = run_labels(
+        "--simulate", "dgx-a100", "--oneshot", "--no-timestamp", *FILE_MODE, "--output-file", ""
+    )
     assert proc.returncode == 0, proc.stderr
     assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB\n" in proc.stdout
 
@@ -67,7 +69,14 @@ def test_machine_type_file_is_read_and_a_bad_one_falls_back_to_unknown(tmp_path:
     machine = tmp_path / "product_name"
     machine.write_text("DGX A100 (rev 2)\n")
     out = tmp_path / "gfd"
-    common = ("--simulate", "dgx-a100", "--oneshot", "--use-node-feature-api=false", "--output-file", str(out))
+    common = (
+        "--simulate",
+        "dgx-a100",
+        "--oneshot",
+        "--use-node-feature-api=false",
+        "--output-file",
+        str(out),
+    )
     assert run_labels(*common, "--machine-type-file", str(machine)).returncode == 0
     assert lines(out)["nvidia.com/gpu.machine"] == "DGX-A100-rev-2"
     for bad in (tmp_path / "missing", tmp_path):  # a file that is not there, a directory
@@ -126,7 +135,9 @@ def test_nvml_failure_is_a_clear_error_or_gfds_fallback(tmp_path: Path) -> None:
 )
 def test_bad_settings_exit_78_with_one_line(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
     """A bad flag value or profile ends with status 78 (EX_CONFIG) and a line saying where and why."""
-    proc = run_labels("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--output-file", str(tmp_path / "gfd"), *args)
+    proc = run_labels(
+        "--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--output-file", str(tmp_path / "gfd"), *args
+    )
     assert proc.returncode == 78, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -135,10 +146,14 @@ def test_bad_settings_exit_78_with_one_line(args: tuple[str, ...], message: str,
 def test_bad_config_file_is_refused(tmp_path: Path) -> None:
     """A config file with replicas < 2 is refused with the file, the key and GFD's reason."""
     config = tmp_path / "config.yaml"
-    config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 1}]\n")
+    config.write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 1}]\n"
+    )
     proc = run_labels("--simulate", "pcie-l4", "--oneshot", *FILE_MODE, "--config-file", str(config))
     assert proc.returncode == 78
-    assert f"{config}: sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2" in proc.stderr
+    assert (
+        f"{config}: sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2" in proc.stderr
+    )
 
 
 def test_loop_rewrites_only_on_change_reloads_on_sighup_and_cleans_up_on_sigterm(tmp_path: Path) -> None:
@@ -152,15 +167,23 @@ def test_loop_rewrites_only_on_change_reloads_on_sighup_and_cleans_up_on_sigterm
         assert wait_until(out.exists, timeout=TIMEOUT), log.read_text()
         inode = os.stat(out).st_ino
         assert lines(out)["nvidia.com/gpu.replicas"] == "1"
-        assert wait_until(lambda: log.read_text().count("labels unchanged") >= 2, timeout=TIMEOUT), log.read_text()
+        assert wait_until(lambda: log.read_text().count("labels unchanged") >= 2, timeout=TIMEOUT), (
+            log.read_text()
+        )
         assert os.stat(out).st_ino == inode  # not rewritten: same inode, same content
-        config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 3}]\n")
+        config.write_text(
+            "version: v1\nsharing:\n  timeSlicing:\n    resources: [{name: nvidia.com/gpu, replicas: 3}]\n"
+        )
         proc.send_signal(signal.SIGHUP)
-        assert wait_until(lambda: lines(out).get("nvidia.com/gpu.replicas") == "3", timeout=TIMEOUT), log.read_text()
+        assert wait_until(lambda: lines(out).get("nvidia.com/gpu.replicas") == "3", timeout=TIMEOUT), (
+            log.read_text()
+        )
         assert lines(out)["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
         config.write_text("version: v1\nsharing: {timeSlicing: {resources: []}}\n")  # bad: refused at reload
         proc.send_signal(signal.SIGHUP)
-        assert wait_until(lambda: "reload refused, keeping the running config" in log.read_text(), timeout=TIMEOUT)
+        assert wait_until(
+            lambda: "reload refused, keeping the running config" in log.read_text(), timeout=TIMEOUT
+        )
         assert lines(out)["nvidia.com/gpu.replicas"] == "3"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=TIMEOUT) == 0
@@ -175,7 +198,16 @@ def test_loop_rewrites_only_on_change_reloads_on_sighup_and_cleans_up_on_sigterm
 def test_infinite_interval_labels_once_and_keeps_the_file(tmp_path: Path) -> None:
     """--sleep-interval infinite labels once and waits; SIGTERM then leaves the file (GFD keeps it too)."""
     out, log = tmp_path / "gfd", tmp_path / "log"
-    proc = start_labels("--simulate", "pcie-l4", "--sleep-interval", "infinite", *FILE_MODE, "--output-file", str(out), log=log)
+    proc = start_labels(
+        "--simulate",
+        "pcie-l4",
+        "--sleep-interval",
+        "infinite",
+        *FILE_MODE,
+        "--output-file",
+        str(out),
+        log=log,
+    )
     try:
         assert wait_until(lambda: "waiting for a signal" in log.read_text(), timeout=TIMEOUT), log.read_text()
         proc.send_signal(signal.SIGTERM)

@@ -49,6 +49,8 @@ def test_json_run_logs_events_only_and_nothing_while_idle() -> None:
     assert added == "", f"lines logged while idle:\n{added}"
     docs = [json.loads(line) for line in after.splitlines()]
     worker_lines = [d for d in docs if d.get("role") == "worker"]
-    assert worker_lines and all(d.get("resource") == "nvidia.com/gpu" and d.get("worker") for d in worker_lines)
+    assert worker_lines and all(
+        d.get("resource") == "nvidia.com/gpu" and d.get("worker") for d in worker_lines
+    )
     transitions = [d for d in docs if d.get("logger") == "gpuvisor.workers" and d.get("state") == "RUNNING"]
     assert transitions and all(d.get("resource") == "nvidia.com/gpu" and d.get("worker") for d in transitions)

@@ -37,8 +37,6 @@ from tests.mpsfake import (
 # --- settings -------------------------------------------------------------------------------------
 
 
-
-
 # --- running daemons --------------------------------------------------------------------------
 
 
@@ -132,7 +130,9 @@ def test_start_failure_is_reported_and_retried(tmp_path: Path, fake: Path) -> No
     status = daemons.status()[RESOURCE]
     assert status.state == "down"
     assert status.reason.endswith("-d exited with status 1: fake: cannot start the control daemon")
-    assert recorder.events == [(RESOURCE, False, "MPS control daemon not started yet")]  # one report while down
+    assert recorder.events == [
+        (RESOURCE, False, "MPS control daemon not started yet")
+    ]  # one report while down
     behave(fake)
     daemons.tick(now + 10)  # still backing off: nothing started
     assert daemon_pids(root) == []
@@ -152,7 +152,9 @@ def test_refused_limits_fail_the_start(tmp_path: Path, fake: Path) -> None:
     pid = daemon_pids(root)[0]
     assert tick_until(daemons, lambda: daemons.status()[RESOURCE].state == "down")
     reason = daemons.status()[RESOURCE].reason
-    assert reason.startswith(f"MPS control daemon (pid {pid}) refused its limits: 'set_default_device_pinned_mem_limit 0 ")
+    assert reason.startswith(
+        f"MPS control daemon (pid {pid}) refused its limits: 'set_default_device_pinned_mem_limit 0 "
+    )
     assert "exit status 1: refused: set_default_device_pinned_mem_limit 0" in reason
     assert wait_until(lambda: dead(pid))
     daemons.shutdown()
@@ -235,19 +237,15 @@ def test_exclusive_process_mode(tmp_path: Path, fake: Path) -> None:
     failing.set_plans(plans)
     failing.tick(time.monotonic())
     reason = failing.status()[RESOURCE].reason
-    assert reason.startswith(f"cannot set compute mode EXCLUSIVE_PROCESS on GPU {node.gpus[0].uuid} for {RESOURCE}: ")
+    assert reason.startswith(
+        f"cannot set compute mode EXCLUSIVE_PROCESS on GPU {node.gpus[0].uuid} for {RESOURCE}: "
+    )
     failing.shutdown()
     with pytest.raises(ValueError, match="exclusive_process needs the NVML module"):
         mps.MpsDaemons(Recorder(), exclusive_process=True)
 
 
 # --- errors ---------------------------------------------------------------------------------------
-
-
-
-
-
-
 
 
 # --- reaping under a subreaper ------------------------------------------------------------------

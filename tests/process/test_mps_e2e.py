@@ -43,7 +43,14 @@ class MpsSetup:
                 path.unlink()
 
     def args(self) -> list[str]:
-        return ["--config-file", str(self.config), "--mps-root", str(self.root), "--mps-control-binary", str(self.binary)]
+        return [
+            "--config-file",
+            str(self.config),
+            "--mps-root",
+            str(self.root),
+            "--mps-control-binary",
+            str(self.binary),
+        ]
 
     def log(self) -> list[str]:
         path = self.root / GPU / "log" / "fake-commands.log"
@@ -126,7 +133,9 @@ def test_mps_serves_several_replicas_when_fail_requests_greater_than_one_is_off(
     """With failRequestsGreaterThanOne: false a real worker answers Allocate of two MPS replicas (one GPU, or two) as NVIDIA does."""
     # NVIDIA internal/rm/rm.go:101-104: the MPS size check applies only with the flag on (its
     # default, api/config/v1/config.go:72-76); the answer is the GPUs plus the MPS pipe and shm.
-    mps.config.write_text(CONFIG.replace("    resources:", "    failRequestsGreaterThanOne: false\n    resources:"))
+    mps.config.write_text(
+        CONFIG.replace("    resources:", "    failRequestsGreaterThanOne: false\n    resources:")
+    )
     with SimNode("pcie-l4", args=mps.args()) as node:
         node.wait_listed([GPU])
         ids = sorted(node.kubelet.devices(GPU))
@@ -140,5 +149,7 @@ def test_mps_serves_several_replicas_when_fail_requests_greater_than_one_is_off(
         assert {m.container_path: m.host_path for m in same.mounts} == mounts
         chosen, spread = node.kubelet.allocate(GPU, 2)  # the distributed policy picks two GPUs
         gpus = [i.split("::")[0] for i in chosen]
-        assert len(set(gpus)) == 2 and sorted(spread.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(gpus)
+        assert len(set(gpus)) == 2 and sorted(spread.envs["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(
+            gpus
+        )
         assert {m.container_path: m.host_path for m in spread.mounts} == mounts

@@ -46,14 +46,18 @@ def test_a_worker_that_cannot_start_is_retried_while_fatal_and_comes_back() -> N
         with open(plan, "w", encoding="utf-8") as fh:
             fh.write("{not a plan")  # the next worker exits 78: it cannot use its plan
         os.kill(node.worker_pid(GPU), signal.SIGKILL)
-        assert wait_until(lambda: node.command("status")["workers"][0]["state"] == "FATAL", 20), node.log()[-3000:]
+        assert wait_until(lambda: node.command("status")["workers"][0]["state"] == "FATAL", 20), node.log()[
+            -3000:
+        ]
         worker = node.command("status")["workers"][0]
         assert worker["next_retry_in"] is not None and "retried until it serves" in worker["reason"]
         assert sample(metrics_url(node), "gpuvisor_workers_fatal") == 1.0
         assert wait_until(lambda: node.log().count("FATAL -> STARTING") >= 2, 30), node.log()[-3000:]
         with open(plan, "w", encoding="utf-8") as fh:
             fh.write(good)
-        assert wait_until(lambda: node.command("status")["workers"][0]["state"] == "RUNNING", 60), node.log()[-3000:]
+        assert wait_until(lambda: node.command("status")["workers"][0]["state"] == "RUNNING", 60), node.log()[
+            -3000:
+        ]
         node.wait_listed([GPU])
         assert node.kubelet.allocatable(GPU) == 4
         assert sample(metrics_url(node), "gpuvisor_workers_fatal") == 0.0
@@ -137,7 +141,9 @@ def test_a_forged_control_message_is_dropped_and_counted() -> None:
         assert node.worker_pid(GPU) == pid and node.kubelet.allocatable(GPU) == 4
 
 
-def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there_is_room(tmp_path: Path) -> None:
+def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there_is_room(
+    tmp_path: Path,
+) -> None:
     """SIGHUP while the run dir is full: the running plan keeps serving, status and metrics show
     the pending reload and why, and it is applied by itself once space is freed."""
     node, config = config_node(tmp_path, "version: v1\n", args=["--metrics-address", "127.0.0.1:0"])
@@ -146,14 +152,18 @@ def test_a_reload_that_meets_a_full_run_dir_stays_pending_and_applies_once_there
             pytest.skip("cannot mount a tmpfs here (needs root)")
         node.wait_listed([GPU])
         filler = fill_filesystem(node.run_dir)
-        config.write_text("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n")
+        config.write_text(
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n"
+        )
         assert node.proc is not None
         os.kill(node.proc.pid, signal.SIGHUP)  # no sighup_and_wait: this reload stays pending
         assert wait_until(lambda: node.command("status")["reconcile"]["pending"], 15), node.log()[-2000:]
         pending = node.command("status")["reconcile"]["pending"]
         assert "No space left on device" in pending["reason"] and pending["trigger"] == "SIGHUP"
         assert sample(metrics_url(node), "gpuvisor_reload_pending") == 1.0
-        assert node.kubelet.capacity(GPU) == 4 and node.kubelet.allocatable(GPU) == 4  # the running plan serves
+        assert (
+            node.kubelet.capacity(GPU) == 4 and node.kubelet.allocatable(GPU) == 4
+        )  # the running plan serves
         os.unlink(filler)
         assert wait_until(lambda: node.kubelet.capacity(GPU) == 8, 60), node.log()[-2000:]
         assert node.command("status")["reconcile"]["pending"] is None
@@ -171,5 +181,7 @@ def test_a_stopped_worker_left_by_a_killed_supervisor_is_ended_by_the_next() -> 
         assert psutil.pid_exists(stale) and psutil.Process(stale).status() == psutil.STATUS_STOPPED
         node.start_supervisor()
         assert wait_until(lambda: not psutil.pid_exists(stale), 20)
-        assert wait_until(lambda: node.worker_pid(GPU) not in (0, stale) and node.kubelet.connected(GPU), 30), node.log()[-3000:]
+        assert wait_until(
+            lambda: node.worker_pid(GPU) not in (0, stale) and node.kubelet.connected(GPU), 30
+        ), node.log()[-3000:]
         assert "ended 1 worker(s) an earlier run left behind" in node.log()

@@ -26,7 +26,9 @@ GPU = "nvidia.com/gpu"
 METRICS_ARGS = ["--metrics-address", "127.0.0.1:0"]
 
 
-def wait_sample(node: SimNode, url: str, name: str, at_least: float, timeout: float = 20.0, **labels: str) -> None:
+def wait_sample(
+    node: SimNode, url: str, name: str, at_least: float, timeout: float = 20.0, **labels: str
+) -> None:
     ok = wait_until(lambda: (sample(url, name, **labels) or 0.0) >= at_least, timeout, interval=0.2)
     assert ok, f"{name}{labels} never reached {at_least}: {sample(url, name, **labels)}\n{node.log()[-3000:]}"
 
@@ -118,7 +120,9 @@ def test_systemd_notifications(notify: NotifySocket) -> None:
     """STATUS lines while not ready, READY=1 once every resource is registered, WATCHDOG=1 pings, STOPPING=1 on SIGTERM."""
     env = {"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "2000000"}
     with SimNode("pcie-l4", env=env, start_kubelet=False) as node:
-        assert notify.wait_for(lambda ls: any(line.startswith("STATUS=not ready") for line in ls)), notify.lines
+        assert notify.wait_for(lambda ls: any(line.startswith("STATUS=not ready") for line in ls)), (
+            notify.lines
+        )
         # Pings every second (half of WatchdogSec) from the main loop, ready or not.
         assert notify.wait_for(lambda ls: ls.count("WATCHDOG=1") >= 2), notify.lines
         assert "READY=1" not in notify.drain()  # no kubelet yet: nothing is registered
@@ -147,8 +151,19 @@ def test_status_shows_allocations_from_the_checkpoint() -> None:
         ids, response = node.kubelet.allocate(GPU, 2)
         resp = base64.b64encode(response.SerializeToString()).decode()
         entries: list[dict[str, object]] = [
-            {"PodUID": "pod-uid-1", "ContainerName": "train", "ResourceName": GPU, "DeviceIDs": {"0": ids}, "AllocResp": resp},
-            {"PodUID": "pod-uid-2", "ContainerName": "other", "ResourceName": "example.com/fpga", "DeviceIDs": ["x"]},
+            {
+                "PodUID": "pod-uid-1",
+                "ContainerName": "train",
+                "ResourceName": GPU,
+                "DeviceIDs": {"0": ids},
+                "AllocResp": resp,
+            },
+            {
+                "PodUID": "pod-uid-2",
+                "ContainerName": "other",
+                "ResourceName": "example.com/fpga",
+                "DeviceIDs": ["x"],
+            },
         ]
         with open(os.path.join(node.plugin_dir, "kubelet_internal_checkpoint"), "w", encoding="utf-8") as fh:
             fh.write(_checkpoint(entries))
@@ -162,10 +177,19 @@ def test_status_shows_allocations_from_the_checkpoint() -> None:
         data = json.loads(done.stdout)
         assert data["allocations_source"] == "checkpoint"
         assert data["allocations"] == [
-            {"pod": "pod-uid-1", "pod_uid": "pod-uid-1", "namespace": "", "container": "train", "resource": GPU, "devices": ids}
+            {
+                "pod": "pod-uid-1",
+                "pod_uid": "pod-uid-1",
+                "namespace": "",
+                "container": "train",
+                "resource": GPU,
+                "devices": ids,
+            }
         ]
         assert data["plugin_dir"] == node.plugin_dir
-        assert [(c["gpu"], c["name"], c["recovery"]) for c in data["conditions"]] == [(ids[0], "xid:48", "until-reset")]
+        assert [(c["gpu"], c["name"], c["recovery"]) for c in data["conditions"]] == [
+            (ids[0], "xid:48", "until-reset")
+        ]
         assert isinstance(data["ready"], bool) and data["ready_detail"]
 
         table = gpuvisor_status(node)
@@ -196,7 +220,9 @@ def test_reloaded_health_section_applies_live(tmp_path: Path) -> None:
         node.wait_health(GPU, [first], "Unhealthy")
         pid = node.proc.pid if node.proc else 0
 
-        config.write_text('version: v1\ngpuvisor:\n  health:\n    transientQuietSeconds: 600\n    xids: {"94": ignore}\n')
+        config.write_text(
+            'version: v1\ngpuvisor:\n  health:\n    transientQuietSeconds: 600\n    xids: {"94": ignore}\n'
+        )
         os.kill(pid, signal.SIGHUP)
         assert wait_until(lambda: "94" in ignored_xids(node), 20), node.command("status")["health_policy"]
 

@@ -22,7 +22,9 @@ def ready_after_listed(node: SimNode, resources: list[str]) -> float:
     """Seconds from the kubelet stand-in listing every resource to `gpuvisor status` saying ready."""
     node.wait_listed(resources)
     listed = time.monotonic()
-    assert wait_until(lambda: node.command("status")["ready"] is True, 10, interval=0.005), node.command("status")
+    assert wait_until(lambda: node.command("status")["ready"] is True, 10, interval=0.005), node.command(
+        "status"
+    )
     return time.monotonic() - listed
 
 

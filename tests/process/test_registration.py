@@ -170,7 +170,9 @@ def test_failed_register_backs_off_and_logs_once(env: Env, procs: list[subproces
         assert "not ready yet (1)" in log
 
 
-def test_five_quick_kubelet_restarts_end_with_one_registration(env: Env, procs: list[subprocess.Popen[bytes]]) -> None:
+def test_five_quick_kubelet_restarts_end_with_one_registration(
+    env: Env, procs: list[subprocess.Popen[bytes]]
+) -> None:
     """5 kubelet restarts in quick succession end with exactly one live registration and one plugin socket."""
     with KubeletStandin(env.dir, legacy_keying=True) as kubelet:
         proc = start_worker(env, procs)
@@ -186,7 +188,9 @@ def test_five_quick_kubelet_restarts_end_with_one_registration(env: Env, procs: 
         assert ok[-1].endpoint == plugin_sockets(env)[0]
 
 
-def test_sigterm_ends_streams_and_removes_only_own_socket(env: Env, procs: list[subprocess.Popen[bytes]]) -> None:
+def test_sigterm_ends_streams_and_removes_only_own_socket(
+    env: Env, procs: list[subprocess.Popen[bytes]]
+) -> None:
     """SIGTERM: the kubelet sees the stream end, the worker exits 0 and removes its socket and no other."""
     planted = os.path.join(env.dir, "gpuvisor-other-1234abcd.sock")
     keeper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

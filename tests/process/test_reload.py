@@ -158,7 +158,11 @@ def test_bad_config_is_refused_with_one_line(tmp_path: Path) -> None:
         sighup_and_wait(node)
         refusals = [line for line in node.log().splitlines() if "refused, keeping the running config" in line]
         assert len(refusals) == 1, refusals
-        for fragment in (str(path), "sharing.timeSlicing.resources[0].replicas", "number of replicas must be >= 2"):
+        for fragment in (
+            str(path),
+            "sharing.timeSlicing.resources[0].replicas",
+            "number of replicas must be >= 2",
+        ):
             assert fragment in refusals[0]
         assert "Traceback" not in node.log()
         assert node.kubelet.capacity(GPU) == 8 and node.kubelet.allocatable(GPU) == 8
@@ -224,7 +228,9 @@ def test_sim_mig_command_changes_devices_in_place() -> None:
             )  # fmt: skip
             assert result.returncode == 0, result.stderr
             want = {"nvidia.com/mig-3g.40gb": 4, "nvidia.com/mig-2g.20gb": 3, "nvidia.com/mig-1g.10gb": 7}
-            ok = node.kubelet.wait_for(lambda: all(node.kubelet.allocatable(r) == n for r, n in want.items()), 15)
+            ok = node.kubelet.wait_for(
+                lambda: all(node.kubelet.allocatable(r) == n for r, n in want.items()), 15
+            )
             assert ok, node.log()[-4000:]
         assert all(n > 0 for n in sampler.lowest.values()), sampler.lowest
         assert mig_pids(node, resources) == pids and registrations(node) == regs

@@ -37,7 +37,9 @@ class OrderKubelet(KubeletStandin):
         return super().Register(request, context)
 
 
-def test_the_old_server_is_gone_before_its_successor_registers(env: Env, procs: list[subprocess.Popen[bytes]]) -> None:
+def test_the_old_server_is_gone_before_its_successor_registers(
+    env: Env, procs: list[subprocess.Popen[bytes]]
+) -> None:
     """Three kubelet restarts and a deleted socket: at every new Register the previous server's
     socket is already gone (stopped, its streams ended), as kubernetes#121994 asks."""
     kubelet = OrderKubelet(env.dir)
@@ -58,7 +60,9 @@ def test_the_old_server_is_gone_before_its_successor_registers(env: Env, procs: 
         assert len(kubelet.previous_alive) >= 4 and not any(kubelet.previous_alive)
 
 
-def test_a_registration_dropped_before_its_stream_is_made_again(env: Env, procs: list[subprocess.Popen[bytes]]) -> None:
+def test_a_registration_dropped_before_its_stream_is_made_again(
+    env: Env, procs: list[subprocess.Popen[bytes]]
+) -> None:
     """The kubelet drops the first two freshly registered endpoints: no stream ever opens on
     them; the worker notices within its 2 s deadline, then within the doubled 4 s one (a kubelet
     that is only slow gets more time), and ends up connected."""
@@ -71,7 +75,9 @@ def test_a_registration_dropped_before_its_stream_is_made_again(env: Env, procs:
         assert proc.poll() is None
 
 
-def test_the_runclient_race_leaves_no_resource_disconnected(env: Env, procs: list[subprocess.Popen[bytes]]) -> None:
+def test_the_runclient_race_leaves_no_resource_disconnected(
+    env: Env, procs: list[subprocess.Popen[bytes]]
+) -> None:
     """A kubelet that sees old streams end 300 ms late and then disconnects its newest client
     (v1.32 runClient): each re-registration is dropped in turn until the worker's backoff
     outlasts the delay; the resource ends connected and stays so."""
@@ -109,4 +115,7 @@ def test_status_and_metrics_say_a_registration_was_made_again_for_want_of_a_stre
     with node:
         node.wait_listed([GPU], 30)
         assert wait_until(lambda: node.command("status")["workers"][0]["no_stream_reregistrations"] == 1, 10)
-        assert sample(metrics_url(node), "gpuvisor_registrations_total", resource=GPU, trigger="no-stream") == 1.0
+        assert (
+            sample(metrics_url(node), "gpuvisor_registrations_total", resource=GPU, trigger="no-stream")
+            == 1.0
+        )

@@ -35,7 +35,9 @@ def registered_since(node: SimNode, resource: str, since: float) -> bool:
     """The stand-in accepted a Register for `resource` after `since` and lists it in full."""
     fresh = any(r.resource == resource and r.at > since and not r.error for r in node.kubelet.registrations)
     cap = node.kubelet.capacity(resource)
-    return fresh and node.kubelet.connected(resource) and cap > 0 and node.kubelet.allocatable(resource) == cap
+    return (
+        fresh and node.kubelet.connected(resource) and cap > 0 and node.kubelet.allocatable(resource) == cap
+    )
 
 
 def worker_state(node: SimNode, resource: str) -> dict[str, object]:
@@ -76,7 +78,9 @@ def test_sigstopped_worker_is_killed_and_replaced() -> None:
         os.kill(old, signal.SIGSTOP)
         assert wait_until(lambda: node.worker_pid(GPU) not in (0, old), 15), node.log()[-4000:]
         assert node.kubelet.wait_for(lambda: registered_since(node, GPU, t0), 15)
-        print(f"\nworker SIGSTOP -> replaced and listed: {(time.monotonic() - t0) * 1000:.0f} ms (timeout 2 s)")
+        print(
+            f"\nworker SIGSTOP -> replaced and listed: {(time.monotonic() - t0) * 1000:.0f} ms (timeout 2 s)"
+        )
         assert wait_until(lambda: gone([old]), 5)
         assert worker_state(node, GPU)["restart_causes"] == {"heartbeat timeout": 1}
         assert node.log().count("no heartbeat for") == 1
@@ -155,7 +159,12 @@ def test_start_removes_only_its_own_stale_sockets() -> None:
         names = set(os.listdir(node.plugin_dir))
         assert "gpuvisor-gpu-0a1b2c3d.sock" not in names
         assert "gpuvisor-mig-1g.10gb-deadbeef.sock" not in names
-        assert {"other.sock", "gpuvisor-gpu-11112222.sock", "gpuvisor-notes.sock", "gpuvisor-gpu-99999900.sock"} <= names
+        assert {
+            "other.sock",
+            "gpuvisor-gpu-11112222.sock",
+            "gpuvisor-notes.sock",
+            "gpuvisor-gpu-99999900.sock",
+        } <= names
         assert "removed 2 stale socket(s)" in node.log()
 
 
@@ -171,7 +180,9 @@ def test_kubelet_restart_reregisters_every_worker_in_process() -> None:
         node.kubelet.restart()
         ok = node.kubelet.wait_for(lambda: all(registered_since(node, r, t0) for r in MIG_RESOURCES), 30)
         assert ok, node.log()[-6000:]
-        print(f"\nkubelet restart -> {len(MIG_RESOURCES)} resources re-registered: {(time.monotonic() - t0) * 1000:.0f} ms")
+        print(
+            f"\nkubelet restart -> {len(MIG_RESOURCES)} resources re-registered: {(time.monotonic() - t0) * 1000:.0f} ms"
+        )
         assert {r: node.worker_pid(r) for r in MIG_RESOURCES} == before
         assert all(w["restarts"] == 0 for w in node.command("status")["workers"])
 
@@ -259,15 +270,28 @@ sharing:
 @pytest.mark.parametrize(
     ("profile", "args", "config", "expected"),
     [
-        ("pcie-l4", [], YAML_BAD_REPLICAS, ["sharing.timeSlicing.resources[0].replicas", "number of replicas must be >= 2"]),
+        (
+            "pcie-l4",
+            [],
+            YAML_BAD_REPLICAS,
+            ["sharing.timeSlicing.resources[0].replicas", "number of replicas must be >= 2"],
+        ),
         ("pcie-l4", ["--mig-strategy", "bogus"], None, ["--mig-strategy", "bogus"]),
         ("pcie-l4", ["--config-file", "/nonexistent/gpuvisor.yaml"], None, ["/nonexistent/gpuvisor.yaml"]),
         ("mig-a100", ["--mig-strategy", "single"], None, ["MIG strategy single"]),
         ("no-such-profile", [], None, ["--simulate", "no such built-in profile"]),
     ],
-    ids=["bad-replicas", "unknown-mig-strategy", "unreadable-file", "single-on-mixed-mig", "unknown-simulator-profile"],
+    ids=[
+        "bad-replicas",
+        "unknown-mig-strategy",
+        "unreadable-file",
+        "single-on-mixed-mig",
+        "unknown-simulator-profile",
+    ],
 )
-def test_config_error_at_start_is_one_clear_line(profile: str, args: list[str], config: str | None, expected: list[str]) -> None:
+def test_config_error_at_start_is_one_clear_line(
+    profile: str, args: list[str], config: str | None, expected: list[str]
+) -> None:
     """A bad config at start exits 78 with one `config error: ...` line naming what and why, no traceback."""
     with short_tmpdir() as tmp:
         if config is not None:
@@ -303,7 +327,9 @@ def test_idle_supervisor_logs_nothing_per_tick() -> None:
         after = node.log().splitlines()
         assert after[len(before) :] == []
         assert node.command("status")["rediscoveries"] >= rediscoveries + 3
-        transitions = [line.split(" ", 1)[1] for line in after if "->" in line and "worker nvidia.com" in line]
+        transitions = [
+            line.split(" ", 1)[1] for line in after if "->" in line and "worker nvidia.com" in line
+        ]
         assert len(transitions) == len(set(transitions)), "a transition was logged twice"
 
 
@@ -312,7 +338,14 @@ def test_second_supervisor_on_the_same_run_dir_is_refused() -> None:
     with SimNode("pcie-l4") as node:
         node.wait_listed([GPU])
         pid = node.worker_pid(GPU)
-        argv = ["--simulate", "pcie-l4", "--kubelet-socket", node.kubelet.socket_path, "--run-dir", node.run_dir]
+        argv = [
+            "--simulate",
+            "pcie-l4",
+            "--kubelet-socket",
+            node.kubelet.socket_path,
+            "--run-dir",
+            node.run_dir,
+        ]
         with short_tmpdir() as tmp:
             result = run_supervisor(tmp, argv)
         assert result.returncode == 1, result.stderr

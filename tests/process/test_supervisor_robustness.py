@@ -43,7 +43,9 @@ def test_heartbeat_from_an_unknown_worker_is_told_to_shut_down() -> None:
         node.wait_listed([GPU])
         sock = _dealer(node)
         try:
-            beat = Heartbeat(resource=GPU, pid=999_999, state="registered", registered=True, socket_path="/x.sock")
+            beat = Heartbeat(
+                resource=GPU, pid=999_999, state="registered", registered=True, socket_path="/x.sock"
+            )
             sock.send_multipart(encode(beat, seq=1))
             assert sock.poll(10_000), "no answer to a stranger's heartbeat"
             assert isinstance(decode(sock.recv_multipart()).message, Shutdown)
@@ -66,10 +68,14 @@ def test_reload_is_refused_when_the_plans_cannot_be_written() -> None:
             with open(plans, "w") as fh:  # a file where the directory was: every write fails (even as root)
                 fh.write("")
             with open(config, "w") as fh:
-                fh.write("version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: gpu, replicas: 2}\n")
+                fh.write(
+                    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: gpu, replicas: 2}\n"
+                )
             assert node.proc is not None
             os.kill(node.proc.pid, signal.SIGHUP)
-            assert wait_until(lambda: "refused, keeping the running plans" in node.log(), 15), node.log()[-3000:]
+            assert wait_until(lambda: "refused, keeping the running plans" in node.log(), 15), node.log()[
+                -3000:
+            ]
             assert node.proc.poll() is None
             assert node.worker_pid(GPU) == pid
             assert node.kubelet.capacity(GPU) == 4 and node.kubelet.allocatable(GPU) == 4

@@ -29,7 +29,16 @@ def test_zygote_forks_a_worker_that_registers_and_reports_its_exit() -> None:
         zygote.start()
         try:
             t0 = time.monotonic()
-            pid = zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+            pid = zygote.spawn(
+                [
+                    "--resource",
+                    "nvidia.com/gpu",
+                    "--plan",
+                    _plan_file(d),
+                    "--kubelet-socket",
+                    kubelet.socket_path,
+                ]
+            )
             proc = ZygoteProc(pid, zygote)
             assert kubelet.wait_listed(["nvidia.com/gpu"], 30), "the forked worker did not register"
             print(f"zygote fork to registered and listed: {1000 * (time.monotonic() - t0):.1f} ms")
@@ -56,7 +65,16 @@ def test_killed_zygote_is_replaced_on_the_next_spawn() -> None:
             first = zygote.proc.pid
             zygote.proc.kill()
             zygote.proc.wait()
-            pid = zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+            pid = zygote.spawn(
+                [
+                    "--resource",
+                    "nvidia.com/gpu",
+                    "--plan",
+                    _plan_file(d),
+                    "--kubelet-socket",
+                    kubelet.socket_path,
+                ]
+            )
             assert zygote.proc is not None and zygote.proc.pid != first
             assert kubelet.wait_listed(["nvidia.com/gpu"], 30)
             proc = ZygoteProc(pid, zygote)
@@ -75,11 +93,29 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
         try:
             assert zygote.proc is not None
             # Let it finish its imports first, then freeze it so the request waits.
-            warm = zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+            warm = zygote.spawn(
+                [
+                    "--resource",
+                    "nvidia.com/gpu",
+                    "--plan",
+                    _plan_file(d),
+                    "--kubelet-socket",
+                    kubelet.socket_path,
+                ]
+            )
             ZygoteProc(warm, zygote).send_signal(signal.SIGKILL)
             os.kill(zygote.proc.pid, signal.SIGSTOP)
             try:
-                zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--kubelet-socket", kubelet.socket_path])
+                zygote.spawn(
+                    [
+                        "--resource",
+                        "nvidia.com/gpu",
+                        "--plan",
+                        _plan_file(d),
+                        "--kubelet-socket",
+                        kubelet.socket_path,
+                    ]
+                )
                 raise AssertionError("spawn should have timed out")
             except OSError:
                 pass
@@ -88,7 +124,12 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
 
             def late_child_gone() -> bool:
                 zygote.pump()
-                kids = [p for p in psutil.Process(zygote.proc.pid).children() if p.status() != psutil.STATUS_ZOMBIE]  # type: ignore[union-attr]
+                assert zygote.proc is not None
+                kids = [
+                    p
+                    for p in psutil.Process(zygote.proc.pid).children()
+                    if p.status() != psutil.STATUS_ZOMBIE
+                ]
                 return not kids and not zygote._abandoned
 
             assert wait_until(late_child_gone, 15)

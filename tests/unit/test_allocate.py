@@ -18,7 +18,9 @@ ANNOTATION = f"cdi.k8s.io/nvidia-device-plugin_{FIXED_UUID}"
 VMR = "/var/run/nvidia-container-devices"
 
 
-def gpu(i: int, *, minor: int | None = None, replica: int | None = None, replicas: int = 1) -> AllocatableDevice:
+def gpu(
+    i: int, *, minor: int | None = None, replica: int | None = None, replicas: int = 1
+) -> AllocatableDevice:
     uid = f"GPU-{i:04d}"
     return AllocatableDevice(
         id=uid if replica is None else f"{uid}::{replica}",
@@ -74,7 +76,12 @@ def plan(
 
 def allocator(p: ResourcePlan, existing: frozenset[str] = frozenset()) -> Allocator:
     # Every IMEX channel node exists here; tests/unit/test_imex.py covers the missing ones.
-    return Allocator(p, uuid_factory=lambda: FIXED_UUID, exists=lambda path: path in existing, imex_problem=lambda path: None)
+    return Allocator(
+        p,
+        uuid_factory=lambda: FIXED_UUID,
+        exists=lambda path: path in existing,
+        imex_problem=lambda path: None,
+    )
 
 
 def strategies(*names: str) -> dict[str, Any]:
@@ -90,8 +97,18 @@ def vm(*ids: str) -> tuple[Mount, ...]:
 
 
 LIST_CASES: list[tuple[str, ResourcePlan, list[str], ContainerResponse]] = [
-    ("envvar uuid, request order", plan(), ["GPU-0002", "GPU-0000"], ContainerResponse(envs("GPU-0002,GPU-0000"))),
-    ("envvar index", plan(device_id_strategy="index"), ["GPU-0002", "GPU-0000"], ContainerResponse(envs("2,0"))),
+    (
+        "envvar uuid, request order",
+        plan(),
+        ["GPU-0002", "GPU-0000"],
+        ContainerResponse(envs("GPU-0002,GPU-0000")),
+    ),
+    (
+        "envvar index",
+        plan(device_id_strategy="index"),
+        ["GPU-0002", "GPU-0000"],
+        ContainerResponse(envs("2,0")),
+    ),
     (
         "replicas: ::n stripped, first occurrence kept",
         plan(REPLICAS, sharing="time-slicing"),
@@ -105,7 +122,12 @@ LIST_CASES: list[tuple[str, ResourcePlan, list[str], ContainerResponse]] = [
         ContainerResponse(envs("1")),
     ),
     ("MIG uuid", plan(MIGS), ["MIG-01", "MIG-10"], ContainerResponse(envs("MIG-01,MIG-10"))),
-    ("MIG index i:j", plan(MIGS, device_id_strategy="index"), ["MIG-01", "MIG-10"], ContainerResponse(envs("0:1,1:0"))),
+    (
+        "MIG index i:j",
+        plan(MIGS, device_id_strategy="index"),
+        ["MIG-01", "MIG-10"],
+        ContainerResponse(envs("0:1,1:0")),
+    ),
     (
         "volume-mounts",
         plan(**strategies("volume-mounts")),
@@ -129,7 +151,9 @@ LIST_CASES: list[tuple[str, ResourcePlan, list[str], ContainerResponse]] = [
         plan(**strategies("cdi-annotations")),
         ["GPU-0001", "GPU-0000"],
         ContainerResponse(
-            annotations={ANNOTATION: "k8s.device-plugin.nvidia.com/gpu=GPU-0001,k8s.device-plugin.nvidia.com/gpu=GPU-0000"}
+            annotations={
+                ANNOTATION: "k8s.device-plugin.nvidia.com/gpu=GPU-0001,k8s.device-plugin.nvidia.com/gpu=GPU-0000"
+            }
         ),
     ),
     (
@@ -137,15 +161,24 @@ LIST_CASES: list[tuple[str, ResourcePlan, list[str], ContainerResponse]] = [
         plan(**strategies("cdi-cri")),
         ["GPU-0001", "GPU-0000"],
         ContainerResponse(
-            cdi_devices=("k8s.device-plugin.nvidia.com/gpu=GPU-0001", "k8s.device-plugin.nvidia.com/gpu=GPU-0000")
+            cdi_devices=(
+                "k8s.device-plugin.nvidia.com/gpu=GPU-0001",
+                "k8s.device-plugin.nvidia.com/gpu=GPU-0000",
+            )
         ),
     ),
     (
         "both CDI strategies, custom prefix, index strategy",
-        plan(device_id_strategy="index", cdi_annotation_prefix="example.com/", **strategies("cdi-annotations", "cdi-cri")),
+        plan(
+            device_id_strategy="index",
+            cdi_annotation_prefix="example.com/",
+            **strategies("cdi-annotations", "cdi-cri"),
+        ),
         ["GPU-0002"],
         ContainerResponse(
-            annotations={f"example.com/nvidia-device-plugin_{FIXED_UUID}": "k8s.device-plugin.nvidia.com/gpu=2"},
+            annotations={
+                f"example.com/nvidia-device-plugin_{FIXED_UUID}": "k8s.device-plugin.nvidia.com/gpu=2"
+            },
             cdi_devices=("k8s.device-plugin.nvidia.com/gpu=2",),
         ),
     ),
@@ -171,7 +204,9 @@ LIST_CASES: list[tuple[str, ResourcePlan, list[str], ContainerResponse]] = [
 
 
 @pytest.mark.parametrize(("name", "p", "ids", "expected"), LIST_CASES, ids=[c[0] for c in LIST_CASES])
-def test_device_list_strategies(name: str, p: ResourcePlan, ids: list[str], expected: ContainerResponse) -> None:
+def test_device_list_strategies(
+    name: str, p: ResourcePlan, ids: list[str], expected: ContainerResponse
+) -> None:
     """Each device-list / ID strategy gives exactly NVIDIA's envs, mounts, annotations and CDI names."""
     assert allocator(p).allocate(ids) == expected
 
@@ -181,7 +216,12 @@ FLAG_CASES: list[tuple[str, ResourcePlan, ContainerResponse]] = [
         "gds/mofed/gdrcopy with envvar",
         plan(gds_enabled=True, mofed_enabled=True, gdrcopy_enabled=True),
         ContainerResponse(
-            {"NVIDIA_VISIBLE_DEVICES": "GPU-0000", "NVIDIA_GDS": "enabled", "NVIDIA_MOFED": "enabled", "NVIDIA_GDRCOPY": "enabled"}
+            {
+                "NVIDIA_VISIBLE_DEVICES": "GPU-0000",
+                "NVIDIA_GDS": "enabled",
+                "NVIDIA_MOFED": "enabled",
+                "NVIDIA_GDRCOPY": "enabled",
+            }
         ),
     ),
     (
@@ -262,18 +302,25 @@ def mps_plan(**settings: Any) -> ResourcePlan:
         (
             "envvar",
             mps_plan(),
-            ContainerResponse({"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "NVIDIA_VISIBLE_DEVICES": "GPU-0001"}, MPS_MOUNTS),
+            ContainerResponse(
+                {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "NVIDIA_VISIBLE_DEVICES": "GPU-0001"}, MPS_MOUNTS
+            ),
         ),
         (
             "volume-mounts: MPS mounts first",
             mps_plan(**strategies("volume-mounts")),
-            ContainerResponse({"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "NVIDIA_VISIBLE_DEVICES": VMR}, (*MPS_MOUNTS, *vm("GPU-0001"))),
+            ContainerResponse(
+                {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "NVIDIA_VISIBLE_DEVICES": VMR},
+                (*MPS_MOUNTS, *vm("GPU-0001")),
+            ),
         ),
         (
             "CDI only: MPS still applies",
             mps_plan(**strategies("cdi-cri")),
             ContainerResponse(
-                {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE}, MPS_MOUNTS, cdi_devices=("k8s.device-plugin.nvidia.com/gpu=GPU-0001",)
+                {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE},
+                MPS_MOUNTS,
+                cdi_devices=("k8s.device-plugin.nvidia.com/gpu=GPU-0001",),
             ),
         ),
     ],
@@ -288,7 +335,9 @@ def test_mps_renamed_resource() -> None:
     p = dataclasses.replace(mps_plan(), resource="nvidia.com/gpu.shared")
     response = allocator(p).allocate(["GPU-0000::0"])
     assert response.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu.shared/pipe"
-    assert response.mounts[0] == Mount("/mps/nvidia.com/gpu.shared/pipe", "/run/nvidia/mps/nvidia.com/gpu.shared/pipe")
+    assert response.mounts[0] == Mount(
+        "/mps/nvidia.com/gpu.shared/pipe", "/run/nvidia/mps/nvidia.com/gpu.shared/pipe"
+    )
 
 
 @pytest.mark.parametrize(
@@ -303,7 +352,9 @@ def test_mps_several_replicas_without_fail_requests(ids: list[str], visible: str
     # NVIDIA internal/rm/rm.go:101-104 checks the flag for MPS as for time-slicing; the MPS
     # response (internal/plugin/mps.go:74-90, server.go:335-358) does not depend on the count.
     p = dataclasses.replace(mps_plan(), fail_requests_greater_than_one=False)
-    expected = ContainerResponse({"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "NVIDIA_VISIBLE_DEVICES": visible}, MPS_MOUNTS)
+    expected = ContainerResponse(
+        {"CUDA_MPS_PIPE_DIRECTORY": MPS_PIPE, "NVIDIA_VISIBLE_DEVICES": visible}, MPS_MOUNTS
+    )
     assert allocator(p).allocate(ids) == expected
 
 
@@ -321,7 +372,9 @@ def test_empty_device_list_strategies_pass_no_devices() -> None:
     # api/config/v1/strategy.go:62-69: AllCDIEnabled() is true for no strategy at all, so
     # internal/plugin/server.go:351-353 returns before the envvar, mounts and device specs.
     p = plan(device_list_strategies=(), pass_device_specs=True, gds_enabled=True)
-    assert allocator(p, frozenset({"/dev/nvidiactl"})).allocate(["GPU-0000"]) == ContainerResponse({"NVIDIA_GDS": "enabled"})
+    assert allocator(p, frozenset({"/dev/nvidiactl"})).allocate(["GPU-0000"]) == ContainerResponse(
+        {"NVIDIA_GDS": "enabled"}
+    )
 
 
 def test_mps_needs_root() -> None:
@@ -346,7 +399,13 @@ CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/n
         (
             "only existing control nodes, checked under the dev root",
             "/run/nvidia/driver/",
-            frozenset({"/run/nvidia/driver/dev/nvidiactl", "/run/nvidia/driver/dev/nvidia-modeset", "/dev/nvidia-uvm"}),
+            frozenset(
+                {
+                    "/run/nvidia/driver/dev/nvidiactl",
+                    "/run/nvidia/driver/dev/nvidia-modeset",
+                    "/dev/nvidia-uvm",
+                }
+            ),
             ["GPU-0001"],
             [
                 ("/dev/nvidiactl", "/run/nvidia/driver/dev/nvidiactl"),
@@ -501,7 +560,11 @@ def test_errors(name: str, p: ResourcePlan, ids: list[str], message: str) -> Non
 @pytest.mark.parametrize(
     ("name", "p", "ids"),
     [
-        ("time-slicing without the flag", plan(REPLICAS, sharing="time-slicing"), ["GPU-0000::0", "GPU-0000::1"]),
+        (
+            "time-slicing without the flag",
+            plan(REPLICAS, sharing="time-slicing"),
+            ["GPU-0000::0", "GPU-0000::1"],
+        ),
         ("flag on, single replica", plan(REPLICAS, sharing="time-slicing", fail=True), ["GPU-0000::0"]),
         ("flag on, full GPUs are not replicas", plan(fail=True), ["GPU-0000", "GPU-0001"]),
     ],
@@ -514,7 +577,11 @@ def test_size_allowed(name: str, p: ResourcePlan, ids: list[str]) -> None:
 def test_allocate_all_in_order() -> None:
     """Every container request gets its response, in order."""
     responses = allocator(plan()).allocate_all([["GPU-0002"], ["GPU-0000", "GPU-0001"], ["GPU-0001"]])
-    assert [r.envs["NVIDIA_VISIBLE_DEVICES"] for r in responses] == ["GPU-0002", "GPU-0000,GPU-0001", "GPU-0001"]
+    assert [r.envs["NVIDIA_VISIBLE_DEVICES"] for r in responses] == [
+        "GPU-0002",
+        "GPU-0000,GPU-0001",
+        "GPU-0001",
+    ]
 
 
 def test_allocate_all_fails_on_any_bad_request() -> None:

@@ -33,12 +33,22 @@ RESP = base64.b64encode(b"\x0a\x00").decode()  # stands in for a ContainerAlloca
 
 def checkpoint(entries: list[Any], **data: Any) -> str:
     return json.dumps(
-        {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {"nvidia.com/gpu": ["GPU-a"]}, **data}, "Checksum": 12345}
+        {
+            "Data": {"PodDeviceEntries": entries, "RegisteredDevices": {"nvidia.com/gpu": ["GPU-a"]}, **data},
+            "Checksum": 12345,
+        }
     )
 
 
 def entry(uid: str, container: str, resource: str, ids: Any, **extra: Any) -> dict[str, Any]:
-    return {"PodUID": uid, "ContainerName": container, "ResourceName": resource, "DeviceIDs": ids, "AllocResp": RESP, **extra}
+    return {
+        "PodUID": uid,
+        "ContainerName": container,
+        "ResourceName": resource,
+        "DeviceIDs": ids,
+        "AllocResp": RESP,
+        **extra,
+    }
 
 
 def test_numa_keyed_checkpoint_is_read_and_filtered() -> None:
@@ -63,7 +73,9 @@ def test_plain_list_checkpoint_before_1_20() -> None:
     """Pre-1.20 DeviceIDs (a plain list) read the same; a device under two NUMA keys counts once."""
     got, _ = parse_checkpoint(checkpoint([entry("u", "c", "nvidia.com/gpu", ["GPU-b", "GPU-a"])]), OURS)
     assert got[0].devices == ("GPU-b", "GPU-a")
-    got, _ = parse_checkpoint(checkpoint([entry("u", "c", "nvidia.com/gpu", {"0": ["GPU-a"], "1": ["GPU-a"]})]), OURS)
+    got, _ = parse_checkpoint(
+        checkpoint([entry("u", "c", "nvidia.com/gpu", {"0": ["GPU-a"], "1": ["GPU-a"]})]), OURS
+    )
     assert got[0].devices == ("GPU-a",)
 
 
@@ -76,7 +88,11 @@ def test_plain_list_checkpoint_before_1_20() -> None:
         ('{"Data": {"PodDeviceEntries": {}}}', 0, "is not a list"),
         ('{"Data": {}}', 0, ""),
         ('{"Data": {"PodDeviceEntries": null}}', 0, ""),
-        (checkpoint([entry("u", "c", "nvidia.com/gpu", ["GPU-a"]), 7, {"PodUID": 1}]), 1, "skipped 2 malformed entries"),
+        (
+            checkpoint([entry("u", "c", "nvidia.com/gpu", ["GPU-a"]), 7, {"PodUID": 1}]),
+            1,
+            "skipped 2 malformed entries",
+        ),
         (checkpoint([entry("u", "c", "nvidia.com/gpu", {"0": "GPU-a"})]), 0, "skipped 1 malformed entry"),
         (checkpoint([entry("u", "c", "nvidia.com/gpu", 5)]), 0, "skipped 1 malformed entry"),
         (checkpoint([entry("u", "c", "nvidia.com/gpu", None)]), 1, ""),
@@ -94,7 +110,16 @@ def test_malformed_checkpoints_give_warnings_not_errors(text: str, count: int, w
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["Data", "PodDeviceEntries", "PodUID", "ContainerName", "ResourceName", "DeviceIDs", "0"]), inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                ["Data", "PodDeviceEntries", "PodUID", "ContainerName", "ResourceName", "DeviceIDs", "0"]
+            ),
+            inner,
+            max_size=5,
+        )
+    ),
     max_leaves=20,
 )
 
@@ -122,7 +147,14 @@ def test_checkpoint_is_used_without_the_pod_resources_socket(tmp_path: Path) -> 
     view = current_allocations(str(tmp_path), OURS, pod_resources_socket=str(tmp_path / "absent.sock"))
     assert view.source == "checkpoint" and view.warnings == []
     assert view.to_status() == [
-        {"pod": "uid-1", "pod_uid": "uid-1", "namespace": "", "container": "c", "resource": "nvidia.com/gpu", "devices": ["GPU-a"]}
+        {
+            "pod": "uid-1",
+            "pod_uid": "uid-1",
+            "namespace": "",
+            "container": "c",
+            "resource": "nvidia.com/gpu",
+            "devices": ["GPU-a"],
+        }
     ]
 
 
@@ -136,14 +168,18 @@ def _pods() -> prpb.ListPodResourcesResponse:
                     prpb.ContainerResources(
                         name="main",
                         devices=[
-                            prpb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["GPU-a", "GPU-b"]),
+                            prpb.ContainerDevices(
+                                resource_name="nvidia.com/gpu", device_ids=["GPU-a", "GPU-b"]
+                            ),
                             prpb.ContainerDevices(resource_name="example.com/nic", device_ids=["eth1"]),
                         ],
                     ),
                     prpb.ContainerResources(name="sidecar"),
                 ],
             ),
-            prpb.PodResources(name="web", namespace="default", containers=[prpb.ContainerResources(name="app")]),
+            prpb.PodResources(
+                name="web", namespace="default", containers=[prpb.ContainerResources(name="app")]
+            ),
         ]
     )
 
@@ -219,4 +255,7 @@ def test_pod_resources_field_numbers(message: str, fields: dict[str, int]) -> No
 def test_list_method_path() -> None:
     """The call goes to /v1.PodResourcesLister/List, as the kubelet serves it."""
     assert LIST_METHOD == "/v1.PodResourcesLister/List"
-    assert prpb.DESCRIPTOR.services_by_name["PodResourcesLister"].methods_by_name["List"].full_name == "v1.PodResourcesLister.List"
+    assert (
+        prpb.DESCRIPTOR.services_by_name["PodResourcesLister"].methods_by_name["List"].full_name
+        == "v1.PodResourcesLister.List"
+    )

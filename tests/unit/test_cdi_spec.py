@@ -96,12 +96,22 @@ def test_index_strategy_with_mig_caps_nodes(tmp_path: Path) -> None:
     )  # fmt: skip
     spec = cdi.build_spec(plans)
     names = {d["name"] for d in spec["devices"]}
-    assert names == {"4", "5", "6", "7"} | {f"{g}:{j}" for g, n in {0: 7, 1: 3, 2: 2, 3: 3}.items() for j in range(n)}
+    assert names == {"4", "5", "6", "7"} | {
+        f"{g}:{j}" for g, n in {0: 7, 1: 3, 2: 2, 3: 3}.items() for j in range(n)
+    }
     mig = node.gpus[1].mig_devices[2]  # gi_id 3 in tests.nodes
     assert node_paths(device(spec, "1:2")) == [
         ("/dev/nvidia1", f"{root}/dev/nvidia1", "rw"),
-        (f"/dev/nvidia-caps/nvidia-cap{100 + 2 * mig.gi_id}", f"{root}/dev/nvidia-caps/nvidia-cap{100 + 2 * mig.gi_id}", "rw"),
-        (f"/dev/nvidia-caps/nvidia-cap{101 + 2 * mig.gi_id}", f"{root}/dev/nvidia-caps/nvidia-cap{101 + 2 * mig.gi_id}", "rw"),
+        (
+            f"/dev/nvidia-caps/nvidia-cap{100 + 2 * mig.gi_id}",
+            f"{root}/dev/nvidia-caps/nvidia-cap{100 + 2 * mig.gi_id}",
+            "rw",
+        ),
+        (
+            f"/dev/nvidia-caps/nvidia-cap{101 + 2 * mig.gi_id}",
+            f"{root}/dev/nvidia-caps/nvidia-cap{101 + 2 * mig.gi_id}",
+            "rw",
+        ),
     ]
     assert node_paths(device(spec, "5")) == [("/dev/nvidia5", f"{root}/dev/nvidia5", "rw")]
     assert "deviceNodes" not in spec["containerEdits"]  # no control node exists under this dev root
@@ -123,7 +133,9 @@ def test_replicas_collapse_to_one_cdi_device(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("id_strategy", ["uuid", "index"])
 @pytest.mark.parametrize("mig_strategy", ["none", "mixed"])
-def test_spec_names_every_device_allocate_hands_out(tmp_path: Path, id_strategy: str, mig_strategy: str) -> None:
+def test_spec_names_every_device_allocate_hands_out(
+    tmp_path: Path, id_strategy: str, mig_strategy: str
+) -> None:
     """Each CDI name worker/allocate.py puts in a response is a device of the spec, and nothing more is listed."""
     root = make_dev_root(tmp_path, "nvidiactl")
     minors = write_minors(tmp_path, {0: 7, 1: 3, 2: 2, 3: 3})
@@ -164,7 +176,13 @@ def test_mig_minors_unreadable_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("strategies", "needed"),
-    [("envvar", False), ("volume-mounts", False), ("cdi-annotations", True), ("cdi-cri", True), ("envvar,cdi-cri", True)],
+    [
+        ("envvar", False),
+        ("volume-mounts", False),
+        ("cdi-annotations", True),
+        ("cdi-cri", True),
+        ("envvar,cdi-cri", True),
+    ],
 )
 def test_cdi_plans(strategies: str, needed: bool) -> None:
     """CDI is needed exactly when a plan's list strategies include cdi-annotations or cdi-cri."""
@@ -181,10 +199,16 @@ def good_spec() -> dict[str, Any]:
         "cdiVersion": "0.5.0",
         "kind": KIND,
         "devices": [
-            {"name": "GPU-0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/nvidia0"}]}},
+            {
+                "name": "GPU-0",
+                "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "/dev/nvidia0"}]},
+            },
             {"name": "0:1", "containerEdits": {"env": ["A=1"]}},
         ],
-        "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"], "deviceNodes": [{"path": "/dev/nvidiactl"}]},
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": [{"path": "/dev/nvidiactl"}],
+        },
     }
 
 
@@ -214,7 +238,11 @@ def test_valid_spec_passes() -> None:
     [
         ("cdiVersion", "0.5", "cdiVersion '0.5': must be a semantic version"),
         ("cdiVersion", "9.0.0", "cdiVersion '9.0.0': unknown CDI spec version"),
-        ("cdiVersion", "0.4.0", "devices[0].containerEdits.deviceNodes[0].hostPath: needs cdiVersion 0.5.0 or later"),
+        (
+            "cdiVersion",
+            "0.4.0",
+            "devices[0].containerEdits.deviceNodes[0].hostPath: needs cdiVersion 0.5.0 or later",
+        ),
         ("kind", "gpu", "kind 'gpu': must be <vendor>/<class>"),
         ("kind", "vendor.com/", "kind 'vendor.com/': must be <vendor>/<class>"),
         ("kind", "vendor.com/a/b", "kind 'vendor.com/a/b': must be <vendor>/<class>"),
@@ -225,18 +253,50 @@ def test_valid_spec_passes() -> None:
         ("devices.0.name", "-GPU", "devices[0].name '-GPU'"),
         ("devices.0.name", "GPU:", "devices[0].name 'GPU:'"),
         ("devices.1.name", "GPU-0", "devices[1].name 'GPU-0': listed twice"),
-        ("devices.1.containerEdits", {}, "devices[1].containerEdits: a device's container edits must not be empty"),
+        (
+            "devices.1.containerEdits",
+            {},
+            "devices[1].containerEdits: a device's container edits must not be empty",
+        ),
         ("devices.1.containerEdits", _DELETE, "devices[1].containerEdits: a device needs container edits"),
-        ("devices.0.containerEdits.deviceNodes.0.path", "dev/nvidia0", "deviceNodes[0].path 'dev/nvidia0': must be an absolute path"),
-        ("devices.0.containerEdits.deviceNodes.0.hostPath", "rel", "deviceNodes[0].hostPath 'rel': must be an absolute path"),
+        (
+            "devices.0.containerEdits.deviceNodes.0.path",
+            "dev/nvidia0",
+            "deviceNodes[0].path 'dev/nvidia0': must be an absolute path",
+        ),
+        (
+            "devices.0.containerEdits.deviceNodes.0.hostPath",
+            "rel",
+            "deviceNodes[0].hostPath 'rel': must be an absolute path",
+        ),
         ("devices.0.containerEdits.deviceNodes.0.path", "", "deviceNodes[0].path: must be a non-empty path"),
-        ("devices.0.containerEdits.deviceNodes.0.permissions", "rwx", "permissions 'rwx': must be made of r, w and m"),
+        (
+            "devices.0.containerEdits.deviceNodes.0.permissions",
+            "rwx",
+            "permissions 'rwx': must be made of r, w and m",
+        ),
         ("devices.0.containerEdits.deviceNodes.0.type", "x", "type 'x': must be one of b, c, u, p"),
-        ("devices.1.containerEdits.env", ["=1"], "devices[1].containerEdits.env[0] '=1': not of the form NAME=VALUE"),
+        (
+            "devices.1.containerEdits.env",
+            ["=1"],
+            "devices[1].containerEdits.env[0] '=1': not of the form NAME=VALUE",
+        ),
         ("containerEdits.env", ["VOID"], "containerEdits.env[0] 'VOID': not of the form NAME=VALUE"),
-        ("containerEdits.hooks", [{"hookName": "boot", "path": "/x"}], "containerEdits.hooks[0].hookName 'boot'"),
-        ("containerEdits.hooks", [{"hookName": "createContainer", "path": "x"}], "hooks[0].path 'x': must be an absolute path"),
-        ("containerEdits.mounts", [{"hostPath": "/a"}], "containerEdits.mounts[0].containerPath: must be a non-empty path"),
+        (
+            "containerEdits.hooks",
+            [{"hookName": "boot", "path": "/x"}],
+            "containerEdits.hooks[0].hookName 'boot'",
+        ),
+        (
+            "containerEdits.hooks",
+            [{"hookName": "createContainer", "path": "x"}],
+            "hooks[0].path 'x': must be an absolute path",
+        ),
+        (
+            "containerEdits.mounts",
+            [{"hostPath": "/a"}],
+            "containerEdits.mounts[0].containerPath: must be a non-empty path",
+        ),
     ],
 )
 def test_validator_rejects(path: str, value: object, problem: str) -> None:
@@ -306,7 +366,9 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Mon
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", broken)
-    with pytest.raises(cdi.CdiError, match=r"^cannot write the CDI spec .*-gpu.json: No space left on device$"):
+    with pytest.raises(
+        cdi.CdiError, match=r"^cannot write the CDI spec .*-gpu.json: No space left on device$"
+    ):
         cdi.write_spec(cdi.build_spec(plans_for(tmp_path / "b", device_id_strategy="index")), str(spec_dir))
     assert Path(path).read_text() == before
     assert os.listdir(spec_dir) == ["k8s.device-plugin.nvidia.com-gpu.json"]
@@ -372,17 +434,26 @@ class FakeCtk:
             spec = {
                 "cdiVersion": "0.6.0",
                 "kind": self.kind,
-                "devices": [{"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}} for n in [*self.names, "all"]],
+                "devices": [
+                    {"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}
+                    for n in [*self.names, "all"]
+                ],
                 "containerEdits": {
                     "env": ["NVIDIA_VISIBLE_DEVICES=void"],
-                    "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook", "args": ["x"]}],
-                    "mounts": [{"hostPath": "/usr/lib/libcuda.so.1", "containerPath": "/usr/lib/libcuda.so.1"}],
+                    "hooks": [
+                        {"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook", "args": ["x"]}
+                    ],
+                    "mounts": [
+                        {"hostPath": "/usr/lib/libcuda.so.1", "containerPath": "/usr/lib/libcuda.so.1"}
+                    ],
                 },
             }
             text = yaml.safe_dump(spec) if opts["format"] == "yaml" else json.dumps(spec)
             Path(opts["output"]).write_text(text)
             return subprocess.CompletedProcess(argv, 0, "", "")
-        return subprocess.CompletedProcess(argv, self.returncode, "", "ERRO[0000] failed to initialize NVML\n")
+        return subprocess.CompletedProcess(
+            argv, self.returncode, "", "ERRO[0000] failed to initialize NVML\n"
+        )
 
 
 def ctk_binary(tmp_path: Path) -> str:
@@ -420,7 +491,9 @@ def test_nvidia_ctk_delegation(tmp_path: Path, fmt: str) -> None:
         (FakeCtk(["0", "1", "2", "3"], kind="nvidia.com/gpu"), "has kind 'nvidia.com/gpu'"),
     ],
 )
-def test_nvidia_ctk_failure_falls_back(tmp_path: Path, caplog: pytest.LogCaptureFixture, fake: FakeCtk, why: str) -> None:
+def test_nvidia_ctk_failure_falls_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fake: FakeCtk, why: str
+) -> None:
     """When nvidia-ctk fails or its spec lacks our names or kind, our own spec is written and a warning says why."""
     plans = plans_for(tmp_path, device_id_strategy="index", nvidia_cdi_hook_path=ctk_binary(tmp_path))
     writer = cdi.CdiSpecWriter(str(tmp_path / "cdi"), use_nvidia_ctk=True, runner=fake)
@@ -428,7 +501,9 @@ def test_nvidia_ctk_failure_falls_back(tmp_path: Path, caplog: pytest.LogCapture
         path = writer.sync(plans)
     assert path is not None and writer.source == "gpuvisor"
     assert [d["name"] for d in json.loads(Path(path).read_text())["devices"]] == ["0", "1", "2", "3"]
-    assert any(why in r.getMessage() and "writing gpuvisor's own CDI spec" in r.getMessage() for r in caplog.records)
+    assert any(
+        why in r.getMessage() and "writing gpuvisor's own CDI spec" in r.getMessage() for r in caplog.records
+    )
     assert os.listdir(tmp_path / "cdi") == ["k8s.device-plugin.nvidia.com-gpu.json"]
 
 
@@ -459,13 +534,27 @@ def test_imex_channels_get_their_own_cdi_spec_as_nvidia_writes_it(tmp_path: Path
     """With CDI and an IMEX channel whose node exists, an imex-channel spec names it by its ID with
     its device node (NVIDIA internal/cdi/imex.go), so Allocate's imex-channel=0 name resolves."""
     config = config_from_data(
-        {"version": "v1", "flags": {"plugin": {"deviceListStrategy": ["cdi-cri"]}}, "imex": {"channelIDs": [0]}}
+        {
+            "version": "v1",
+            "flags": {"plugin": {"deviceListStrategy": ["cdi-cri"]}},
+            "imex": {"channelIDs": [0]},
+        }
     )
     plans = plan_resources(nodes.pcie_l4(), config)
     spec = cdi.build_imex_spec(plans, problem=lambda path: None)
     assert spec is not None and spec["kind"] == "k8s.device-plugin.nvidia.com/imex-channel"
     assert spec["devices"] == [
-        {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia-caps-imex-channels/channel0", "hostPath": "/dev/nvidia-caps-imex-channels/channel0"}]}}
+        {
+            "name": "0",
+            "containerEdits": {
+                "deviceNodes": [
+                    {
+                        "path": "/dev/nvidia-caps-imex-channels/channel0",
+                        "hostPath": "/dev/nvidia-caps-imex-channels/channel0",
+                    }
+                ]
+            },
+        }
     ]
     path = cdi.write_spec(spec, str(tmp_path))
     assert path.endswith("k8s.device-plugin.nvidia.com-imex-channel.json")

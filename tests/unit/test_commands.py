@@ -35,7 +35,9 @@ class Parts:
         return {"ready": True}
 
     # FaultInjector
-    def inject_xid(self, uuid: str, xid: int, gpu_instance: int | None = None, compute_instance: int | None = None) -> None:
+    def inject_xid(
+        self, uuid: str, xid: int, gpu_instance: int | None = None, compute_instance: int | None = None
+    ) -> None:
         if not uuid.startswith("GPU-"):
             raise KeyError(f"no GPU or MIG device with UUID {uuid!r}")
         self.asked.append(f"xid {xid} on {uuid} ({gpu_instance}, {compute_instance})")
@@ -58,7 +60,9 @@ class Parts:
 
 
 def target(parts: Parts, *, simulated: bool = True) -> CommandTarget:
-    return CommandTarget(status=parts.status, replan=parts, planned=parts, health=parts, faults=parts if simulated else None)
+    return CommandTarget(
+        status=parts.status, replan=parts, planned=parts, health=parts, faults=parts if simulated else None
+    )
 
 
 def test_reload_and_rediscover_ask_the_replanner_and_name_the_plans() -> None:
@@ -95,7 +99,11 @@ def test_fault_injection_is_refused_on_real_nvml() -> None:
     [
         ("sim", {"action": "burn"}, "unknown sim action 'burn'"),
         ("sim", {"action": "xid", "device": "GPU-1"}, "argument 'xid' is required"),
-        ("sim", {"action": "xid", "device": "GPU-1", "xid": True}, "argument 'xid' must be an integer, not bool"),
+        (
+            "sim",
+            {"action": "xid", "device": "GPU-1", "xid": True},
+            "argument 'xid' must be an integer, not bool",
+        ),
         ("sim", {"action": "xid", "device": "nope", "xid": 48}, "no GPU or MIG device with UUID 'nope'"),
         ("sim", {"action": "mig", "gpu": 0, "layout": [1]}, "layout must be a list of profile names or null"),
         ("restart", {}, "unknown command 'restart'"),

@@ -35,7 +35,9 @@ def parse_flags(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def load_file(tmp_path: Path, text: str, *argv: str, env: dict[str, str] | None = None, name: str = "c.yaml") -> Config:
+def load_file(
+    tmp_path: Path, text: str, *argv: str, env: dict[str, str] | None = None, name: str = "c.yaml"
+) -> Config:
     path = tmp_path / name
     path.write_text(text)
     return load_config(parse_flags(*argv), {"CONFIG_FILE": str(path), **(env or {})})
@@ -56,7 +58,14 @@ def test_every_setting_is_a_config_field() -> None:
     """The settings table and the Config dataclass name the same settings, in the same order."""
     field_names = [f.name for f in dataclasses.fields(Config)]
     assert field_names[: len(SETTINGS)] == [s.name for s in SETTINGS]
-    assert set(field_names[len(SETTINGS) :]) == {"resources", "sharing", "health", "sources", "unknown_keys", "notices"}
+    assert set(field_names[len(SETTINGS) :]) == {
+        "resources",
+        "sharing",
+        "health",
+        "sources",
+        "unknown_keys",
+        "notices",
+    }
 
 
 def test_defaults() -> None:
@@ -177,14 +186,18 @@ def test_bool_rejects_other_forms(text: str) -> None:
     """Anything ParseBool rejects is a config error naming the env var and the value."""
     with pytest.raises(ConfigError) as info:
         load_config(None, {"PASS_DEVICE_SPECS": text})
-    assert str(info.value) == f'config error: env PASS_DEVICE_SPECS: invalid boolean "{text}": use true or false'
+    assert (
+        str(info.value) == f'config error: env PASS_DEVICE_SPECS: invalid boolean "{text}": use true or false'
+    )
 
 
 def test_empty_env_of_gpuvisor_settings_counts_as_unset_except_metrics_address() -> None:
     """gpuvisor's own empty env vars are unset (default), except GPUVISOR_METRICS_ADDRESS where empty disables.
 
     (NVIDIA's settings take an empty env var as urfave/cli does: tests/conformance/test_nvidia_parity.py.)"""
-    config = load_config(None, {"GPUVISOR_LOG_LEVEL": "", "GPUVISOR_ZYGOTE": "", "GPUVISOR_METRICS_ADDRESS": ""})
+    config = load_config(
+        None, {"GPUVISOR_LOG_LEVEL": "", "GPUVISOR_ZYGOTE": "", "GPUVISOR_METRICS_ADDRESS": ""}
+    )
     assert config.log_level == "info" and config.zygote is True
     assert config.metrics_address == ""
 
@@ -227,7 +240,19 @@ def test_flag_and_env_errors(argv: tuple[str, ...], env: dict[str, str], expecte
     assert str(info.value) == expected
 
 
-@pytest.mark.parametrize(("value", "seconds"), [("0.5", 0.5), (" 3 ", 3.0), ("2s", None), ("abc", None), ("0", None), ("-1", None), ("inf", None), ("nan", None)])
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("0.5", 0.5),
+        (" 3 ", 3.0),
+        ("2s", None),
+        ("abc", None),
+        ("0", None),
+        ("-1", None),
+        ("inf", None),
+        ("nan", None),
+    ],
+)
 def test_probe_interval_env_is_read_once_here(value: str, seconds: float | None) -> None:
     """GPUVISOR_PROBE_INTERVAL has one reader, this package: a number of seconds becomes
     `probe_interval` (what the health monitor is given); anything else is a config error."""
@@ -240,7 +265,13 @@ def test_probe_interval_env_is_read_once_here(value: str, seconds: float | None)
 
 @pytest.mark.parametrize(
     ("flag", "expected"),
-    [("0.0.0.0:9475", "0.0.0.0:9475"), (":9475", ":9475"), ("[::]:9100", "[::]:9100"), ("127.0.0.1:0", "127.0.0.1:0"), ("", "")],
+    [
+        ("0.0.0.0:9475", "0.0.0.0:9475"),
+        (":9475", ":9475"),
+        ("[::]:9100", "[::]:9100"),
+        ("127.0.0.1:0", "127.0.0.1:0"),
+        ("", ""),
+    ],
 )
 def test_metrics_address_forms(flag: str, expected: str) -> None:
     """The metrics address takes host:port, :port, a bracketed IPv6 host, port 0, or empty (off)."""
@@ -249,7 +280,9 @@ def test_metrics_address_forms(flag: str, expected: str) -> None:
 
 def test_list_flags_repeat_and_split_on_commas() -> None:
     """A list flag may repeat and each value may be a comma list; duplicates collapse, first order kept."""
-    ns = parse_flags("--device-list-strategy", "cdi-cri,envvar", "--device-list-strategy", "envvar,volume-mounts")
+    ns = parse_flags(
+        "--device-list-strategy", "cdi-cri,envvar", "--device-list-strategy", "envvar,volume-mounts"
+    )
     assert load_config(ns, {}).device_list_strategy == ("cdi-cri", "envvar", "volume-mounts")
     assert load_config(parse_flags("--imex-channel-ids", "0"), {}).imex_channel_ids == (0,)
 
@@ -338,13 +371,37 @@ def test_full_file_yaml_and_json_agree(tmp_path: Path) -> None:
     from_json = load_file(tmp_path, _as_json(FULL_YAML), name="c.json")
     assert dataclasses.replace(from_yaml, config_file="") == dataclasses.replace(from_json, config_file="")
     c = from_yaml
-    assert (c.mig_strategy, c.fail_on_init_error, c.driver_root, c.dev_root) == ("mixed", False, "/run/nvidia/driver", "/")
-    assert (c.gds_enabled, c.mofed_enabled, c.gdrcopy_enabled, c.device_discovery_strategy) == (True, False, True, "nvml")
-    assert (c.pass_device_specs, c.device_list_strategy, c.device_id_strategy) == (True, ("envvar", "cdi-cri"), "index")
-    assert (c.cdi_annotation_prefix, c.nvidia_cdi_hook_path, c.driver_root_ctr_path) == ("example.com/", "/opt/nvidia-ctk", "/drv")
+    assert (c.mig_strategy, c.fail_on_init_error, c.driver_root, c.dev_root) == (
+        "mixed",
+        False,
+        "/run/nvidia/driver",
+        "/",
+    )
+    assert (c.gds_enabled, c.mofed_enabled, c.gdrcopy_enabled, c.device_discovery_strategy) == (
+        True,
+        False,
+        True,
+        "nvml",
+    )
+    assert (c.pass_device_specs, c.device_list_strategy, c.device_id_strategy) == (
+        True,
+        ("envvar", "cdi-cri"),
+        "index",
+    )
+    assert (c.cdi_annotation_prefix, c.nvidia_cdi_hook_path, c.driver_root_ctr_path) == (
+        "example.com/",
+        "/opt/nvidia-ctk",
+        "/drv",
+    )
     assert c.shared_devices_allocation_policy == "packed"
     assert (c.imex_channel_ids, c.imex_required) == ((0,), True)
-    assert (c.simulate, c.run_dir, c.metrics_address, c.log_format, c.log_level) == ("mig-a100", "/tmp/gv", ":9999", "json", "debug")
+    assert (c.simulate, c.run_dir, c.metrics_address, c.log_format, c.log_level) == (
+        "mig-a100",
+        "/tmp/gv",
+        ":9999",
+        "json",
+        "debug",
+    )
     assert (c.cdi_spec_dir, c.mig_minors_path) == ("/etc/cdi", "/tmp/mig-minors")
     assert (c.rediscovery_interval, c.heartbeat_timeout, c.start_retries) == (0.0, 2.5, 3)
     assert [(p.pattern, p.name) for p in c.resources.gpus] == [("*H100*", "nvidia.com/h100")]
@@ -390,7 +447,12 @@ def test_plain_scalars_resolve_as_go_yaml_v2(text: str, value: object) -> None:
 
 def test_keys_become_strings_and_merges_apply_in_order() -> None:
     """Keys become strings as sigs.k8s.io/yaml makes them; a merge key overwrites the keys before it, not after."""
-    assert parse_config_text("{n: 1, 94: 2, 1.5: 3, true: 4}", "<t>") == {"false": 1, "94": 2, "1.5": 3, "true": 4}
+    assert parse_config_text("{n: 1, 94: 2, 1.5: 3, true: 4}", "<t>") == {
+        "false": 1,
+        "94": 2,
+        "1.5": 3,
+        "true": 4,
+    }
     base = "b: &b {p: 1, q: 2}\n"
     merged = parse_config_text(base + "m: {p: 0, <<: *b, q: 9}", "<t>")
     assert isinstance(merged, dict) and merged["m"] == {"p": 1, "q": 9}
@@ -434,7 +496,9 @@ def test_sharing_defaults_per_strategy(tmp_path: Path) -> None:
     ts = load_file(tmp_path, "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}")
     assert ts.sharing.fail_requests_greater_than_one is False
     assert ts.sharing.resources[0] == SharedResource("nvidia.com/gpu", "", DeviceSelector(all=True), 2)
-    mps = load_file(tmp_path, "flags: {mpsRoot: /run/nvidia/mps}\nsharing: {mps: {resources: [{name: gpu, replicas: 2}]}}")
+    mps = load_file(
+        tmp_path, "flags: {mpsRoot: /run/nvidia/mps}\nsharing: {mps: {resources: [{name: gpu, replicas: 2}]}}"
+    )
     assert mps.sharing.strategy == "mps" and mps.sharing.fail_requests_greater_than_one is True
     explicit = load_file(
         tmp_path,
@@ -567,7 +631,10 @@ def test_missing_config_file(tmp_path: Path) -> None:
     for flags, env in ((parse_flags("--config-file", missing), {}), (None, {"CONFIG_FILE": missing})):
         with pytest.raises(ConfigError) as info:
             load_config(flags, env)
-        assert str(info.value) == f"config error: {missing}: cannot read the config file: No such file or directory"
+        assert (
+            str(info.value)
+            == f"config error: {missing}: cannot read the config file: No such file or directory"
+        )
 
 
 def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
@@ -607,7 +674,10 @@ def test_markdown_table_lists_every_setting(capsys: pytest.CaptureFixture[str]) 
     for setting, row in zip(SETTINGS, rows, strict=True):
         for name in (*setting.flags, *setting.envs, setting.file_key or "—"):
             assert name in row
-    assert "| `--dev-root`, `--nvidia-dev-root` | `NVIDIA_DEV_ROOT` | `flags.nvidiaDevRoot` | the driver root |" in table
+    assert (
+        "| `--dev-root`, `--nvidia-dev-root` | `NVIDIA_DEV_ROOT` | `flags.nvidiaDevRoot` | the driver root |"
+        in table
+    )
     assert main(["--markdown"]) == 0
     assert capsys.readouterr().out == table
 
@@ -639,7 +709,9 @@ scalars = st.one_of(
     st.integers(min_value=-3, max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=8),
-    st.sampled_from(["all", "v1", "1:2", "GPU-1", "MIG-x", "gpu", "mixed", "single", "true", "94", "/m", ":1"]),
+    st.sampled_from(
+        ["all", "v1", "1:2", "GPU-1", "MIG-x", "gpu", "mixed", "single", "true", "94", "/m", ":1"]
+    ),
 )
 keys = st.one_of(st.sampled_from(KEYS), st.text(max_size=5), st.integers(-2, 100), st.none())
 values = st.recursive(

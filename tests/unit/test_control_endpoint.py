@@ -127,7 +127,9 @@ def test_a_bound_route_cannot_speak_for_another_pid_or_resource() -> None:
     ep, h, _sock, counted = endpoint()
     ep.receive(frames(ROUTE_A, hello()), h, h.on_command)
     ep.receive(frames(ROUTE_A, beat(pid=43)), h, h.on_command)
-    ep.receive(frames(ROUTE_A, StatusReport(resource="nvidia.com/mig-1g.10gb", event="registered")), h, h.on_command)
+    ep.receive(
+        frames(ROUTE_A, StatusReport(resource="nvidia.com/mig-1g.10gb", event="registered")), h, h.on_command
+    )
     assert h.beats == [] and h.reports == []
     assert counted == ["unbound sender", "unbound sender"]
 

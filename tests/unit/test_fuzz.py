@@ -33,7 +33,10 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 def _plans() -> dict[str, ResourcePlan]:
     config = config_from_data(
-        {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "gpu", "devices": [4, 5], "replicas": 4}]}}},
+        {
+            "version": "v1",
+            "sharing": {"timeSlicing": {"resources": [{"name": "gpu", "devices": [4, 5], "replicas": 4}]}},
+        },
         flags={"mig_strategy": "mixed"},
     )
     return plan_resources(nodes.mig_a100(), config)
@@ -71,7 +74,9 @@ def _ids_strategy(resource: str) -> st.SearchStrategy[list[str]]:
 
 
 @pytest.mark.parametrize("resource", sorted(PLANS))
-def test_allocate_fuzz_answers_or_invalid_argument(clients: dict[str, DevicePluginClient], resource: str) -> None:
+def test_allocate_fuzz_answers_or_invalid_argument(
+    clients: dict[str, DevicePluginClient], resource: str
+) -> None:
     """Random, duplicated, foreign, huge and empty ID lists give a valid response or INVALID_ARGUMENT, never another error."""
     valid = {d.id for d in PLANS[resource].devices}
     shared = PLANS[resource].fail_requests_greater_than_one
@@ -93,7 +98,9 @@ def test_allocate_fuzz_answers_or_invalid_argument(clients: dict[str, DevicePlug
 
 
 @pytest.mark.parametrize("resource", sorted(PLANS))
-def test_preferred_allocation_fuzz_never_errors(clients: dict[str, DevicePluginClient], resource: str) -> None:
+def test_preferred_allocation_fuzz_never_errors(
+    clients: dict[str, DevicePluginClient], resource: str
+) -> None:
     """GetPreferredAllocation answers every request (NVIDIA #2038: an error would fail the pod), within the sizes asked."""
 
     @FUZZ
@@ -116,10 +123,14 @@ def test_preferred_allocation_fuzz_never_errors(clients: dict[str, DevicePluginC
 
 _yaml_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 300) | st.text(max_size=12),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
-_gpu_keys = st.sampled_from(["name", "uuid", "minor", "pci_bus_id", "memory_mib", "numa_node", "compute_capability", "mig"])
+_gpu_keys = st.sampled_from(
+    ["name", "uuid", "minor", "pci_bus_id", "memory_mib", "numa_node", "compute_capability", "mig"]
+)
 
 
 @settings(max_examples=300, deadline=None)

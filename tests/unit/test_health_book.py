@@ -21,7 +21,13 @@ MIG2 = "nvidia.com/mig-2g.20gb.shared"
 
 
 def dev(
-    id_: str, gpu: str, *, replica: int | None = None, replicas: int = 1, gi: int | None = None, ci: int | None = None
+    id_: str,
+    gpu: str,
+    *,
+    replica: int | None = None,
+    replicas: int = 1,
+    gi: int | None = None,
+    ci: int | None = None,
 ) -> AllocatableDevice:
     uuid = id_.split("::")[0]
     return AllocatableDevice(
@@ -46,7 +52,10 @@ def plans(shared_replicas: int = 3, with_mig2: bool = True) -> dict[str, Resourc
     out = {
         SHARED: ResourcePlan(
             SHARED,
-            tuple(dev(f"GPU-A::{n}", "GPU-A", replica=n, replicas=shared_replicas) for n in range(shared_replicas)),
+            tuple(
+                dev(f"GPU-A::{n}", "GPU-A", replica=n, replicas=shared_replicas)
+                for n in range(shared_replicas)
+            ),
         ),
         GPU: ResourcePlan(GPU, (dev("GPU-B", "GPU-B"),)),
         MIG1: ResourcePlan(MIG1, (dev("MIG-1", "GPU-M", gi=1, ci=0), dev("MIG-2", "GPU-M", gi=2, ci=0))),
@@ -72,11 +81,23 @@ ALL_IDS = {"GPU-A::0", "GPU-A::1", "GPU-A::2", "GPU-B", "MIG-1", "MIG-2", "MIG-3
 MAPPING = [
     ("physical GPU reaches every replica", "GPU-A", None, None, {"GPU-A::0", "GPU-A::1", "GPU-A::2"}),
     ("whole GPU", "GPU-B", None, None, {"GPU-B"}),
-    ("physical MIG GPU reaches all instances", "GPU-M", None, None, {"MIG-1", "MIG-2", "MIG-3::0", "MIG-3::1"}),
+    (
+        "physical MIG GPU reaches all instances",
+        "GPU-M",
+        None,
+        None,
+        {"MIG-1", "MIG-2", "MIG-3::0", "MIG-3::1"},
+    ),
     ("MIG instance reaches only it", "GPU-M", 1, 0, {"MIG-1"}),
     ("MIG instance reaches its replicas", "GPU-M", 3, 0, {"MIG-3::0", "MIG-3::1"}),
     ("GI without CI", "GPU-M", 2, NVML_NO_INSTANCE, {"MIG-2"}),
-    ("NVML sentinels mean the whole GPU", "GPU-M", NVML_NO_INSTANCE, NVML_NO_INSTANCE, {"MIG-1", "MIG-2", "MIG-3::0", "MIG-3::1"}),
+    (
+        "NVML sentinels mean the whole GPU",
+        "GPU-M",
+        NVML_NO_INSTANCE,
+        NVML_NO_INSTANCE,
+        {"MIG-1", "MIG-2", "MIG-3::0", "MIG-3::1"},
+    ),
     ("CI without GI means the whole GPU", "GPU-M", None, 0, {"MIG-1", "MIG-2", "MIG-3::0", "MIG-3::1"}),
     ("instance on a GPU advertised whole", "GPU-B", 1, 0, {"GPU-B"}),
     ("no such MIG instance", "GPU-M", 7, 0, set()),
@@ -282,7 +303,9 @@ def test_external_condition_marks_every_device_of_its_gpus() -> None:
     batch = b.mark_external(["GPU-A", "GPU-Z"], "mps:x", "daemon down", now=1.0)
     assert {c.device_id for c in batch} == {"GPU-A::0", "GPU-A::1", "GPU-A::2"}
     assert all(not c.healthy and c.reason == "daemon down" for c in batch)
-    assert [(c.gpu_uuid, c.name, c.recovery.value) for c in b.conditions()] == [("GPU-A", "mps:x", "external")]
+    assert [(c.gpu_uuid, c.name, c.recovery.value) for c in b.conditions()] == [
+        ("GPU-A", "mps:x", "external")
+    ]
     assert not b.mark_external(["GPU-A"], "mps:x", "daemon down", now=2.0)  # again: no change
 
 

@@ -19,7 +19,9 @@ LOGGER = "gpuvisor.health"
 
 
 def xid31(gi: int | None = None, ci: int | None = None) -> HealthEvent:
-    return HealthEvent(GPU, gi, ci, "XID 31", "ignored as an application error (GPU memory page fault)", unhealthy=False)
+    return HealthEvent(
+        GPU, gi, ci, "XID 31", "ignored as an application error (GPU memory page fault)", unhealthy=False
+    )
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -88,10 +90,22 @@ def test_distinct_kinds_past_the_bound_are_counted_together(caplog: pytest.LogCa
     ("finding", "words", "level"),
     [
         (Xid(nodes.pcie_l4().gpus[0].uuid, 31), "XID 31 on GPU-", logging.INFO),
-        (Xid(nodes.pcie_l4().gpus[0].uuid, 48), "Unhealthy until the GPU is reset -> 1 device(s) Unhealthy in nvidia.com/gpu", logging.WARNING),
-        (Xid(nodes.pcie_l4().gpus[0].uuid, 94), "Unhealthy, transient: recovering after 60s without a new event and a passing probe", logging.WARNING),
+        (
+            Xid(nodes.pcie_l4().gpus[0].uuid, 48),
+            "Unhealthy until the GPU is reset -> 1 device(s) Unhealthy in nvidia.com/gpu",
+            logging.WARNING,
+        ),
+        (
+            Xid(nodes.pcie_l4().gpus[0].uuid, 94),
+            "Unhealthy, transient: recovering after 60s without a new event and a passing probe",
+            logging.WARNING,
+        ),
         (Ecc(nodes.pcie_l4().gpus[0].uuid, EccKind.SINGLE_BIT), "single-bit ECC error on GPU-", logging.INFO),
-        (Ecc(nodes.pcie_l4().gpus[0].uuid, EccKind.DOUBLE_BIT), "double-bit ECC error on GPU-", logging.WARNING),
+        (
+            Ecc(nodes.pcie_l4().gpus[0].uuid, EccKind.DOUBLE_BIT),
+            "double-bit ECC error on GPU-",
+            logging.WARNING,
+        ),
     ],
 )
 def test_the_hub_logs_each_event_once_with_the_policys_decision(
@@ -109,7 +123,9 @@ def test_the_hub_logs_each_event_once_with_the_policys_decision(
         assert count == 1.0
 
 
-def test_an_ignored_xid_says_it_is_an_application_error_and_bursts_are_summarised(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_ignored_xid_says_it_is_an_application_error_and_bursts_are_summarised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """XID 31 from a faulting kernel: one line naming it an application error; 500 more in a burst
     add no line until the hub's tick after the window, which summarises them; all 501 are counted."""
     hub, clock, metrics = hub_with_book()
@@ -118,7 +134,9 @@ def test_an_ignored_xid_says_it_is_an_application_error_and_bursts_are_summarise
         for _ in range(501):
             hub.apply(Xid(uuid, 31))
         hub.tick()
-        assert lines(caplog) == [f"health event: XID 31 on {uuid}: ignored as an application error (GPU memory page fault)"]
+        assert lines(caplog) == [
+            f"health event: XID 31 on {uuid}: ignored as an application error (GPU memory page fault)"
+        ]
         clock.advance(10.0)
         hub.tick()
     assert lines(caplog)[-1].startswith(f"health event: XID 31 on {uuid}: 500 more in the last 10s, ignored")
@@ -134,19 +152,32 @@ def test_an_ignored_xid_says_it_is_an_application_error_and_bursts_are_summarise
         ({"disable_env": "all", "enable_env": "79"}, 48, "ignored: not in DP_ENABLE_HEALTHCHECKS"),
         ({"xid_actions": {"94": "ignore"}}, 94, "ignored by the config (gpuvisor.health.xids)"),
         ({"enable_env": "31"}, 31, "Unhealthy until the GPU is reset"),
-        ({"quiet_seconds": 5}, 63, "Unhealthy, transient: recovering after 5s without a new event and a passing probe"),
+        (
+            {"quiet_seconds": 5},
+            63,
+            "Unhealthy, transient: recovering after 5s without a new event and a passing probe",
+        ),
         ({}, 999, "Unhealthy until the GPU is reset"),
     ],
 )
-def test_the_policy_says_why_an_xid_counts_or_not(settings: dict[str, object], xid: int, decision: str) -> None:
+def test_the_policy_says_why_an_xid_counts_or_not(
+    settings: dict[str, object], xid: int, decision: str
+) -> None:
     """The decision in words follows the same rules as the action: env vars, config, defaults."""
-    args: dict[str, object] = {"disable_env": None, "enable_env": None, "xid_actions": {}, "quiet_seconds": 60.0}
+    args: dict[str, object] = {
+        "disable_env": None,
+        "enable_env": None,
+        "xid_actions": {},
+        "quiet_seconds": 60.0,
+    }
     args.update(settings)
     policy = HealthPolicy.from_settings(**args)  # type: ignore[arg-type]
     assert policy.explain_xid(xid) == decision
 
 
-def test_an_event_naming_no_known_gpu_is_a_warning_and_a_burst_of_them_one_summary(caplog: pytest.LogCaptureFixture) -> None:
+def test_an_event_naming_no_known_gpu_is_a_warning_and_a_burst_of_them_one_summary(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """An event NVML cannot tie to a GPU changes nothing but is worth a warning; 100 of them in a
     burst are one line and one summary, not 100 lines."""
     hub, clock, _metrics = hub_with_book()

@@ -14,7 +14,14 @@ GPU = "nvidia.com/gpu"
 
 def test_hub_without_a_book_refuses_snapshots_and_publishes_nothing() -> None:
     """Before NVML is up there is no book: no snapshot, no beacon, no error."""
-    hub = HealthHub(endpoint="ipc:///nowhere", policy=policy(), metrics=Metrics(version="test"), clock=FakeClock(), epoch="e", post=no_post)
+    hub = HealthHub(
+        endpoint="ipc:///nowhere",
+        policy=policy(),
+        metrics=Metrics(version="test"),
+        clock=FakeClock(),
+        epoch="e",
+        post=no_post,
+    )
     assert hub.snapshot(GPU) is None
     hub.beacon()
     hub.tick()
@@ -58,4 +65,7 @@ def test_hub_external_conditions_mark_and_clear_only_the_named_gpus() -> None:
     hub.clear_external("mps:x", {uuids[0]})
     assert hub.external_holders() == {"mps:x": {uuids[1]}}
     view = hub.resources_view()[GPU]
-    assert isinstance(view, list) and sum(1 for d in view if isinstance(d, dict) and d["health"] == "Unhealthy") == 1
+    assert (
+        isinstance(view, list)
+        and sum(1 for d in view if isinstance(d, dict) and d["health"] == "Unhealthy") == 1
+    )

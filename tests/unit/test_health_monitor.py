@@ -289,7 +289,9 @@ def test_transient_xid_recovers_after_quiet_period_and_a_passing_probe() -> None
         assert wait_until(recovered, 10)
 
 
-def test_rediscovered_gpu_gets_events_once_set_node_changes_the_gpu_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rediscovered_gpu_gets_events_once_set_node_changes_the_gpu_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """set_node with a new set of GPU UUIDs rebuilds the event set (a GPU first seen at rediscovery
     gets its XIDs); the same set again does not rebuild it."""
     monkeypatch.setattr(health, "WAIT_MS", 100)  # the rebuild happens between waits: keep them short

@@ -19,7 +19,9 @@ from supervisor.health.policy import (
 IGN, TRN, RST = Action.IGNORE, Action.TRANSIENT, Action.UNTIL_RESET
 
 
-def policy(disable: str | None = None, enable: str | None = None, table: Any = None, quiet: float = 60.0) -> HealthPolicy:
+def policy(
+    disable: str | None = None, enable: str | None = None, table: Any = None, quiet: float = 60.0
+) -> HealthPolicy:
     return HealthPolicy.from_settings(disable, enable, table or {}, quiet)
 
 
@@ -39,7 +41,11 @@ def test_default_actions(xid: int, action: Action) -> None:
 def test_default_table_covers_required_xids() -> None:
     """The default table has every XID the design calls out, and NVIDIA's ignore set as ignore."""
     assert {48, 63, 64, 74, 79, 92, 94, 95, 119, 120} <= set(DEFAULT_XID_RULES)
-    assert {x for x, r in DEFAULT_XID_RULES.items() if r.action is IGN} == NVIDIA_IGNORED_XIDS == {13, 31, 43, 45, 68, 109}
+    assert (
+        {x for x, r in DEFAULT_XID_RULES.items() if r.action is IGN}
+        == NVIDIA_IGNORED_XIDS
+        == {13, 31, 43, 45, 68, 109}
+    )
 
 
 # (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS, checks_enabled, {xid: expected action})
@@ -57,7 +63,13 @@ ENV_CASES: list[tuple[str, str | None, str | None, bool, dict[int, Action]]] = [
     ("enable list re-enables default-ignored", None, "13,31", True, {13: RST, 31: RST, 43: IGN}),
     ("enable overrides disable", "11", "11", True, {11: RST}),
     ("enable keeps table action", "94", "94", True, {94: TRN}),
-    ("disable all, enable list: only those", "all", "48,94", True, {48: RST, 94: TRN, 79: IGN, 13: IGN, 555: IGN}),
+    (
+        "disable all, enable list: only those",
+        "all",
+        "48,94",
+        True,
+        {48: RST, 94: TRN, 79: IGN, 13: IGN, 555: IGN},
+    ),
 ]
 
 
@@ -104,7 +116,11 @@ def test_user_table(
 
 
 BAD_SETTINGS: list[tuple[str, dict[str, Any], str]] = [
-    ("unknown action", {"xid_actions": {94: "reboot"}}, "XID 94: 'reboot' is not one of ignore, transient, until-reset"),
+    (
+        "unknown action",
+        {"xid_actions": {94: "reboot"}},
+        "XID 94: 'reboot' is not one of ignore, transient, until-reset",
+    ),
     ("non-string action", {"xid_actions": {94: 3}}, "XID 94"),
     ("zero XID", {"xid_actions": {0: "ignore"}}, "not an XID"),
     ("text XID", {"xid_actions": {"abc": "ignore"}}, "not an XID"),
@@ -158,7 +174,11 @@ def test_bad_ecc_kind() -> None:
 def test_describe_and_reasons() -> None:
     """describe() summarises the merged policy; reason_for_xid names the XID and its meaning."""
     text = policy("48", None, quiet=30).describe()
-    assert "30s quiet" in text and "ignored XIDs: 13,31,43,45,48,68,109" in text and "other XIDs: until-reset" in text
+    assert (
+        "30s quiet" in text
+        and "ignored XIDs: 13,31,43,45,48,68,109" in text
+        and "other XIDs: until-reset" in text
+    )
     assert "disabled" in policy("all").describe()
     assert "only XIDs 48" in policy("all", "48").describe()
     assert policy().reason_for_xid(79) == "XID 79: GPU has fallen off the bus"

@@ -87,7 +87,9 @@ def test_probes_answer_200_or_503_with_the_reason(served: tuple[ProbeServer, Pro
     ("method", "path", "status"),
     [("GET", "/nope", 404), ("GET", "/", 200), ("HEAD", "/metrics", 200), ("GET", "/metrics?x=1", 200)],
 )
-def test_other_paths_and_methods(served: tuple[ProbeServer, Probes], method: str, path: str, status: int) -> None:
+def test_other_paths_and_methods(
+    served: tuple[ProbeServer, Probes], method: str, path: str, status: int
+) -> None:
     """Unknown paths are 404, HEAD works, a query string does not change the page."""
     server, _ = served
     assert get("127.0.0.1", server.port, path, method)[0] == status
@@ -116,7 +118,13 @@ def test_requests_are_not_logged(
 
 def test_stop_closes_the_port() -> None:
     """After stop() nothing listens on the port any more."""
-    server = ProbeServer(address="127.0.0.1:0", render=lambda: b"", liveness=lambda: (True, ""), readiness=lambda: (True, ""), poll_interval=0.02)
+    server = ProbeServer(
+        address="127.0.0.1:0",
+        render=lambda: b"",
+        liveness=lambda: (True, ""),
+        readiness=lambda: (True, ""),
+        poll_interval=0.02,
+    )
     server.start()
     port = server.port
     server.stop()
@@ -126,7 +134,13 @@ def test_stop_closes_the_port() -> None:
 
 def test_all_interfaces_form_accepts_ipv4() -> None:
     """':0' listens on every interface, IPv4 included (dual-stack when IPv6 exists)."""
-    server = ProbeServer(address=":0", render=lambda: b"x", liveness=lambda: (True, "ok"), readiness=lambda: (True, "ok"), poll_interval=0.02)
+    server = ProbeServer(
+        address=":0",
+        render=lambda: b"x",
+        liveness=lambda: (True, "ok"),
+        readiness=lambda: (True, "ok"),
+        poll_interval=0.02,
+    )
     server.start()
     try:
         assert get("127.0.0.1", server.port, "/healthz")[0] == 200
@@ -143,7 +157,13 @@ def test_ipv6_loopback() -> None:
             s.bind(("::1", 0))
     except OSError:
         pytest.skip("no IPv6 loopback on this machine")
-    server = ProbeServer(address="[::1]:0", render=lambda: b"x", liveness=lambda: (True, "ok"), readiness=lambda: (True, "ok"), poll_interval=0.02)
+    server = ProbeServer(
+        address="[::1]:0",
+        render=lambda: b"x",
+        liveness=lambda: (True, "ok"),
+        readiness=lambda: (True, "ok"),
+        poll_interval=0.02,
+    )
     server.start()
     try:
         assert server.url.startswith("http://[::1]:")
@@ -190,7 +210,12 @@ def test_port_in_use_is_a_clear_error() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        server = ProbeServer(address=f"127.0.0.1:{port}", render=lambda: b"", liveness=lambda: (True, ""), readiness=lambda: (True, ""))
+        server = ProbeServer(
+            address=f"127.0.0.1:{port}",
+            render=lambda: b"",
+            liveness=lambda: (True, ""),
+            readiness=lambda: (True, ""),
+        )
         with pytest.raises(AddressError, match=r"cannot listen on metrics address .*--metrics-address"):
             server.start()
 
@@ -202,8 +227,15 @@ def test_unknown_host_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     monkeypatch.setattr(socket, "getaddrinfo", no_such_host)
-    server = ProbeServer(address="no-such-host.invalid:9475", render=lambda: b"", liveness=lambda: (True, ""), readiness=lambda: (True, ""))
-    with pytest.raises(AddressError, match=r"cannot resolve .*no-such-host\.invalid.*Name or service not known"):
+    server = ProbeServer(
+        address="no-such-host.invalid:9475",
+        render=lambda: b"",
+        liveness=lambda: (True, ""),
+        readiness=lambda: (True, ""),
+    )
+    with pytest.raises(
+        AddressError, match=r"cannot resolve .*no-such-host\.invalid.*Name or service not known"
+    ):
         server.start()
 
 

@@ -29,7 +29,10 @@ def present(*paths: str) -> Callable[[str], str | None]:
 
 def gpu_plan(dev_root: str, *, required: bool, strategies: tuple[str, ...] = ("envvar",)) -> ResourcePlan:
     data = {
-        "flags": {"nvidiaDevRoot": dev_root, "plugin": {"passDeviceSpecs": True, "deviceListStrategy": list(strategies)}},
+        "flags": {
+            "nvidiaDevRoot": dev_root,
+            "plugin": {"passDeviceSpecs": True, "deviceListStrategy": list(strategies)},
+        },
         "imex": {"channelIDs": [0], "required": required},
     }
     return plan_resources(nodes.pcie_l4(), config_from_data(data))["nvidia.com/gpu"]
@@ -40,13 +43,18 @@ def test_missing_channel_is_skipped_with_a_warning(caplog: pytest.LogCaptureFixt
     # internal/imex/imex.go:53-58: not required -> klog.Warningf("Ignoring requested IMEX channel ...") and continue.
     with caplog.at_level(logging.WARNING, logger="gpuvisor.worker"):
         assert select_channels([0], "/run/nvidia/driver", False, present()) == ()
-    assert "ignoring requested IMEX channel channel0: /run/nvidia/driver/dev/nvidia-caps-imex-channels/channel0 does not exist" in caplog.text
+    assert (
+        "ignoring requested IMEX channel channel0: /run/nvidia/driver/dev/nvidia-caps-imex-channels/channel0 does not exist"
+        in caplog.text
+    )
 
 
 def test_missing_required_channel_raises() -> None:
     """With imex.required a missing channel is an error naming the channel and the paths looked at."""
     # internal/imex/imex.go:54-55: required -> "requested IMEX channel channel0 does not exist".
-    with pytest.raises(ImexChannelMissing, match=r"^requested IMEX channel channel0 does not exist \(/drv/dev/nvidia-caps"):
+    with pytest.raises(
+        ImexChannelMissing, match=r"^requested IMEX channel channel0 does not exist \(/drv/dev/nvidia-caps"
+    ):
         select_channels([0], "/drv", True, present())
 
 
@@ -82,7 +90,9 @@ def test_allocate_leaves_out_a_missing_channel() -> None:
     """Without its node, channel 0 is in no env var, mount, device spec or CDI name of the Allocate answer."""
     for strategies in (("envvar", "volume-mounts"), ("cdi-cri",)):
         plan = gpu_plan("/drv", required=False, strategies=strategies)
-        response = Allocator(plan, exists=lambda p: False, imex_problem=present()).allocate([plan.devices[0].id])
+        response = Allocator(plan, exists=lambda p: False, imex_problem=present()).allocate(
+            [plan.devices[0].id]
+        )
         assert "NVIDIA_IMEX_CHANNELS" not in response.envs
         assert not any("imex" in m.container_path for m in response.mounts)
         assert not any("imex" in d.container_path for d in response.devices)
@@ -92,7 +102,9 @@ def test_allocate_leaves_out_a_missing_channel() -> None:
 def test_allocate_injects_an_existing_channel() -> None:
     """With its node present, channel 0 is injected as NVIDIA does: env var, /dev/null mount, device spec under the dev root."""
     plan = gpu_plan("/drv", required=True, strategies=("envvar", "volume-mounts"))
-    response = Allocator(plan, exists=lambda p: False, imex_problem=present(CHANNEL0)).allocate([plan.devices[0].id])
+    response = Allocator(plan, exists=lambda p: False, imex_problem=present(CHANNEL0)).allocate(
+        [plan.devices[0].id]
+    )
     assert response.envs["NVIDIA_IMEX_CHANNELS"] == "0"
     assert Mount("/var/run/nvidia-container-devices/imex/0", "/dev/null") in response.mounts
     assert response.devices[-1] == DeviceSpec(CHANNEL0, "/drv" + CHANNEL0, "rw")
@@ -104,7 +116,8 @@ def test_required_channel_missing_after_a_plan_update_refuses_allocate() -> None
     with pytest.raises(ImexChannelMissing):
         Allocator(plan, imex_problem=present())
     allocator = Allocator(plan, imex_problem=present(), strict_imex=False)
-    with pytest.raises(AllocationError, match=r"^failed to get allocate response: requested IMEX channel channel0 does not exist"):
+    with pytest.raises(
+        AllocationError,
+        match=r"^failed to get allocate response: requested IMEX channel channel0 does not exist",
+    ):
         allocator.allocate([plan.devices[0].id])
-
-

@@ -11,7 +11,9 @@ from supervisor.sim.kubelet import KubeletStandin, is_extended_resource_name
 from tests.helpers import short_tmpdir
 
 
-def _register(kubelet: KubeletStandin, version: str, resource: str, endpoint: str = "x.sock") -> grpc.RpcError:
+def _register(
+    kubelet: KubeletStandin, version: str, resource: str, endpoint: str = "x.sock"
+) -> grpc.RpcError:
     channel = grpc.insecure_channel(unix_target(kubelet.socket_path))
     try:
         with pytest.raises(grpc.RpcError) as info:
@@ -33,7 +35,10 @@ def test_bad_version_is_refused_with_kubelet_text() -> None:
         )
 
 
-@pytest.mark.parametrize("name", ["gpu", "kubernetes.io/gpu", "requests.nvidia.com/gpu", "nvidia.com/-gpu", "nvidia.com/" + "g" * 64])
+@pytest.mark.parametrize(
+    "name",
+    ["gpu", "kubernetes.io/gpu", "requests.nvidia.com/gpu", "nvidia.com/-gpu", "nvidia.com/" + "g" * 64],
+)
 def test_bad_resource_name_is_refused_with_kubelet_text(name: str) -> None:
     """A resource name that is not an extended resource name fails with `the ResourceName ... is invalid`."""
     with short_tmpdir() as d, KubeletStandin(d) as kubelet:
@@ -51,7 +56,14 @@ def test_unreachable_endpoint_fails_register_with_options_error() -> None:
 
 @pytest.mark.parametrize(
     ("name", "ok"),
-    [("nvidia.com/gpu", True), ("nvidia.com/mig-1g.10gb", True), ("nvidia.com/mig-1g.10gb.me", True), ("example.com/a_b", True), ("nvidia.com/gpu.", False), ("/gpu", False)],
+    [
+        ("nvidia.com/gpu", True),
+        ("nvidia.com/mig-1g.10gb", True),
+        ("nvidia.com/mig-1g.10gb.me", True),
+        ("example.com/a_b", True),
+        ("nvidia.com/gpu.", False),
+        ("/gpu", False),
+    ],
 )
 def test_extended_resource_name_rules(name: str, ok: bool) -> None:
     """The extended-resource-name check accepts NVIDIA's names and rejects malformed ones."""

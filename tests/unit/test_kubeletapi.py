@@ -29,8 +29,14 @@ def test_regenerating_stubs_changes_nothing(tmp_path: Path) -> None:
         ("RegisterRequest", {"version": 1, "endpoint": 2, "resource_name": 3, "options": 4}),
         ("Device", {"ID": 1, "health": 2, "topology": 3}),
         ("NUMANode", {"ID": 1}),
-        ("ContainerPreferredAllocationRequest", {"available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3}),
-        ("ContainerAllocateResponse", {"envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5}),
+        (
+            "ContainerPreferredAllocationRequest",
+            {"available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3},
+        ),
+        (
+            "ContainerAllocateResponse",
+            {"envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5},
+        ),
         ("Mount", {"container_path": 1, "host_path": 2, "read_only": 3}),
         ("DeviceSpec", {"container_path": 1, "host_path": 2, "permissions": 3}),
         ("CDIDevice", {"name": 1}),

@@ -172,7 +172,9 @@ def compute(tmp_path: Path, profile: str, sharing: str, strategy: str) -> dict[s
     """The labels `gpuvisor labels` computes for `profile` (a built-in name or a description file, as
     --simulate takes), one of SHARING_CONFIG's configs (written to tmp_path) and a MIG strategy."""
     config = tmp_path / "config.yaml"
-    config.write_text("version: v1\n" + (f"sharing: {{{SHARING_CONFIG[sharing]}}}\n" if SHARING_CONFIG[sharing] else ""))
+    config.write_text(
+        "version: v1\n" + (f"sharing: {{{SHARING_CONFIG[sharing]}}}\n" if SHARING_CONFIG[sharing] else "")
+    )
     flags = {
         "simulate": profile,
         "mig_strategy": strategy,
@@ -200,11 +202,13 @@ def test_golden_labels(tmp_path: Path, profile: str, sharing: str, strategy: str
     assert compute(tmp_path, profile, sharing, strategy) == expected
 
 
-UNIFORM_MIG = """
+UNIFORM_MIG = (
+    """
 driver_version: "550.54.15"
 gpus:
-""" + "".join(
-    f"""  - name: NVIDIA H100 80GB HBM3
+"""
+    + "".join(
+        f"""  - name: NVIDIA H100 80GB HBM3
     uuid: GPU-{i:08x}-0000-4000-8000-000000000000
     minor: {i}
     pci_bus_id: "0000:{0x18 + i:02x}:00.0"
@@ -212,8 +216,10 @@ gpus:
     compute_capability: [9, 0]
     mig: {{devices: [{{profile: 3g.40gb}}, {{profile: 3g.40gb}}]}}
 """
-    for i in range(2)
-) + "topology: {default_ancestor: SYSTEM}\n"
+        for i in range(2)
+    )
+    + "topology: {default_ancestor: SYSTEM}\n"
+)
 
 
 def test_golden_single_strategy_on_a_uniform_mig_node(tmp_path: Path) -> None:
@@ -221,32 +227,38 @@ def test_golden_single_strategy_on_a_uniform_mig_node(tmp_path: Path) -> None:
     node = tmp_path / "uniform.yaml"
     node.write_text(UNIFORM_MIG)
     out = compute(tmp_path, str(node), "none", "single")
-    assert {k: v for k, v in out.items() if k.startswith("nvidia.com/gpu.") or k.startswith("nvidia.com/mig")} == {
-        "nvidia.com/mig.capable": "true",
-        "nvidia.com/mig.strategy": "single",
-        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb",  # lm/mig-strategy.go:228 named nvidia.com/gpu
-        "nvidia.com/gpu.count": "4",  # four MIG devices
-        "nvidia.com/gpu.replicas": "1",
-        "nvidia.com/gpu.sharing-strategy": "none",
-        "nvidia.com/gpu.memory": "40320",  # the simulator's H100 3g.40gb memory, over the GPU's
-        "nvidia.com/gpu.multiprocessors": "60",
-        "nvidia.com/gpu.slices.gi": "3",
-        "nvidia.com/gpu.slices.ci": "3",
-        "nvidia.com/gpu.engines.copy": "3",
-        "nvidia.com/gpu.engines.decoder": "3",
-        "nvidia.com/gpu.engines.encoder": "0",
-        "nvidia.com/gpu.engines.jpeg": "3",
-        "nvidia.com/gpu.engines.ofa": "0",
-        # from the MIG-enabled GPUs' own labels underneath (no full GPU: replicas 0 there, overwritten)
-        "nvidia.com/gpu.family": "hopper",
-        "nvidia.com/gpu.compute.major": "9",
-        "nvidia.com/gpu.compute.minor": "0",
-        "nvidia.com/gpu.machine": "unknown",
-        "nvidia.com/gpu.mode": "compute",
-    }
+    assert (
+        {k: v for k, v in out.items() if k.startswith("nvidia.com/gpu.") or k.startswith("nvidia.com/mig")}
+        == {
+            "nvidia.com/mig.capable": "true",
+            "nvidia.com/mig.strategy": "single",
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-MIG-3g.40gb",  # lm/mig-strategy.go:228 named nvidia.com/gpu
+            "nvidia.com/gpu.count": "4",  # four MIG devices
+            "nvidia.com/gpu.replicas": "1",
+            "nvidia.com/gpu.sharing-strategy": "none",
+            "nvidia.com/gpu.memory": "40320",  # the simulator's H100 3g.40gb memory, over the GPU's
+            "nvidia.com/gpu.multiprocessors": "60",
+            "nvidia.com/gpu.slices.gi": "3",
+            "nvidia.com/gpu.slices.ci": "3",
+            "nvidia.com/gpu.engines.copy": "3",
+            "nvidia.com/gpu.engines.decoder": "3",
+            "nvidia.com/gpu.engines.encoder": "0",
+            "nvidia.com/gpu.engines.jpeg": "3",
+            "nvidia.com/gpu.engines.ofa": "0",
+            # from the MIG-enabled GPUs' own labels underneath (no full GPU: replicas 0 there, overwritten)
+            "nvidia.com/gpu.family": "hopper",
+            "nvidia.com/gpu.compute.major": "9",
+            "nvidia.com/gpu.compute.minor": "0",
+            "nvidia.com/gpu.machine": "unknown",
+            "nvidia.com/gpu.mode": "compute",
+        }
+    )
 
 
-@pytest.mark.parametrize(("profile", "strategy"), [("dgx-h100", "none"), ("dgx-a100", "none"), ("pcie-l4", "none"), ("mig-a100", "mixed")])
+@pytest.mark.parametrize(
+    ("profile", "strategy"),
+    [("dgx-h100", "none"), ("dgx-a100", "none"), ("pcie-l4", "none"), ("mig-a100", "mixed")],
+)
 def test_readme_examples_are_current(tmp_path: Path, profile: str, strategy: str) -> None:
     """The README's example output for each built-in profile is what `gpuvisor labels` writes for it."""
     readme = (Path(REPO) / "README.md").read_text()

@@ -101,7 +101,9 @@ def test_no_vgpu_and_unreadable_scans(tmp_path: Path) -> None:
 
 def test_vgpu_without_a_driver_record_fails_the_labels(tmp_path: Path) -> None:
     """A "VF" capability with no driver-version record fails the labelling, as GFD's GetInfo error does (vgpu.go:52-53)."""
-    capability = bytes([0x09, 0x00, 0x08, 0x56, 0x46, 0x00, 0x00, 0x00])  # record 0 but too short for the fields
+    capability = bytes(
+        [0x09, 0x00, 0x08, 0x56, 0x46, 0x00, 0x00, 0x00]
+    )  # record 0 but too short for the fields
     with pytest.raises(LabelError, match="cannot find driver version record"):
         scan_vgpu(str(sysfs_with(tmp_path, {"0000:3b:00.0": ("0x10de", pci_config(capability))})))
 
@@ -128,7 +130,12 @@ def test_pci_class_read_as_gfd_reads_it(tmp_path: Path) -> None:
     device = tmp_path / "bus/pci/devices/0000:18:00.0"
     device.mkdir(parents=True)
     (device / "vendor").write_text("0x10de\n")
-    for text, expected in (("0x030000", PCI_CLASS_VGA), ("0x030200", PCI_CLASS_3D), ("0x068000", None), ("junk", None)):
+    for text, expected in (
+        ("0x030000", PCI_CLASS_VGA),
+        ("0x030200", PCI_CLASS_3D),
+        ("0x068000", None),
+        ("junk", None),
+    ):
         (device / "class").write_text(text + "\n")
         assert read_pci_class(tmp_path, "00000000:18:00.0") == expected
     (device / "vendor").write_text("0x15b3\n")
@@ -147,7 +154,9 @@ def test_gpu_mode_from_host_sysfs(tmp_path: Path) -> None:
 
     def mode() -> str:
         facts = read_node_facts(sim, str(tmp_path), fail_on_init_error=True)
-        return compute_labels(facts, LabelConfig(), machine_type="", vgpu=(), timestamp=None)["nvidia.com/gpu.mode"]
+        return compute_labels(facts, LabelConfig(), machine_type="", vgpu=(), timestamp=None)[
+            "nvidia.com/gpu.mode"
+        ]
 
     assert mode() == "graphics"
     (tmp_path / "bus/pci/devices" / sysfs_pci_name(sim.spec.gpus[2].pci_bus_id) / "class").unlink()
@@ -212,7 +221,8 @@ def test_init_failure_is_fatal_or_no_gpu() -> None:
     """nvmlInit failing: NvmlUnavailable with --fail-on-init-error, else a node with no GPU (factory.go:17-23)."""
     with pytest.raises(NvmlUnavailable, match="NVML could not be initialised"):
         facts_of("pcie-l4", ("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
-    assert facts_of("pcie-l4", ("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), fail_on_init_error=False).gpus == ()  # type: ignore[attr-defined]
+    facts = facts_of("pcie-l4", ("nvmlInit", pynvml.NVML_ERROR_LIBRARY_NOT_FOUND), fail_on_init_error=False)
+    assert facts.gpus == ()  # type: ignore[attr-defined]
 
 
 def test_facts_leave_nvml_shut_down() -> None:

@@ -21,7 +21,13 @@ NAME = "nvidia-features-for-gpu-node-1"  # output.go:115, 130
 
 
 def publisher(api: RunningApiServer, pod: str = POD, **kw: object) -> NodeFeaturePublisher:
-    return NodeFeaturePublisher(node_name=NODE, namespace=NS, pod_name=pod, kubeconfig=str(api.kubeconfig), **kw)  # type: ignore[arg-type]
+    return NodeFeaturePublisher(
+        node_name=NODE,
+        namespace=NS,
+        pod_name=pod,
+        kubeconfig=str(api.kubeconfig),
+        **kw,  # type: ignore[arg-type]
+    )
 
 
 LABELS = {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
@@ -46,11 +52,20 @@ def test_create_sends_gfds_object(api: RunningApiServer) -> None:
             "namespace": NS,
             "labels": {"nfd.node.kubernetes.io/node-name": NODE},  # output.go:142
             "ownerReferences": [  # output.go:200-215
-                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset["name"], "uid": daemonset["uid"], "controller": True},
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "name": daemonset["name"],
+                    "uid": daemonset["uid"],
+                    "controller": True,
+                },
                 {"apiVersion": "v1", "kind": "Pod", "name": POD, "uid": pod["metadata"]["uid"]},
             ],
         },
-        "spec": {"features": {"flags": {}, "attributes": {}, "instances": {}}, "labels": LABELS},  # output.go:145
+        "spec": {
+            "features": {"flags": {}, "attributes": {}, "instances": {}},
+            "labels": LABELS,
+        },  # output.go:145
     }
     assert api.state.errors == []
 
@@ -87,7 +102,9 @@ def test_an_object_changed_by_someone_else_is_put_back(api: RunningApiServer) ->
     pub.publish(LABELS)
     api.state.node_features[(NS, NAME)]["metadata"]["labels"]["extra"] = "x"
     assert pub.publish(LABELS) == "updated"
-    assert api.state.node_features[(NS, NAME)]["metadata"]["labels"] == {"nfd.node.kubernetes.io/node-name": NODE}
+    assert api.state.node_features[(NS, NAME)]["metadata"]["labels"] == {
+        "nfd.node.kubernetes.io/node-name": NODE
+    }
 
 
 @pytest.mark.parametrize("case", ["no pod name", "pod not found", "not a DaemonSet's"])
@@ -101,8 +118,13 @@ def test_no_owner_references_when_they_cannot_be_resolved(api: RunningApiServer,
     assert api.state.errors == []
 
 
-@pytest.mark.parametrize(("method", "code", "reason", "what"), [("GET", 403, "Forbidden", "get"), ("POST", 500, "InternalError", "create")])
-def test_api_errors_are_one_line(api: RunningApiServer, method: str, code: int, reason: str, what: str) -> None:
+@pytest.mark.parametrize(
+    ("method", "code", "reason", "what"),
+    [("GET", 403, "Forbidden", "get"), ("POST", 500, "InternalError", "create")],
+)
+def test_api_errors_are_one_line(
+    api: RunningApiServer, method: str, code: int, reason: str, what: str
+) -> None:
     """A refused call is an ApiError naming the object, the status and the server's message."""
     api.state.add_daemonset_pod(NS, POD)
     pub = publisher(api)
@@ -111,7 +133,10 @@ def test_api_errors_are_one_line(api: RunningApiServer, method: str, code: int, 
     with pytest.raises(ApiError) as err:
         pub.publish(LABELS)
     phrase = http.HTTPStatus(code).phrase
-    assert str(err.value) == f"failed to {what} NodeFeature object {NS}/{NAME}: {code} {phrase}: injected {reason}"
+    assert (
+        str(err.value)
+        == f"failed to {what} NodeFeature object {NS}/{NAME}: {code} {phrase}: injected {reason}"
+    )
 
 
 def test_conflict_on_update_is_an_error(api: RunningApiServer) -> None:
@@ -161,5 +186,3 @@ def test_the_schema_check_can_fail() -> None:
     no_spec = {k: v for k, v in good.items() if k != "spec"}
     assert any("'spec' is a required property" in p for p in node_feature_problems(no_spec, NS, None))
     assert node_feature_problems(node_feature_object("Bad_Node", NS, LABELS, []), NS, None)
-
-

@@ -23,7 +23,9 @@ from supervisor.labels.rules import (
 )
 from supervisor.node.facts import PCI_CLASS_3D, PCI_CLASS_VGA, FabricClique, GpuFacts, MigFacts, NodeFacts
 
-A100 = GpuFacts(0, "NVIDIA A100-SXM4-80GB", 81920, (8, 0), mig_capable=True, mig_enabled=False, pci_class=PCI_CLASS_3D)
+A100 = GpuFacts(
+    0, "NVIDIA A100-SXM4-80GB", 81920, (8, 0), mig_capable=True, mig_enabled=False, pci_class=PCI_CLASS_3D
+)
 MIG_1G = MigFacts("1g.10gb", 9728, 14, 1, 1, 1, 0, 0, 0, 0)
 MIG_1G_ME = MigFacts("1g.10gb+me", 9728, 14, 1, 1, 1, 1, 0, 1, 1)
 MIG_3G = MigFacts("3g.40gb", 40192, 42, 3, 3, 3, 2, 0, 0, 0)
@@ -54,17 +56,20 @@ def sharing(text: str) -> SharingView:
 def test_full_gpu_labels() -> None:
     """Product, count, replicas, sharing strategy, memory, family and compute capability of 8 A100s."""
     out = labels(gpus(*[A100] * 8))
-    assert {k: out[k] for k in out if k.startswith("nvidia.com/gpu.") and k != "nvidia.com/gpu.machine"} == {
-        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",  # resource.go:189 getProductName: sanitised, blanks -> "-"
-        "nvidia.com/gpu.count": "8",  # mig-strategy.go:134 counts[name]++ per device
-        "nvidia.com/gpu.replicas": "1",  # resource.go:208 getReplicas: config, no sharing entry -> 1
-        "nvidia.com/gpu.sharing-strategy": "none",  # resource.go:162 replicas <= 1 -> none
-        "nvidia.com/gpu.memory": "81920",  # resource.go:62 memory label when the size is known
-        "nvidia.com/gpu.family": "ampere",  # resource.go:303 major 8, minor < 9
-        "nvidia.com/gpu.compute.major": "8",  # resource.go:275
-        "nvidia.com/gpu.compute.minor": "0",
-        "nvidia.com/gpu.mode": "compute",  # nvml.go:241 one class, 0x0302 -> compute
-    }
+    assert (
+        {k: out[k] for k in out if k.startswith("nvidia.com/gpu.") and k != "nvidia.com/gpu.machine"}
+        == {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",  # resource.go:189 getProductName: sanitised, blanks -> "-"
+            "nvidia.com/gpu.count": "8",  # mig-strategy.go:134 counts[name]++ per device
+            "nvidia.com/gpu.replicas": "1",  # resource.go:208 getReplicas: config, no sharing entry -> 1
+            "nvidia.com/gpu.sharing-strategy": "none",  # resource.go:162 replicas <= 1 -> none
+            "nvidia.com/gpu.memory": "81920",  # resource.go:62 memory label when the size is known
+            "nvidia.com/gpu.family": "ampere",  # resource.go:303 major 8, minor < 9
+            "nvidia.com/gpu.compute.major": "8",  # resource.go:275
+            "nvidia.com/gpu.compute.minor": "0",
+            "nvidia.com/gpu.mode": "compute",  # nvml.go:241 one class, 0x0302 -> compute
+        }
+    )
 
 
 def test_version_labels_new_and_deprecated() -> None:
@@ -87,7 +92,7 @@ def test_version_labels_new_and_deprecated() -> None:
 
 
 def test_two_part_driver_version_has_an_empty_revision() -> None:
-    """"535.104" is X.Y: the revision labels are empty (nvml.go:115-118)."""
+    """ "535.104" is X.Y: the revision labels are empty (nvml.go:115-118)."""
     out = labels(dataclasses.replace(gpus(A100), driver_version="535.104", cuda_driver_version=12020))
     assert out["nvidia.com/cuda.driver.rev"] == out["nvidia.com/cuda.driver-version.revision"] == ""
     assert out["nvidia.com/cuda.runtime-version.full"] == "12.2"
@@ -114,7 +119,11 @@ def test_arch_family(major: int, minor: int, family: str) -> None:
 def test_compute_capability_zero_gives_no_architecture_labels() -> None:
     """Major 0 leaves family and compute.* out (resource.go:269-271)."""
     out = labels(gpus(dataclasses.replace(A100, compute_capability=(0, 0))))
-    assert not {"nvidia.com/gpu.family", "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor"} & set(out)
+    assert not {
+        "nvidia.com/gpu.family",
+        "nvidia.com/gpu.compute.major",
+        "nvidia.com/gpu.compute.minor",
+    } & set(out)
 
 
 def test_unknown_memory_leaves_the_memory_label_out() -> None:
@@ -136,7 +145,10 @@ def test_sanitise(text: str, clean: str) -> None:
 
 def test_machine_type_is_sanitised() -> None:
     """gpu.machine is the machine type file's text, sanitised (machine-type.go:37-39)."""
-    assert labels(gpus(A100), machine_type="ProLiant XL675d Gen10 Plus")["nvidia.com/gpu.machine"] == "ProLiant-XL675d-Gen10-Plus"
+    assert (
+        labels(gpus(A100), machine_type="ProLiant XL675d Gen10 Plus")["nvidia.com/gpu.machine"]
+        == "ProLiant-XL675d-Gen10-Plus"
+    )
 
 
 def test_mig_capable_if_any_gpu_is() -> None:
@@ -148,7 +160,9 @@ def test_mig_capable_if_any_gpu_is() -> None:
 
 def test_time_slicing_replicas_and_shared_product() -> None:
     """4 time-sliced replicas: replicas 4, strategy time-slicing, product with -SHARED (resource.go:160-206)."""
-    out = labels(gpus(A100, A100), LabelConfig(sharing=sharing("timeSlicing: {resources: [{name: gpu, replicas: 4}]}")))
+    out = labels(
+        gpus(A100, A100), LabelConfig(sharing=sharing("timeSlicing: {resources: [{name: gpu, replicas: 4}]}"))
+    )
     assert out["nvidia.com/gpu.replicas"] == "4"
     assert out["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert out["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-SHARED"
@@ -167,7 +181,10 @@ def test_rename_by_default_drops_the_shared_suffix() -> None:
 def test_a_per_resource_rename_is_ignored_as_gfd_does() -> None:
     """rename without renameByDefault is dropped by DisableResourceNamingInConfig: -SHARED stays (config.go:80-94)."""
     view = sharing("timeSlicing: {resources: [{name: gpu, rename: gpu-ts, replicas: 2}]}")
-    assert labels(gpus(A100), LabelConfig(sharing=view))["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB-SHARED"
+    assert (
+        labels(gpus(A100), LabelConfig(sharing=view))["nvidia.com/gpu.product"]
+        == "NVIDIA-A100-SXM4-80GB-SHARED"
+    )
 
 
 def test_mps_sharing() -> None:
@@ -203,7 +220,9 @@ def test_full_gpus_override_mig_enabled_ones_of_the_same_model() -> None:
 
 def test_mixed_strategy_labels_each_mig_profile() -> None:
     """mixed: nvidia.com/mig-<profile>.* per profile with its count and attributes; "+" becomes "." (mig-strategy.go:266-297)."""
-    out = labels(gpus(mig_gpu(MIG_3G, MIG_1G, MIG_1G), mig_gpu(MIG_1G_ME), A100), LabelConfig(mig_strategy="mixed"))
+    out = labels(
+        gpus(mig_gpu(MIG_3G, MIG_1G, MIG_1G), mig_gpu(MIG_1G_ME), A100), LabelConfig(mig_strategy="mixed")
+    )
     assert out["nvidia.com/mig.strategy"] == "mixed"
     expected = {
         "nvidia.com/mig-1g.10gb.product": "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb",  # resource.go:103 model, "MIG", profile
@@ -222,7 +241,9 @@ def test_mixed_strategy_labels_each_mig_profile() -> None:
     }
     assert {k: out.get(k) for k in expected} == expected
     assert len([k for k in out if k.startswith("nvidia.com/mig-")]) == 3 * len(expected)  # three profiles
-    assert out["nvidia.com/mig-1g.10gb.me.product"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb.me"  # nvml-mig-device.go:87
+    assert (
+        out["nvidia.com/mig-1g.10gb.me.product"] == "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb.me"
+    )  # nvml-mig-device.go:87
     assert out["nvidia.com/mig-1g.10gb.me.engines.ofa"] == "1"
     assert out["nvidia.com/mig-3g.40gb.count"] == "1"
     assert out["nvidia.com/gpu.count"] == "3"  # the full-GPU labels stay (mig-strategy.go:71-74)
@@ -260,7 +281,11 @@ def test_single_strategy_overloads_nvidia_com_gpu() -> None:
 def test_single_strategy_invalid_layouts(node: NodeFacts) -> None:
     """A node that does not fit single gets the -MIG-INVALID labels: count, replicas, memory 0, empty strategy."""
     out = labels(node, LabelConfig(mig_strategy="single"))
-    assert {k: out[k] for k in ("product", "count", "replicas", "sharing-strategy", "memory") for k in [f"nvidia.com/gpu.{k}"]} == {
+    assert {
+        k: out[k]
+        for k in ("product", "count", "replicas", "sharing-strategy", "memory")
+        for k in [f"nvidia.com/gpu.{k}"]
+    } == {
         "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB-MIG-INVALID",  # mig-strategy.go:256
         "nvidia.com/gpu.count": "0",
         "nvidia.com/gpu.replicas": "0",
@@ -310,7 +335,10 @@ def test_vgpu_labels() -> None:
     devices = (VgpuDevice("535.129", "r535_00"), VgpuDevice("550.54", "r550_00"))
     out = labels(gpus(A100), vgpu=devices)
     assert out["nvidia.com/vgpu.present"] == "true"
-    assert (out["nvidia.com/vgpu.host-driver-version"], out["nvidia.com/vgpu.host-driver-branch"]) == ("550.54", "r550_00")
+    assert (out["nvidia.com/vgpu.host-driver-version"], out["nvidia.com/vgpu.host-driver-branch"]) == (
+        "550.54",
+        "r550_00",
+    )
     assert labels(gpus(A100))["nvidia.com/vgpu.present"] == "false"
     assert not any(k.startswith("nvidia.com/vgpu.") for k in labels(gpus(A100), vgpu=None))  # vgpu.go:42-44
 

@@ -30,7 +30,12 @@ from supervisor.labels.settings import (
 from tests.helpers import REPO
 
 
-def load(flags: dict[str, Any] | None = None, env: dict[str, str] | None = None, config: str | None = None, tmp: Path | None = None) -> Any:
+def load(
+    flags: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    config: str | None = None,
+    tmp: Path | None = None,
+) -> Any:
     flags = dict(flags or {})
     if config is not None:
         assert tmp is not None
@@ -49,7 +54,14 @@ def test_defaults_are_gfds() -> None:
     assert s.machine_type_file == DEFAULT_MACHINE_TYPE_FILE == "/sys/class/dmi/id/product_name"
     assert s.use_node_feature_api is True  # main.go:102: the NodeFeature API by default
     assert (s.device_discovery_strategy, s.driver_root_ctr_path) == ("auto", "/driver-root")
-    assert (s.kube_api_qps, s.kube_api_burst, s.namespace, s.node_name, s.pod_name, s.kubeconfig) == (5.0, 10, "default", "", "", "")
+    assert (s.kube_api_qps, s.kube_api_burst, s.namespace, s.node_name, s.pod_name, s.kubeconfig) == (
+        5.0,
+        10,
+        "default",
+        "",
+        "",
+        "",
+    )
 
 
 def test_gfd_env_name_wins_over_the_shared_one() -> None:
@@ -67,10 +79,17 @@ def test_flag_beats_env_beats_file_beats_default(tmp_path: Path) -> None:
     """Precedence per setting, the file's flags.* and flags.gfd.* keys included (flags.go:33-34)."""
     config = "version: v1\nflags:\n  migStrategy: mixed\n  gfd: {sleepInterval: 5m, noTimestamp: true, outputFile: /x/gfd}\n"
     s = load(config=config, tmp=tmp_path)
-    assert (s.mig_strategy, s.sleep_interval, s.no_timestamp, s.output_file) == ("mixed", 300.0, True, "/x/gfd")
+    assert (s.mig_strategy, s.sleep_interval, s.no_timestamp, s.output_file) == (
+        "mixed",
+        300.0,
+        True,
+        "/x/gfd",
+    )
     s = load(env={"MIG_STRATEGY": "single", "GFD_SLEEP_INTERVAL": "2s"}, config=config, tmp=tmp_path)
     assert (s.mig_strategy, s.sleep_interval) == ("single", 2.0)
-    s = load({"mig_strategy": "none", "sleep_interval": "infinite"}, {"MIG_STRATEGY": "single"}, config, tmp_path)
+    s = load(
+        {"mig_strategy": "none", "sleep_interval": "infinite"}, {"MIG_STRATEGY": "single"}, config, tmp_path
+    )
     assert (s.mig_strategy, s.sleep_interval) == ("none", None)
     assert dict(s.sources)["mig_strategy"] == "flag --mig-strategy"
     assert dict(s.sources)["no_timestamp"] == "file flags.gfd.noTimestamp"
@@ -89,7 +108,14 @@ def test_an_empty_env_var_is_a_value_and_ends_the_search_as_in_urfave_cli() -> N
     """The first env var present wins even when empty (flag.go:378-393 flagFromEnvOrFile): "" is the
     string "" (flag_string.go:56-59) and false for a boolean (flag_bool.go:113-128), and the next
     name is not tried. (Until this fix an empty one was skipped and MIG_STRATEGY="" meant unset.)"""
-    s = load(env={"GFD_OUTPUT_FILE": "", "GFD_MACHINE_TYPE_FILE": "", "GFD_FAIL_ON_INIT_ERROR": "", "FAIL_ON_INIT_ERROR": "true"})
+    s = load(
+        env={
+            "GFD_OUTPUT_FILE": "",
+            "GFD_MACHINE_TYPE_FILE": "",
+            "GFD_FAIL_ON_INIT_ERROR": "",
+            "FAIL_ON_INIT_ERROR": "true",
+        }
+    )
     assert (s.output_file, s.machine_type_file, s.fail_on_init_error) == ("", "", False)
     assert dict(s.sources)["fail_on_init_error"] == "env GFD_FAIL_ON_INIT_ERROR"
     with pytest.raises(ConfigError, match='env GFD_MIG_STRATEGY: invalid value ""'):
@@ -122,7 +148,9 @@ def test_go_durations(text: str, seconds: float) -> None:
     assert load({"sleep_interval": text}).sleep_interval == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "10", "1x", "s", "1m 30s", "1..5s", " 60s", "60s ", "--5s", "+-5s", " infinite", "Infinite"])
+@pytest.mark.parametrize(
+    "text", ["", "10", "1x", "s", "1m 30s", "1..5s", " 60s", "60s ", "--5s", "+-5s", " infinite", "Infinite"]
+)
 def test_bad_go_durations(text: str) -> None:
     """Anything ParseDuration (and Duration.parse's exact "infinite") refuses is refused, with the flag named:
     no blanks around it, one sign only (duration.go:61-71)."""
@@ -142,7 +170,11 @@ def test_sharing_is_gfds_reading_of_the_file(tmp_path: Path) -> None:
     s = load(config="version: v1\nsharing:\n  mps:\n    renameByDefault: true\n    resources:\n"
                     "    - {name: gpu, replicas: 2}\n    - {name: nvidia.com/gpu, replicas: 5, devices: [0]}\n",
              tmp=tmp_path)  # fmt: skip
-    assert (s.sharing.strategy, s.sharing.rename_by_default, dict(s.sharing.replicas)) == ("mps", True, {"nvidia.com/gpu": 2})
+    assert (s.sharing.strategy, s.sharing.rename_by_default, dict(s.sharing.replicas)) == (
+        "mps",
+        True,
+        {"nvidia.com/gpu": 2},
+    )
 
 
 @pytest.mark.parametrize(
@@ -165,13 +197,31 @@ def test_bad_config_names_the_key(tmp_path: Path, config: str, key: str) -> None
 
 def test_kube_client_settings() -> None:
     """--kubeconfig/KUBECONFIG, KUBE_API_QPS (any number; negative: no limit) and KUBE_API_BURST, NODE_NAME..."""
-    s = load(env={"KUBECONFIG": "/k", "KUBE_API_QPS": "-1", "KUBE_API_BURST": "3", "NODE_NAME": "n1", "NAMESPACE": "gpu", "POD_NAME": "p"})
-    assert (s.kubeconfig, s.kube_api_qps, s.kube_api_burst, s.node_name, s.namespace, s.pod_name) == ("/k", -1.0, 3, "n1", "gpu", "p")
+    s = load(
+        env={
+            "KUBECONFIG": "/k",
+            "KUBE_API_QPS": "-1",
+            "KUBE_API_BURST": "3",
+            "NODE_NAME": "n1",
+            "NAMESPACE": "gpu",
+            "POD_NAME": "p",
+        }
+    )
+    assert (s.kubeconfig, s.kube_api_qps, s.kube_api_burst, s.node_name, s.namespace, s.pod_name) == (
+        "/k",
+        -1.0,
+        3,
+        "n1",
+        "gpu",
+        "p",
+    )
     with pytest.raises(ConfigError, match="env KUBE_API_BURST"):
         load(env={"KUBE_API_BURST": "2.5"})
 
 
-@pytest.mark.parametrize(("text", "value"), [("16", 16), ("0x10", 16), ("0o20", 16), ("020", 16), ("1_6", 16), ("+16", 16)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("16", 16), ("0x10", 16), ("0o20", 16), ("020", 16), ("1_6", 16), ("+16", 16)]
+)
 def test_kube_api_burst_is_a_go_integer(text: str, value: int) -> None:
     """KUBE_API_BURST is an IntFlag: strconv.ParseInt(s, 0, 64) (flag_int.go:52-54), so 0x10 is 16."""
     assert load(env={"KUBE_API_BURST": text}).kube_api_burst == value
@@ -184,7 +234,10 @@ def test_kube_api_burst_refuses_what_parseint_refuses(text: str) -> None:
         load(env={"KUBE_API_BURST": text})
 
 
-@pytest.mark.parametrize(("text", "value"), [("2.5", 2.5), ("1e1", 10.0), (".5", 0.5), ("5.", 5.0), ("0x1p-2", 0.25), ("1_0", 10.0)])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("2.5", 2.5), ("1e1", 10.0), (".5", 0.5), ("5.", 5.0), ("0x1p-2", 0.25), ("1_0", 10.0)],
+)
 def test_kube_api_qps_is_a_go_float(text: str, value: float) -> None:
     """KUBE_API_QPS is a Float64Flag: strconv.ParseFloat(s, 64) (flag_float64.go:52-53), hex floats included."""
     assert load(env={"KUBE_API_QPS": text}).kube_api_qps == value
@@ -254,7 +307,11 @@ def test_a_number_for_a_string_key_becomes_its_text(tmp_path: Path) -> None:
 def test_mps_sharing_with_the_mixed_strategy_loads(tmp_path: Path) -> None:
     """GFD's config load has no MPS-root or mixed-strategy check (those are the device plugin's
     validateFlags); a MIG-enabled GPU then fails the labelling itself (lm/nvml.go:206-207)."""
-    s = load({"mig_strategy": "mixed"}, config="sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n", tmp=tmp_path)
+    s = load(
+        {"mig_strategy": "mixed"},
+        config="sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n",
+        tmp=tmp_path,
+    )
     assert (s.mig_strategy, s.sharing.strategy) == ("mixed", "mps")
 
 
@@ -283,7 +340,9 @@ def test_a_boolean_flag_takes_no_separate_value() -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [(("--one",), "flag --one: flag provided but not defined"),
                                                (("--output-file", "a", "-o", "b"), "two forms of the same flag")])  # fmt: skip
-def test_flags_are_not_abbreviated_nor_given_twice(argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_flags_are_not_abbreviated_nor_given_twice(
+    argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """No abbreviations (Go's FlagSet), and two spellings of one flag are an error (urfave/cli's
     normalizeFlags): exit 78 with one line. (Until this fix argparse took `--one` for --oneshot.)"""
     with pytest.raises(SystemExit) as exc:

@@ -14,7 +14,9 @@ import pytest
 from common import logs
 
 
-def record(msg: str, *args: object, exc: bool = False, fields: dict[str, object] | None = None) -> logging.LogRecord:
+def record(
+    msg: str, *args: object, exc: bool = False, fields: dict[str, object] | None = None
+) -> logging.LogRecord:
     rec = logging.LogRecord("gpuvisor.test", logging.WARNING, __file__, 1, msg, args, None)
     if exc:
         try:
@@ -57,13 +59,18 @@ def test_json_is_one_object_per_line_with_the_event_fields(context: dict[str, ob
     ("extra", "tail"),
     [
         ({"resource": "nvidia.com/gpu"}, " [resource=nvidia.com/gpu]"),
-        ({"resource": "nvidia.com/gpu", "device": "GPU-a", "worker": 7}, " [resource=nvidia.com/gpu device=GPU-a worker=7]"),
+        (
+            {"resource": "nvidia.com/gpu", "device": "GPU-a", "worker": 7},
+            " [resource=nvidia.com/gpu device=GPU-a worker=7]",
+        ),
         ({"xid": 0}, " [xid=0]"),
         ({"trigger": "kubelet restart"}, ' [trigger="kubelet restart"]'),
         ({}, ""),
     ],
 )
-def test_text_carries_the_fields_in_brackets(context: dict[str, object], extra: dict[str, object], tail: str) -> None:
+def test_text_carries_the_fields_in_brackets(
+    context: dict[str, object], extra: dict[str, object], tail: str
+) -> None:
     """--log-format text: fields follow the message as [key=value ...]; spaced values are quoted."""
     line = logs.make_formatter("text").format(record("event", fields=extra))
     assert line.endswith(" W gpuvisor: event" + tail)
@@ -74,7 +81,9 @@ def test_context_fields_apply_unless_the_call_names_them(context: dict[str, obje
     context.update(role="worker", resource="nvidia.com/gpu", worker=99)
     fmt = logs.make_formatter("text")
     assert fmt.format(record("x")).endswith("worker: x [resource=nvidia.com/gpu worker=99]")
-    assert fmt.format(record("x", fields={"resource": "nvidia.com/gpu.shared"})).endswith("[resource=nvidia.com/gpu.shared worker=99]")
+    assert fmt.format(record("x", fields={"resource": "nvidia.com/gpu.shared"})).endswith(
+        "[resource=nvidia.com/gpu.shared worker=99]"
+    )
 
 
 def test_setup_gives_a_worker_its_pid_and_refuses_unknown_formats(
@@ -97,7 +106,3 @@ def test_setup_gives_a_worker_its_pid_and_refuses_unknown_formats(
     assert json.loads(lines[0])["worker"] == os.getpid()
     with pytest.raises(ValueError, match="'yaml'"):
         logs.make_formatter("yaml")
-
-
-
-

@@ -51,7 +51,9 @@ def test_sighup_reloads_and_sigchld_only_wakes(sup: Supervisor, monkeypatch: pyt
     assert triggers == ["SIGHUP"] and not sup.stopping
 
 
-def test_a_step_that_raises_is_counted_and_the_turn_goes_on(sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_step_that_raises_is_counted_and_the_turn_goes_on(
+    sup: Supervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A housekeeping step that raises never ends the loop: it is logged, counted, and the rest runs."""
 
     def broken() -> None:
@@ -104,5 +106,16 @@ def test_status_is_one_document_of_the_parts_views(sup: Supervisor) -> None:
     """Before NVML is up, status answers: not ready, NVML down, no resources, every key present."""
     doc = sup.status()
     assert doc["ready"] is False and "NVML is not up" in str(doc["ready_detail"])
-    for key in ("nvml", "workers", "resources", "conditions", "mps", "cdi", "control", "reconcile", "reloads", "rediscoveries"):
+    for key in (
+        "nvml",
+        "workers",
+        "resources",
+        "conditions",
+        "mps",
+        "cdi",
+        "control",
+        "reconcile",
+        "reloads",
+        "rediscoveries",
+    ):
         assert key in doc

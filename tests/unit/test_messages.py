@@ -93,7 +93,13 @@ def test_round_trip(message: Message) -> None:
     assert frames[0] == message.TOPIC
     env = decode(frames)
     assert env.message == message
-    assert (env.seq, env.time, env.kind, env.version, env.topic) == (42, 123.5, message.KIND, PROTOCOL_VERSION, message.TOPIC)
+    assert (env.seq, env.time, env.kind, env.version, env.topic) == (
+        42,
+        123.5,
+        message.KIND,
+        PROTOCOL_VERSION,
+        message.TOPIC,
+    )
 
 
 def test_every_kind_has_an_example() -> None:
@@ -148,7 +154,10 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("wrong type", [CONTROL_TOPIC, body(payload={"reason": 5})], "'reason' must be a string"),
     (
         "bad nested record",
-        [HEALTH_TOPIC, body(kind="health-delta", payload={"seq": 1, "epoch": "", "changes": [{"device_id": 1}]})],
+        [
+            HEALTH_TOPIC,
+            body(kind="health-delta", payload={"seq": 1, "epoch": "", "changes": [{"device_id": 1}]}),
+        ],
         "changes[0]",
     ),
     (
@@ -157,7 +166,14 @@ MALFORMED: list[tuple[str, Any, str]] = [
             CONTROL_TOPIC,
             body(
                 kind="heartbeat",
-                payload={"resource": "r", "pid": 1, "state": "s", "registered": True, "socket_path": "", "stats": {"a": "b"}},
+                payload={
+                    "resource": "r",
+                    "pid": 1,
+                    "state": "s",
+                    "registered": True,
+                    "socket_path": "",
+                    "stats": {"a": "b"},
+                },
             ),
         ],
         "stats.a",
@@ -166,7 +182,10 @@ MALFORMED: list[tuple[str, Any, str]] = [
         "snapshot devices not a list",
         [
             CONTROL_TOPIC,
-            body(kind="snapshot-reply", payload={"snapshot": {"seq": 1, "resource": "r", "epoch": "", "devices": {}}}),
+            body(
+                kind="snapshot-reply",
+                payload={"snapshot": {"seq": 1, "resource": "r", "epoch": "", "devices": {}}},
+            ),
         ],
         "must be a list",
     ),
@@ -207,7 +226,9 @@ _json = st.recursive(
 )
 def test_fuzz_structured_envelopes(topic: bytes, kind: str, payload: Any, seq: Any, when: Any) -> None:
     """Well-formed JSON with random field values never raises anything but MessageError."""
-    raw = json.dumps({"v": PROTOCOL_VERSION, "seq": seq, "time": when, "kind": kind, "payload": payload}).encode()
+    raw = json.dumps(
+        {"v": PROTOCOL_VERSION, "seq": seq, "time": when, "kind": kind, "payload": payload}
+    ).encode()
     with contextlib.suppress(MessageError):
         decode([topic, raw])
 

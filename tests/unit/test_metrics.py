@@ -67,7 +67,10 @@ def test_health_batch_counts_transitions_and_xids() -> None:
     m.health_batch([], 13)  # an ignored XID changes nothing but is still an XID event
     assert value(m, "gpuvisor_health_transitions_total", resource=R, to="unhealthy") == 2.0
     assert value(m, "gpuvisor_health_transitions_total", resource=R, to="healthy") == 1.0
-    assert value(m, "gpuvisor_health_transitions_total", resource="nvidia.com/mig-1g.10gb", to="unhealthy") == 1.0
+    assert (
+        value(m, "gpuvisor_health_transitions_total", resource="nvidia.com/mig-1g.10gb", to="unhealthy")
+        == 1.0
+    )
     assert value(m, "gpuvisor_xid_events_total", xid="79") == 1.0
     assert value(m, "gpuvisor_xid_events_total", xid="13") == 1.0
 
@@ -171,7 +174,11 @@ def test_forget_resource_drops_its_gauges() -> None:
     m.worker_state(R, "RUNNING")
     m.set_devices(R, 1, 0)
     m.forget_resource(R)
-    assert not [k for k in samples(m) if ("resource", R) in k[1] and k[0] in ("gpuvisor_worker_state", "gpuvisor_devices")]
+    assert not [
+        k
+        for k in samples(m)
+        if ("resource", R) in k[1] and k[0] in ("gpuvisor_worker_state", "gpuvisor_devices")
+    ]
 
 
 class _Proc:
@@ -274,7 +281,11 @@ def test_metered_listener_drops_a_removed_resource() -> None:
     assert value(m, "gpuvisor_worker_state", resource=R, state="STOPPING") == 1.0
     procs[-1].status = 0
     ws.tick(2.0)
-    assert not [k for k in samples(m) if ("resource", R) in k[1] and k[0] in ("gpuvisor_worker_state", "gpuvisor_devices")]
+    assert not [
+        k
+        for k in samples(m)
+        if ("resource", R) in k[1] and k[0] in ("gpuvisor_worker_state", "gpuvisor_devices")
+    ]
 
 
 def test_fatal_workers_gauge_counts_resources_in_fatal() -> None:

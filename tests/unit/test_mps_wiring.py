@@ -18,9 +18,16 @@ def test_mps_wiring_drops_a_replaced_daemon_supervisors_late_reports() -> None:
     posted: list[object] = []
     config = sim_config(MPS_ROOT="/run/nvidia/mps")
     wiring = MpsWiring(config=config, environ={}, nvml_module=None, hub=hub, post=posted.append)
-    plan = plan_resources(nodes.pcie_l4(), config_from_data(
-        {"version": "v1", "flags": {"mpsRoot": "/run/nvidia/mps"}, "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
-    ))
+    plan = plan_resources(
+        nodes.pcie_l4(),
+        config_from_data(
+            {
+                "version": "v1",
+                "flags": {"mpsRoot": "/run/nvidia/mps"},
+                "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}},
+            }
+        ),
+    )
     wiring.plans = dict(plan)
     hub.mark_external({d.gpu_uuid for d in plan[GPU].devices}, f"mps:{GPU}", "not up")
     wiring._on_change(GPU, True, "up", generation=wiring.generation - 1)  # an old instance's report

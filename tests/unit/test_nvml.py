@@ -87,7 +87,9 @@ def custom(tmp_path: Path, sysfs: Path | None = None) -> tuple[Simulator, Nvml]:
         ("pcie-l4", 4, "NVIDIA L4", 23034, (8, 9), 0),
     ],
 )
-def test_discover_profile(profile: str, count: int, name: str, memory: int, cc: tuple[int, int], nvlinks: int) -> None:
+def test_discover_profile(
+    profile: str, count: int, name: str, memory: int, cc: tuple[int, int], nvlinks: int
+) -> None:
     """discover() reports every GPU as the profile describes it and a link for every pair."""
     sim, nvml = adapter(profile)
     node = nvml.discover()
@@ -102,7 +104,9 @@ def test_discover_profile(profile: str, count: int, name: str, memory: int, cc: 
             spec.numa_node,
         )
         assert (gpu.name, gpu.memory_mib, gpu.compute_capability) == (name, memory, cc)
-    assert [(link.a, link.b) for link in node.links] == [(a, b) for a in range(count) for b in range(a + 1, count)]
+    assert [(link.a, link.b) for link in node.links] == [
+        (a, b) for a in range(count) for b in range(a + 1, count)
+    ]
     assert {link.nvlinks for link in node.links} == {nvlinks}
     for link in node.links:
         assert link.ancestor == sim.spec.ancestors[(link.a, link.b)]
@@ -178,7 +182,9 @@ def test_discover_follows_mig_reconfiguration() -> None:
     sim, nvml = adapter("mig-a100")
     new = sim.set_mig_layout(3, ["4g.40gb", "2g.20gb", "1g.10gb"])
     gpu = nvml.discover().gpus[3]
-    assert [(m.uuid, m.profile) for m in gpu.mig_devices] == list(zip(new, ["4g.40gb", "2g.20gb", "1g.10gb"], strict=True))
+    assert [(m.uuid, m.profile) for m in gpu.mig_devices] == list(
+        zip(new, ["4g.40gb", "2g.20gb", "1g.10gb"], strict=True)
+    )
     sim.set_mig_layout(3, None)
     gpu = nvml.discover().gpus[3]
     assert not gpu.mig_enabled and gpu.mig_devices == ()
@@ -257,7 +263,11 @@ def open_watch(profile: str) -> tuple[Simulator, Nvml, EventWatch]:
 def test_watch_registers_every_gpu() -> None:
     """The event set covers XID and both ECC kinds on every GPU."""
     sim, _, watch = open_watch("dgx-h100")
-    mask = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError | pynvml.nvmlEventTypeDoubleBitEccError
+    mask = (
+        pynvml.nvmlEventTypeXidCriticalError
+        | pynvml.nvmlEventTypeSingleBitEccError
+        | pynvml.nvmlEventTypeDoubleBitEccError
+    )
     assert watch.registered == dict.fromkeys(sim.gpu_uuids(), mask)
     assert watch.skipped == {}
 
@@ -267,7 +277,10 @@ def test_watch_tolerates_unsupported_and_lost(tmp_path: Path) -> None:
     sim, nvml = custom(tmp_path)
     sim.lose("GPU-00000000-0000-0000-0000-0000000000a2")
     with EventWatch.open(nvml) as watch:
-        assert watch.registered["GPU-00000000-0000-0000-0000-0000000000a1"] == pynvml.nvmlEventTypeXidCriticalError
+        assert (
+            watch.registered["GPU-00000000-0000-0000-0000-0000000000a1"]
+            == pynvml.nvmlEventTypeXidCriticalError
+        )
         assert "GPU-00000000-0000-0000-0000-0000000000a0" in watch.registered
         assert watch.skipped == {"index 2": "GPU is lost"}
 
@@ -332,7 +345,13 @@ def test_wait_returns_typed_events(inject: str, kind: str, data: int) -> None:
         sim.inject_ecc(uuid, inject)
     event = watch.wait(1000)
     assert event is not None
-    assert (event.gpu_uuid, event.kind, event.data, event.gi_id, event.ci_id) == (uuid, kind, data, None, None)
+    assert (event.gpu_uuid, event.kind, event.data, event.gi_id, event.ci_id) == (
+        uuid,
+        kind,
+        data,
+        None,
+        None,
+    )
     assert event.xid == (48 if kind == "xid" else None)
 
 
@@ -348,7 +367,12 @@ def test_wait_mig_event() -> None:
     sim.inject_xid(mig.uuid, 43)
     event = watch.wait(1000)
     assert event is not None
-    assert (event.gpu_uuid, event.xid, event.gi_id, event.ci_id) == (mig.parent_uuid, 43, mig.gi_id, mig.ci_id)
+    assert (event.gpu_uuid, event.xid, event.gi_id, event.ci_id) == (
+        mig.parent_uuid,
+        43,
+        mig.gi_id,
+        mig.ci_id,
+    )
 
 
 def test_wait_reports_lost_gpu() -> None:
@@ -436,8 +460,6 @@ def test_sysfs_bus_id() -> None:
     """NVML bus ids map to sysfs names (4-digit domain, lower case)."""
     assert sysfs_bus_id("00000000:B7:00.0") == "0000:b7:00.0"
     assert sysfs_bus_id("0001:3A:00.1") == "0001:3a:00.1"
-
-
 
 
 def test_a_lost_gpu_is_reported_once_not_at_every_rediscovery(caplog: pytest.LogCaptureFixture) -> None:

@@ -73,7 +73,13 @@ def test_mixed_mig_device_fields() -> None:
     parent = node.gpus[3]
     assert (me.id, me.uuid) == (parent.mig_devices[0].uuid, parent.mig_devices[0].uuid)
     assert (me.index, me.gpu_uuid, me.gpu_index, me.gpu_minor, me.numa_node) == ("3:0", parent.uuid, 3, 3, 0)
-    assert (me.mig_gi, me.mig_ci, me.mig_profile, me.memory_mib, me.is_mig) == (1, 0, "1g.10gb+me", 9856, True)
+    assert (me.mig_gi, me.mig_ci, me.mig_profile, me.memory_mib, me.is_mig) == (
+        1,
+        0,
+        "1g.10gb+me",
+        9856,
+        True,
+    )
     assert [d.index for d in plans["nvidia.com/mig-2g.20gb"].devices] == ["1:0", "1:1", "1:2", "3:1"]
     assert [d.index for d in plans["nvidia.com/gpu"].devices] == ["4", "5", "6", "7"]
 
@@ -107,7 +113,9 @@ def test_single_fails_on_a_mig_gpu_without_mig_devices() -> None:
             nodes.make_gpu(1, 1, nodes.A100_80GB, 81920, mig_profiles=()),
         )
     )
-    with pytest.raises(PlanningError, match=r"^MIG strategy single: MIG-enabled GPU\(s\) 1 have no MIG devices "):
+    with pytest.raises(
+        PlanningError, match=r"^MIG strategy single: MIG-enabled GPU\(s\) 1 have no MIG devices "
+    ):
         plan_resources(node, cfg(mig_strategy="single"))
 
 
@@ -131,7 +139,9 @@ def test_time_slicing_replicas() -> None:
     plans = plan_resources(node, cfg("sharing: {timeSlicing: {resources: [{name: gpu, replicas: 4}]}}"))
     plan = plans["nvidia.com/gpu"]
     assert len(plan.devices) == 16
-    assert [d.id for d in plan.devices[:5]] == [f"{node.gpus[0].uuid}::{n}" for n in range(4)] + [f"{node.gpus[1].uuid}::0"]
+    assert [d.id for d in plan.devices[:5]] == [f"{node.gpus[0].uuid}::{n}" for n in range(4)] + [
+        f"{node.gpus[1].uuid}::0"
+    ]
     assert [(d.replica, d.replicas, d.uuid) for d in plan.devices[:2]] == [
         (0, 4, node.gpus[0].uuid), (1, 4, node.gpus[0].uuid),
     ]  # fmt: skip
@@ -177,9 +187,9 @@ sharing:
 def test_partial_selection_without_rename_mixes_shared_and_whole() -> None:
     """Without rename, selected GPUs are replicated and unselected ones stay whole in the same resource."""
     node = nodes.pcie_l4()
-    plan = plan_resources(node, cfg("sharing: {timeSlicing: {resources: [{name: gpu, devices: 1, replicas: 2}]}}"))[
-        "nvidia.com/gpu"
-    ]
+    plan = plan_resources(
+        node, cfg("sharing: {timeSlicing: {resources: [{name: gpu, devices: 1, replicas: 2}]}}")
+    )["nvidia.com/gpu"]
     assert [d.id for d in plan.devices] == [
         f"{node.gpus[0].uuid}::0", f"{node.gpus[0].uuid}::1", node.gpus[1].uuid, node.gpus[2].uuid, node.gpus[3].uuid,
     ]  # fmt: skip
@@ -206,8 +216,15 @@ sharing:
 """
     plans = plan_resources(node, cfg(text, mig_strategy="mixed"))
     one_g = plans["nvidia.com/mig-1g.10gb"]
-    assert {d.index: d.replicas for d in one_g.devices} == {f"0:{j}": (2 if j in (1, 5) else 1) for j in range(7)}
-    assert {d.index: d.replicas for d in plans["nvidia.com/mig-2g.20gb"].devices} == {"1:0": 1, "1:1": 1, "1:2": 1, "3:1": 3}
+    assert {d.index: d.replicas for d in one_g.devices} == {
+        f"0:{j}": (2 if j in (1, 5) else 1) for j in range(7)
+    }
+    assert {d.index: d.replicas for d in plans["nvidia.com/mig-2g.20gb"].devices} == {
+        "1:0": 1,
+        "1:1": 1,
+        "1:2": 1,
+        "3:1": 3,
+    }
     assert [d.id for d in plans["nvidia.com/big-shared"].devices] == [
         f"{node.gpus[2].mig_devices[j].uuid}::{n}" for j in range(2) for n in range(4)
     ]
@@ -219,9 +236,17 @@ def test_mps_plan_carries_mps_root_and_fails_multi_requests() -> None:
     text = "sharing: {mps: {resources: [{name: gpu, devices: [0, 1], replicas: 2, rename: gpu-mps}]}}"
     plans = plan_resources(nodes.pcie_l4(), cfg(text, mps_root="/run/nvidia/mps"))
     mps = plans["nvidia.com/gpu-mps"]
-    assert (mps.sharing, mps.fail_requests_greater_than_one, mps.allocate.mps_root) == ("mps", True, "/run/nvidia/mps")
+    assert (mps.sharing, mps.fail_requests_greater_than_one, mps.allocate.mps_root) == (
+        "mps",
+        True,
+        "/run/nvidia/mps",
+    )
     whole = plans["nvidia.com/gpu"]
-    assert (whole.sharing, whole.fail_requests_greater_than_one, whole.allocate.mps_root) == ("none", False, "")
+    assert (whole.sharing, whole.fail_requests_greater_than_one, whole.allocate.mps_root) == (
+        "none",
+        False,
+        "",
+    )
     # MPS_ROOT set fleet-wide leaves a plan without MPS byte-identical (its worker is not restarted).
     with_root = plan_resources(nodes.pcie_l4(), cfg(mps_root="/run/nvidia/mps"))["nvidia.com/gpu"]
     assert with_root.to_json() == plan_resources(nodes.pcie_l4(), cfg())["nvidia.com/gpu"].to_json()
@@ -230,14 +255,20 @@ def test_mps_plan_carries_mps_root_and_fails_multi_requests() -> None:
 def test_mps_refused_for_mig_devices_under_single() -> None:
     """MPS cannot share MIG devices, even when single advertises them as nvidia.com/gpu."""
     text = "sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}"
-    with pytest.raises(PlanningError, match=r"^MPS sharing is not supported for MIG devices: nvidia.com/gpu holds MIG device 0:0 "):
+    with pytest.raises(
+        PlanningError,
+        match=r"^MPS sharing is not supported for MIG devices: nvidia.com/gpu holds MIG device 0:0 ",
+    ):
         plan_resources(nodes.mig_uniform(), cfg(text, mig_strategy="single", mps_root="/mps"))
 
 
 def test_rename_onto_another_resource_is_refused() -> None:
     """Replicas renamed onto a name another resource already uses would mix device kinds: a clear error."""
     text = "sharing: {timeSlicing: {resources: [{name: mig-1g.10gb, rename: gpu, replicas: 2}]}}"
-    with pytest.raises(PlanningError, match=r"^resource nvidia.com/gpu would mix devices of nvidia.com/gpu, nvidia.com/mig-1g.10gb"):
+    with pytest.raises(
+        PlanningError,
+        match=r"^resource nvidia.com/gpu would mix devices of nvidia.com/gpu, nvidia.com/mig-1g.10gb",
+    ):
         plan_resources(nodes.mig_a100(), cfg(text, mig_strategy="mixed"))
 
 

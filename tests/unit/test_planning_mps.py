@@ -69,7 +69,9 @@ def test_limit_is_checked_per_gpu() -> None:
     text = "sharing: {mps: {resources: [{name: gpu, devices: [0, 1], replicas: 20}]}}"
     with pytest.raises(PlanningError) as err:
         plan_resources(node, cfg(text, mps_root="/mps"))
-    assert str(err.value).startswith("GPU 1 (NVIDIA L4, compute capability 7.0) cannot be split into 20 MPS replicas")
+    assert str(err.value).startswith(
+        "GPU 1 (NVIDIA L4, compute capability 7.0) cannot be split into 20 MPS replicas"
+    )
     assert "GPU 0" not in str(err.value)
 
 
@@ -83,7 +85,9 @@ def test_time_slicing_has_no_mps_limit() -> None:
 def test_missing_mps_root_is_refused() -> None:
     """A Config built without the loader and with MPS but no root gets a planning error naming the setting."""
     config = dataclasses.replace(cfg(mps(2), mps_root="/mps"), mps_root="")
-    with pytest.raises(PlanningError, match=r"^MPS sharing needs an MPS root: set --mps-root, MPS_ROOT or flags.mpsRoot$"):
+    with pytest.raises(
+        PlanningError, match=r"^MPS sharing needs an MPS root: set --mps-root, MPS_ROOT or flags.mpsRoot$"
+    ):
         plan_resources(nodes.pcie_l4(), config)
 
 

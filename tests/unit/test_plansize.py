@@ -21,7 +21,9 @@ from worker.server import DeviceBook, Health
 
 
 def cfg(replicas: int, devices: str = "all") -> Config:
-    text = f"sharing: {{timeSlicing: {{resources: [{{name: gpu, devices: {devices}, replicas: {replicas}}}]}}}}"
+    text = (
+        f"sharing: {{timeSlicing: {{resources: [{{name: gpu, devices: {devices}, replicas: {replicas}}}]}}}}"
+    )
     return config_from_data(parse_config_text(text, "t.yaml"), source="t.yaml")
 
 
@@ -55,14 +57,23 @@ def test_plan_over_the_list_and_watch_limit_is_refused() -> None:
     with pytest.raises(PlanningError) as info:
         plan_resources(nodes.dgx_h100(), cfg(10_000))
     text = str(info.value)
-    assert text.startswith("resource nvidia.com/gpu would have 80000 devices, a ListAndWatch answer of up to ")
-    assert f"over gpuvisor's limit of {LIST_AND_WATCH_BUDGET} bytes (the kubelet accepts at most 4194304)" in text
+    assert text.startswith(
+        "resource nvidia.com/gpu would have 80000 devices, a ListAndWatch answer of up to "
+    )
+    assert (
+        f"over gpuvisor's limit of {LIST_AND_WATCH_BUDGET} bytes (the kubelet accepts at most 4194304)"
+        in text
+    )
 
 
 def test_largest_plan_under_the_limit_is_accepted() -> None:
     """The biggest replica count that fits is planned; one more is refused."""
     gpus = nodes.dgx_h100().gpus
-    fits = max(n for n in range(5000, 9000) if sum(replicas_size(len(g.uuid), n, g.numa_node) for g in gpus) <= LIST_AND_WATCH_BUDGET)
+    fits = max(
+        n
+        for n in range(5000, 9000)
+        if sum(replicas_size(len(g.uuid), n, g.numa_node) for g in gpus) <= LIST_AND_WATCH_BUDGET
+    )
     assert len(plan_resources(nodes.dgx_h100(), cfg(fits))["nvidia.com/gpu"].devices) == 8 * fits
     with pytest.raises(PlanningError):
         plan_resources(nodes.dgx_h100(), cfg(fits + 1))
@@ -78,14 +89,23 @@ def test_huge_replicas_refused_from_counts_alone() -> None:
     with pytest.raises(PlanningError, match=r"would have 1000000007 devices"):
         plan_resources(nodes.dgx_h100(), config)
     assert time.perf_counter() - start < 5  # generous: the work is a few dozen sums
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 50 * 1024  # KiB: no list was built
+    assert (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 50 * 1024
+    )  # KiB: no list was built
 
 
 def test_node_total_is_bounded() -> None:
     """Resources each under the message limit but together past MAX_PLANNED_DEVICES are refused."""
     node = nodes.mig_uniform(gpus=8, per_gpu=7)  # 56 MIG devices, one resource each under rename
-    entries = ", ".join(f"{{name: gpu, devices: ['{g}:{m}'], replicas: 3000, rename: r{g}-{m}}}" for g in range(8) for m in range(7))
+    entries = ", ".join(
+        f"{{name: gpu, devices: ['{g}:{m}'], replicas: 3000, rename: r{g}-{m}}}"
+        for g in range(8)
+        for m in range(7)
+    )
     text = f"flags: {{migStrategy: single}}\nsharing: {{timeSlicing: {{resources: [{entries}]}}}}"
     config = config_from_data(parse_config_text(text, "t.yaml"), source="t.yaml")
-    with pytest.raises(PlanningError, match=rf"^the node would advertise 168000 devices .* over gpuvisor's limit of {MAX_PLANNED_DEVICES}"):
+    with pytest.raises(
+        PlanningError,
+        match=rf"^the node would advertise 168000 devices .* over gpuvisor's limit of {MAX_PLANNED_DEVICES}",
+    ):
         plan_resources(node, config)

@@ -28,7 +28,14 @@ def gid(i: int) -> str:
 
 def full_gpu(i: int, numa: int | None) -> AllocatableDevice:
     return AllocatableDevice(
-        id=gid(i), uuid=gid(i), index=str(i), gpu_uuid=gid(i), gpu_index=i, gpu_minor=i, numa_node=numa, memory_mib=24576
+        id=gid(i),
+        uuid=gid(i),
+        index=str(i),
+        gpu_uuid=gid(i),
+        gpu_index=i,
+        gpu_minor=i,
+        numa_node=numa,
+        memory_mib=24576,
     )
 
 
@@ -75,7 +82,8 @@ def pcie_l4() -> ResourcePlan:
     """4 GPUs: 0,1 behind one switch, 2,3 behind another, across NUMA nodes otherwise."""
     single = {(0, 1), (2, 3)}
     links = [
-        Link(a, b, TOPOLOGY_SINGLE if (a, b) in single else TOPOLOGY_SYSTEM) for a, b in itertools.combinations(range(4), 2)
+        Link(a, b, TOPOLOGY_SINGLE if (a, b) in single else TOPOLOGY_SYSTEM)
+        for a, b in itertools.combinations(range(4), 2)
     ]
     return topology_plan([0, 0, 1, 1], links)
 
@@ -102,7 +110,9 @@ def big_pcie(n: int = 16) -> ResourcePlan:
     return topology_plan([i // half for i in range(n)], links)
 
 
-def shared_plan(gpus: int = 4, replicas: int = 4, policy: str = "distributed", sharing: str = "time-slicing") -> ResourcePlan:
+def shared_plan(
+    gpus: int = 4, replicas: int = 4, policy: str = "distributed", sharing: str = "time-slicing"
+) -> ResourcePlan:
     return ResourcePlan(
         resource="nvidia.com/gpu",
         devices=tuple(replica(i, r, replicas) for i in range(gpus) for r in range(replicas)),
@@ -129,12 +139,40 @@ def r(i: int, n: int) -> str:
 
 TOPOLOGY_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, list[str]]] = [
     ("pcie-l4: 2 GPUs on one switch", pcie_l4(), ids(pcie_l4()), [], 2, [gid(0), gid(1)]),
-    ("pcie-l4: must-include 2 pulls in its switch peer", pcie_l4(), ids(pcie_l4()), [gid(2)], 2, [gid(2), gid(3)]),
-    ("pcie-l4: 0 busy, 2 GPUs still on one switch", pcie_l4(), [gid(1), gid(2), gid(3)], [], 2, [gid(2), gid(3)]),
+    (
+        "pcie-l4: must-include 2 pulls in its switch peer",
+        pcie_l4(),
+        ids(pcie_l4()),
+        [gid(2)],
+        2,
+        [gid(2), gid(3)],
+    ),
+    (
+        "pcie-l4: 0 busy, 2 GPUs still on one switch",
+        pcie_l4(),
+        [gid(1), gid(2), gid(3)],
+        [],
+        2,
+        [gid(2), gid(3)],
+    ),
     ("pcie-l4: 3 GPUs keep a switch pair", pcie_l4(), ids(pcie_l4()), [], 3, [gid(0), gid(1), gid(2)]),
     ("dgx: 4 GPUs stay on one NUMA node", dgx(), ids(dgx()), [], 4, [gid(i) for i in range(4)]),
-    ("dgx: must-include 5 picks NUMA node 1", dgx(), ids(dgx()), [gid(5)], 4, [gid(5), gid(4), gid(6), gid(7)]),
-    ("dgx: 1 busy, the other NUMA node is whole", dgx(), [gid(i) for i in range(8) if i != 1], [], 4, [gid(i) for i in range(4, 8)]),
+    (
+        "dgx: must-include 5 picks NUMA node 1",
+        dgx(),
+        ids(dgx()),
+        [gid(5)],
+        4,
+        [gid(5), gid(4), gid(6), gid(7)],
+    ),
+    (
+        "dgx: 1 busy, the other NUMA node is whole",
+        dgx(),
+        [gid(i) for i in range(8) if i != 1],
+        [],
+        4,
+        [gid(i) for i in range(4, 8)],
+    ),
     (
         "dgx: 1 and 5 busy, lowest indexes on a tie",
         dgx(),
@@ -147,7 +185,10 @@ TOPOLOGY_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, list[st
     ("dgx: all 8", dgx(), ids(dgx()), [], 8, [gid(i) for i in range(8)]),
     (
         "NVLink beats a shared switch",
-        topology_plan([0, 0, 0], [Link(0, 1, TOPOLOGY_SINGLE), Link(0, 2, TOPOLOGY_SYSTEM, 2), Link(1, 2, TOPOLOGY_SYSTEM)]),
+        topology_plan(
+            [0, 0, 0],
+            [Link(0, 1, TOPOLOGY_SINGLE), Link(0, 2, TOPOLOGY_SYSTEM, 2), Link(1, 2, TOPOLOGY_SYSTEM)],
+        ),
         [gid(0), gid(1), gid(2)],
         [gid(0)],
         2,
@@ -174,7 +215,9 @@ TOPOLOGY_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, list[st
 
 
 @pytest.mark.parametrize(
-    ("name", "plan", "available", "must", "size", "expected"), TOPOLOGY_CASES, ids=[c[0] for c in TOPOLOGY_CASES]
+    ("name", "plan", "available", "must", "size", "expected"),
+    TOPOLOGY_CASES,
+    ids=[c[0] for c in TOPOLOGY_CASES],
 )
 def test_topology(
     name: str, plan: ResourcePlan, available: list[str], must: list[str], size: int, expected: list[str]
@@ -183,7 +226,9 @@ def test_topology(
     assert PreferredPolicy(plan).select(available, must, size) == expected
 
 
-@pytest.mark.parametrize("plan", [pcie_l4(), dgx(), dgx(0), big_pcie(8)], ids=["pcie-l4", "dgx", "dgx-no-nvlink", "pcie-8"])
+@pytest.mark.parametrize(
+    "plan", [pcie_l4(), dgx(), dgx(0), big_pcie(8)], ids=["pcie-l4", "dgx", "dgx-no-nvlink", "pcie-8"]
+)
 def test_greedy_agrees_with_exhaustive(plan: ResourcePlan, monkeypatch: pytest.MonkeyPatch) -> None:
     """On regular topologies the greedy fallback finds sets as good as the exhaustive search's (ties may differ)."""
     policy = PreferredPolicy(plan)
@@ -192,7 +237,11 @@ def test_greedy_agrees_with_exhaustive(plan: ResourcePlan, monkeypatch: pytest.M
         gpus = [int(i.removeprefix("GPU-")) for i in answer]
         return sum(policy.pair_score(a, b) for a, b in itertools.combinations(gpus, 2))
 
-    cases = [(size, must) for size in range(1, len(plan.devices) + 1) for must in ([], [gid(len(plan.devices) - 1)])]
+    cases = [
+        (size, must)
+        for size in range(1, len(plan.devices) + 1)
+        for must in ([], [gid(len(plan.devices) - 1)])
+    ]
     exhaustive = [policy.select(ids(plan), must, size) for size, must in cases]
     monkeypatch.setattr(preferred, "EXHAUSTIVE_BUDGET", 0)
     greedy = [policy.select(ids(plan), must, size) for size, must in cases]
@@ -216,8 +265,22 @@ def test_pair_scores() -> None:
 
 SHARED_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, list[str]]] = [
     ("distributed: 2 replicas on 2 GPUs", shared_plan(), ids(shared_plan()), [], 2, [r(0, 0), r(1, 0)]),
-    ("distributed: 4 replicas on 4 GPUs", shared_plan(), ids(shared_plan()), [], 4, [r(i, 0) for i in range(4)]),
-    ("distributed: 5th goes back to GPU 0", shared_plan(), ids(shared_plan()), [], 5, [*(r(i, 0) for i in range(4)), r(0, 1)]),
+    (
+        "distributed: 4 replicas on 4 GPUs",
+        shared_plan(),
+        ids(shared_plan()),
+        [],
+        4,
+        [r(i, 0) for i in range(4)],
+    ),
+    (
+        "distributed: 5th goes back to GPU 0",
+        shared_plan(),
+        ids(shared_plan()),
+        [],
+        5,
+        [*(r(i, 0) for i in range(4)), r(0, 1)],
+    ),
     (
         "distributed: least allocated GPU first",
         shared_plan(),
@@ -243,8 +306,22 @@ SHARED_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, list[str]
         2,
         [r(0, 0), r(1, 3)],
     ),
-    ("distributed: must-include GPU is avoided", shared_plan(), ids(shared_plan()), [r(0, 0)], 3, [r(0, 0), r(1, 0), r(2, 0)]),
-    ("packed: all free, one GPU", shared_plan(policy="packed"), ids(shared_plan()), [], 3, [r(0, 0), r(0, 1), r(0, 2)]),
+    (
+        "distributed: must-include GPU is avoided",
+        shared_plan(),
+        ids(shared_plan()),
+        [r(0, 0)],
+        3,
+        [r(0, 0), r(1, 0), r(2, 0)],
+    ),
+    (
+        "packed: all free, one GPU",
+        shared_plan(policy="packed"),
+        ids(shared_plan()),
+        [],
+        3,
+        [r(0, 0), r(0, 1), r(0, 2)],
+    ),
     (
         "packed: most allocated GPU first, then the next",
         shared_plan(policy="packed"),
@@ -253,7 +330,14 @@ SHARED_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, list[str]
         3,
         [r(0, 3), r(2, 2), r(2, 3)],
     ),
-    ("packed: joins the must-include GPU", shared_plan(policy="packed"), ids(shared_plan()), [r(2, 1)], 2, [r(2, 1), r(2, 0)]),
+    (
+        "packed: joins the must-include GPU",
+        shared_plan(policy="packed"),
+        ids(shared_plan()),
+        [r(2, 1)],
+        2,
+        [r(2, 1), r(2, 0)],
+    ),
     ("MPS uses the same greedy", shared_plan(sharing="mps"), ids(shared_plan()), [], 2, [r(0, 0), r(1, 0)]),
     ("MIG distributed: across GPUs", mig_plan(), ids(mig_plan()), [], 2, ["MIG-0-0", "MIG-1-0"]),
     ("MIG packed: one GPU", mig_plan("packed"), ids(mig_plan()), [], 2, ["MIG-0-0", "MIG-0-1"]),
@@ -279,7 +363,9 @@ SHARED_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, list[str]
 @pytest.mark.parametrize(
     ("name", "plan", "available", "must", "size", "expected"), SHARED_CASES, ids=[c[0] for c in SHARED_CASES]
 )
-def test_shared(name: str, plan: ResourcePlan, available: list[str], must: list[str], size: int, expected: list[str]) -> None:
+def test_shared(
+    name: str, plan: ResourcePlan, available: list[str], must: list[str], size: int, expected: list[str]
+) -> None:
     """Replicas and MIG: distributed spreads over the least used GPUs, packed fills the most used first."""
     assert PreferredPolicy(plan).select(available, must, size) == expected
 
@@ -288,12 +374,44 @@ EDGE_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, frozenset[s
     ("size 0", pcie_l4(), ids(pcie_l4()), [], 0, frozenset(), []),
     ("negative size", pcie_l4(), ids(pcie_l4()), [gid(0)], -3, frozenset(), []),
     ("size above available", pcie_l4(), [gid(3), gid(1)], [], 9, frozenset(), [gid(1), gid(3)]),
-    ("duplicates", pcie_l4(), [gid(2), gid(2), gid(3), gid(3)], [gid(2), gid(2)], 2, frozenset(), [gid(2), gid(3)]),
-    ("unknown IDs only fill up", pcie_l4(), ["zzz", gid(2), "yyy"], [], 3, frozenset(), [gid(2), "zzz", "yyy"]),
+    (
+        "duplicates",
+        pcie_l4(),
+        [gid(2), gid(2), gid(3), gid(3)],
+        [gid(2), gid(2)],
+        2,
+        frozenset(),
+        [gid(2), gid(3)],
+    ),
+    (
+        "unknown IDs only fill up",
+        pcie_l4(),
+        ["zzz", gid(2), "yyy"],
+        [],
+        3,
+        frozenset(),
+        [gid(2), "zzz", "yyy"],
+    ),
     ("unknown must-include kept", pcie_l4(), ids(pcie_l4()), ["ghost"], 2, frozenset(), ["ghost", gid(0)]),
-    ("must-include longer than size", pcie_l4(), ids(pcie_l4()), [gid(3), gid(2), gid(1)], 2, frozenset(), [gid(3), gid(2)]),
+    (
+        "must-include longer than size",
+        pcie_l4(),
+        ids(pcie_l4()),
+        [gid(3), gid(2), gid(1)],
+        2,
+        frozenset(),
+        [gid(3), gid(2)],
+    ),
     ("lost GPU avoided", pcie_l4(), ids(pcie_l4()), [], 2, frozenset({gid(0)}), [gid(2), gid(3)]),
-    ("lost GPU used last", pcie_l4(), ids(pcie_l4()), [], 4, frozenset({gid(0)}), [gid(1), gid(2), gid(3), gid(0)]),
+    (
+        "lost GPU used last",
+        pcie_l4(),
+        ids(pcie_l4()),
+        [],
+        4,
+        frozenset({gid(0)}),
+        [gid(1), gid(2), gid(3), gid(0)],
+    ),
     (
         "lost replicas (by GPU UUID) avoided",
         shared_plan(gpus=2),
@@ -309,10 +427,18 @@ EDGE_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, frozenset[s
 
 
 @pytest.mark.parametrize(
-    ("name", "plan", "available", "must", "size", "lost", "expected"), EDGE_CASES, ids=[c[0] for c in EDGE_CASES]
+    ("name", "plan", "available", "must", "size", "lost", "expected"),
+    EDGE_CASES,
+    ids=[c[0] for c in EDGE_CASES],
 )
 def test_edge_cases(
-    name: str, plan: ResourcePlan, available: list[str], must: list[str], size: int, lost: frozenset[str], expected: list[str]
+    name: str,
+    plan: ResourcePlan,
+    available: list[str],
+    must: list[str],
+    size: int,
+    lost: frozenset[str],
+    expected: list[str],
 ) -> None:
     """Odd requests get a best-effort answer, never an error (NVIDIA #2038)."""
     assert preferred_allocation(plan, available, must, size, lost) == expected
@@ -331,7 +457,15 @@ def test_internal_failure_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # An explicit alphabet: near-miss IDs ("GPU-00", "::1") without Hypothesis' unicode tables.
 JUNK = st.text(alphabet="GPUMI-:0123456789ab ", max_size=12)
-PLANS = [pcie_l4(), dgx(), big_pcie(), shared_plan(), shared_plan(policy="packed"), mig_plan(), mig_plan("packed")]
+PLANS = [
+    pcie_l4(),
+    dgx(),
+    big_pcie(),
+    shared_plan(),
+    shared_plan(policy="packed"),
+    mig_plan(),
+    mig_plan("packed"),
+]
 
 
 @st.composite

@@ -38,7 +38,12 @@ def desired(node: Node, data: object = None, trigger: str = "test") -> Desired:
 def sliced(replicas: int, rename: bool = False) -> dict[str, object]:
     return {
         "version": "v1",
-        "sharing": {"timeSlicing": {"renameByDefault": rename, "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}},
+        "sharing": {
+            "timeSlicing": {
+                "renameByDefault": rename,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
+            }
+        },
     }
 
 

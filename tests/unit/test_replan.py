@@ -19,7 +19,9 @@ from supervisor.workers.lifecycle import WorkerSet
 from tests.fakes import FakeClock, FakeRunDir, FakeSpawner, no_post, policy, sim_config
 
 GPU = "nvidia.com/gpu"
-SLICED = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n"
+SLICED = (
+    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - {name: nvidia.com/gpu, replicas: 2}\n"
+)
 
 
 class Setup:
@@ -34,7 +36,12 @@ class Setup:
         self.adopted: list[Config] = []
         self.nvml = NvmlLink(config, self.environ)
         hub = HealthHub(
-            endpoint="ipc:///x", policy=policy(), metrics=self.metrics, clock=self.clock, epoch="e", post=no_post
+            endpoint="ipc:///x",
+            policy=policy(),
+            metrics=self.metrics,
+            clock=self.clock,
+            epoch="e",
+            post=no_post,
         )
         self.rundir = FakeRunDir()
         self.reconciler = Reconciler(
@@ -48,7 +55,12 @@ class Setup:
         )
         mps = MpsWiring(config=config, environ=self.environ, nvml_module=None, hub=hub, post=lambda fn: None)
         self.replan = Replanner(
-            argv_flags=None, environ=self.environ, nvml=self.nvml, keeper=self.reconciler, mps=mps, timers=self.timers
+            argv_flags=None,
+            environ=self.environ,
+            nvml=self.nvml,
+            keeper=self.reconciler,
+            mps=mps,
+            timers=self.timers,
         )
 
     @property

@@ -79,19 +79,32 @@ def sockets(plugin_dir: Path, tmp: Path) -> WorkerSockets:
     return WorkerSockets(str(plugin_dir), str(tmp / "sockets.json"))
 
 
-def test_only_sockets_with_a_recorded_tag_of_the_resource_are_removed(plugin_dir: Path, tmp_path: Path) -> None:
+def test_only_sockets_with_a_recorded_tag_of_the_resource_are_removed(
+    plugin_dir: Path, tmp_path: Path
+) -> None:
     """Dead sockets of the recorded tag go; the same name shape with another tag, or of another
     resource, and foreign sockets stay."""
-    for name in ("gpuvisor-gpu-a1b2c300.sock", "gpuvisor-gpu-ffffff00.sock", "gpuvisor-gpu.shared-a1b2c300.sock", "other.sock"):
+    for name in (
+        "gpuvisor-gpu-a1b2c300.sock",
+        "gpuvisor-gpu-ffffff00.sock",
+        "gpuvisor-gpu.shared-a1b2c300.sock",
+        "other.sock",
+    ):
         dead_socket(plugin_dir / name)
     ws = sockets(plugin_dir, tmp_path)
     ws.add("nvidia.com/gpu", "a1b2c3")
     assert ws.sweep("nvidia.com/gpu", "a1b2c3") == ["gpuvisor-gpu-a1b2c300.sock"]
-    assert sorted(os.listdir(plugin_dir)) == ["gpuvisor-gpu-ffffff00.sock", "gpuvisor-gpu.shared-a1b2c300.sock", "other.sock"]
+    assert sorted(os.listdir(plugin_dir)) == [
+        "gpuvisor-gpu-ffffff00.sock",
+        "gpuvisor-gpu.shared-a1b2c300.sock",
+        "other.sock",
+    ]
     assert ws.tags == {}
 
 
-def test_a_directory_a_file_or_a_symlink_named_like_our_socket_is_never_touched(plugin_dir: Path, tmp_path: Path) -> None:
+def test_a_directory_a_file_or_a_symlink_named_like_our_socket_is_never_touched(
+    plugin_dir: Path, tmp_path: Path
+) -> None:
     """Entries with a recorded name that are not sockets are never removed nor followed."""
     (plugin_dir / "gpuvisor-gpu-0badc000.sock").mkdir()
     (plugin_dir / "gpuvisor-gpu-0badc001.sock").write_text("a file")
@@ -129,7 +142,9 @@ def test_the_record_lets_the_next_life_remove_what_this_one_left(plugin_dir: Pat
     assert json.loads((tmp_path / "sockets.json").read_text()) == {"tags": {}}
 
 
-@pytest.mark.parametrize("content", ["not json", '{"tags": {"r": ["../../x"]}}', '{"tags": []}', "x" * (2 << 20)])
+@pytest.mark.parametrize(
+    "content", ["not json", '{"tags": {"r": ["../../x"]}}', '{"tags": []}', "x" * (2 << 20)]
+)
 def test_a_record_that_is_not_ours_is_ignored(plugin_dir: Path, tmp_path: Path, content: str) -> None:
     """A bad, foreign or oversized record removes nothing."""
     (tmp_path / "sockets.json").write_text(content)
@@ -228,7 +243,9 @@ def test_plans_are_written_all_or_none(tmp_path: Path) -> None:
         rd.write_plans({"nvidia.com/gpu": "new-a", "nvidia.com/mig-1g.10gb": "new-b"})
     assert Path(rd.plan_path("nvidia.com/gpu")).read_text() == "old-a"
     assert Path(rd.plan_path("nvidia.com/mig-1g.10gb")).read_text() == "old-b"
-    assert sorted(os.listdir(rd.plans_dir)) == sorted(["nvidia.com_gpu.json", "nvidia.com_mig-1g.10gb.json", os.path.basename(blocker)])
+    assert sorted(os.listdir(rd.plans_dir)) == sorted(
+        ["nvidia.com_gpu.json", "nvidia.com_mig-1g.10gb.json", os.path.basename(blocker)]
+    )
     os.rmdir(blocker)
     rd.write_plans({"nvidia.com/gpu": "new-a", "nvidia.com/mig-1g.10gb": "new-b"})
     assert Path(rd.plan_path("nvidia.com/mig-1g.10gb")).read_text() == "new-b"

@@ -94,12 +94,16 @@ def test_a_timer_that_rearms_itself_at_now_waits_for_the_next_run() -> None:
     assert count == 2
 
 
-def test_a_retried_step_backs_off_logs_each_error_once_and_clears_on_success(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_retried_step_backs_off_logs_each_error_once_and_clears_on_success(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """Retrying: a failing step is retried after the backoff's delays (1, 2 s), the same error is
     logged once, a new one again; success clears the error, logs once and resets the backoff."""
     clock = FakeClock()
     timers = Scheduler(clock)
-    retry = Retrying(timers, "write", Backoff(1.0, 10.0), "could not write: %s", "written again", catch=(OSError,))
+    retry = Retrying(
+        timers, "write", Backoff(1.0, 10.0), "could not write: %s", "written again", catch=(OSError,)
+    )
     errors = [OSError("disk full"), OSError("disk full"), OSError("read-only")]
 
     def step() -> None:

@@ -111,7 +111,9 @@ def test_update_sends_status_on_change_and_ready_once(path_socket: tuple[Listene
         ({}, None),
     ],
 )
-def test_watchdog_interval(env: dict[str, str], interval: float | None, caplog: pytest.LogCaptureFixture) -> None:
+def test_watchdog_interval(
+    env: dict[str, str], interval: float | None, caplog: pytest.LogCaptureFixture
+) -> None:
     """WATCHDOG_USEC gives the interval only when WATCHDOG_PID is absent or names this process."""
     caplog.set_level(logging.WARNING)
     n = Notifier({"NOTIFY_SOCKET": "/nonexistent/notify", **env}, pid=4242)

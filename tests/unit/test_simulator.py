@@ -236,7 +236,11 @@ def test_init_is_reference_counted() -> None:
     ("call", "args", "error"),
     [
         ("nvmlDeviceGetHandleByIndex", (9,), pynvml.NVMLError_InvalidArgument),
-        ("nvmlDeviceGetHandleByUUID", ("GPU-00000000-0000-0000-0000-000000000000",), pynvml.NVMLError_NotFound),
+        (
+            "nvmlDeviceGetHandleByUUID",
+            ("GPU-00000000-0000-0000-0000-000000000000",),
+            pynvml.NVMLError_NotFound,
+        ),
         ("nvmlDeviceGetName", ("not a handle",), pynvml.NVMLError_InvalidArgument),
     ],
 )
@@ -530,7 +534,11 @@ def test_mig_devices_without_placement_are_placed(tmp_path: Path) -> None:
         ("  nvlinks: [[0, 1, 4]]", "  nvlinks: [[0, 2, 4]]", "topology.nvlinks[0][1]"),
         ("  nvlinks: [[0, 1, 4]]", "  nvlinks: [[0, 1, 40]]", "topology"),
         ("gpus:", "colour: blue\ngpus:", "colour"),
-        ("    numa_node: null", "    numa_node: null\n    mig: {devices: [{profile: 1g.10gb}]}", "gpus[1].mig.enabled"),
+        (
+            "    numa_node: null",
+            "    numa_node: null\n    mig: {devices: [{profile: 1g.10gb}]}",
+            "gpus[1].mig.enabled",
+        ),
         (
             "    numa_node: 0",
             "    numa_node: 0\n    mig: {devices: [{profile: 1g.5gb}]}",
@@ -546,7 +554,11 @@ def test_mig_devices_without_placement_are_placed(tmp_path: Path) -> None:
             "    numa_node: 0\n    mig: {devices: [{profile: 2g.20gb, placement: 1}]}",
             "gpus[0].mig.devices",
         ),
-        ("topology:", "faults: {lost: [GPU-00000000-0000-0000-0000-000000000009]}\ntopology:", "faults.lost[0]"),
+        (
+            "topology:",
+            "faults: {lost: [GPU-00000000-0000-0000-0000-000000000009]}\ntopology:",
+            "faults.lost[0]",
+        ),
     ],
 )
 def test_bad_description_is_a_clear_error(tmp_path: Path, old: str, new: str, key: str) -> None:
@@ -561,7 +573,9 @@ def test_bad_description_is_a_clear_error(tmp_path: Path, old: str, new: str, ke
     assert err.reason and str(err).startswith(f"{path}: ")
 
 
-@pytest.mark.parametrize(("arg", "key"), [("no-such-profile", "(profile)"), ("/nonexistent/node.yaml", "(file)")])
+@pytest.mark.parametrize(
+    ("arg", "key"), [("no-such-profile", "(profile)"), ("/nonexistent/node.yaml", "(file)")]
+)
 def test_unknown_profile_or_missing_file(arg: str, key: str) -> None:
     """An unknown profile name or a missing file is a SimulatorConfigError, not a traceback."""
     with pytest.raises(SimulatorConfigError) as info:

@@ -39,7 +39,10 @@ def test_fabric_info_reports_the_profiles_clique() -> None:
     sim.nvmlInit()
     for i in range(8):
         info = pynvml.c_nvmlGpuFabricInfo_t()
-        assert sim.nvmlDeviceGetGpuFabricInfo(sim.nvmlDeviceGetHandleByIndex(i), ctypes.byref(info)) == pynvml.NVML_SUCCESS
+        assert (
+            sim.nvmlDeviceGetGpuFabricInfo(sim.nvmlDeviceGetHandleByIndex(i), ctypes.byref(info))
+            == pynvml.NVML_SUCCESS
+        )
         assert bytes(info.clusterUuid).hex() == "5b3ce1a27d0e4c4f9a512f1d8e6c0b47"
         assert (info.cliqueId, info.state, info.status) == (1, pynvml.NVML_GPU_FABRIC_STATE_COMPLETED, 0)
 
@@ -65,7 +68,9 @@ def test_no_fabric_is_not_supported() -> None:
     sim = load_simulator("pcie-l4")
     sim.nvmlInit()
     with pytest.raises(pynvml.NVMLError_NotSupported):
-        sim.nvmlDeviceGetGpuFabricInfo(sim.nvmlDeviceGetHandleByIndex(0), ctypes.byref(pynvml.c_nvmlGpuFabricInfo_t()))
+        sim.nvmlDeviceGetGpuFabricInfo(
+            sim.nvmlDeviceGetHandleByIndex(0), ctypes.byref(pynvml.c_nvmlGpuFabricInfo_t())
+        )
 
 
 def test_output_structure_must_be_passed_by_reference() -> None:
@@ -111,12 +116,18 @@ def test_pci_class_from_the_profile(tmp_path: Path) -> None:
         ("    pci_class: graphics\n", "gpus[0].pci_class"),
         ("    fabric: {clique_id: 1}\n", "gpus[0].fabric.cluster_uuid"),
         ("    fabric: {cluster_uuid: not-a-uuid, clique_id: 1}\n", "gpus[0].fabric.cluster_uuid"),
-        ("    fabric: {cluster_uuid: 5b3ce1a2-7d0e-4c4f-9a51-2f1d8e6c0b47, clique_id: -1}\n", "gpus[0].fabric.clique_id"),
+        (
+            "    fabric: {cluster_uuid: 5b3ce1a2-7d0e-4c4f-9a51-2f1d8e6c0b47, clique_id: -1}\n",
+            "gpus[0].fabric.clique_id",
+        ),
         (
             "    fabric: {cluster_uuid: 5b3ce1a2-7d0e-4c4f-9a51-2f1d8e6c0b47, clique_id: 1, state: done}\n",
             "gpus[0].fabric.state",
         ),
-        ("    fabric: {cluster_uuid: 5b3ce1a2-7d0e-4c4f-9a51-2f1d8e6c0b47, clique_id: 1, x: 1}\n", "gpus[0].fabric.x"),
+        (
+            "    fabric: {cluster_uuid: 5b3ce1a2-7d0e-4c4f-9a51-2f1d8e6c0b47, clique_id: 1, x: 1}\n",
+            "gpus[0].fabric.x",
+        ),
     ],
 )
 def test_bad_label_keys_are_clear_errors(tmp_path: Path, extra: str, key: str) -> None:

@@ -19,7 +19,9 @@ def running(streams: int = 1) -> WorkerHandle:
 
 def test_ready_when_nvml_is_up_and_every_worker_registered_and_streaming() -> None:
     """All parts fine: ready, and the reason says how many resources."""
-    r = readiness(nvml_up=True, nvml_error="", planned=[GPU], workers={GPU: running()}, mps_not_ready="", cdi_error=None)
+    r = readiness(
+        nvml_up=True, nvml_error="", planned=[GPU], workers={GPU: running()}, mps_not_ready="", cdi_error=None
+    )
     assert r.ready and "1 resource(s)" in r.detail
 
 

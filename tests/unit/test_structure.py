@@ -19,7 +19,13 @@ import supervisor
 from tests.helpers import REPO
 
 PACKAGES = ("supervisor", "worker", "common")
-SUPERVISOR_TOP = {"supervisor", "supervisor.main", "supervisor.cli", "supervisor.scheduler", "supervisor.__main__"}
+SUPERVISOR_TOP = {
+    "supervisor",
+    "supervisor.main",
+    "supervisor.cli",
+    "supervisor.scheduler",
+    "supervisor.__main__",
+}
 DOUBLE_NAMES = re.compile(r"^(Fake|Stub|Mock|Dummy)|Standin$|^Simulator$")
 
 
@@ -127,7 +133,8 @@ def test_common_holds_only_what_both_roles_import() -> None:
     entries = {
         name.removesuffix(".py")
         for name in os.listdir(os.path.join(REPO, "common"))
-        if (name.endswith(".py") and name != "__init__.py") or os.path.isdir(os.path.join(REPO, "common", name, ""))
+        if (name.endswith(".py") and name != "__init__.py")
+        or os.path.isdir(os.path.join(REPO, "common", name, ""))
     } - {"__pycache__"}
     users: dict[str, set[str]] = {entry: set() for entry in entries}
     for module, deps in graph().items():
@@ -162,7 +169,11 @@ def test_test_doubles_live_in_sim_and_production_reaches_them_only_when_simulati
 
 def test_every_package_says_what_it_owns() -> None:
     """Each package's __init__.py opens with a docstring (what it owns, what it may import)."""
-    missing = [module for module, path in modules() if path.endswith("__init__.py") and not ast.get_docstring(parse(path))]
+    missing = [
+        module
+        for module, path in modules()
+        if path.endswith("__init__.py") and not ast.get_docstring(parse(path))
+    ]
     assert missing == []
 
 
@@ -194,6 +205,10 @@ def test_the_process_roles_never_import_each_other() -> None:
         role = module.split(".")[0]
         for dep in deps:
             other = dep.split(".")[0]
-            if role != other and (role, other) != ("supervisor", "common") and (role, other) != ("worker", "common"):
+            if (
+                role != other
+                and (role, other) != ("supervisor", "common")
+                and (role, other) != ("worker", "common")
+            ):
                 wrong.append(f"{module} -> {dep}")
     assert wrong == []

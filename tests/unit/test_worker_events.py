@@ -52,10 +52,20 @@ class Setup:
         self.control = FakeControl()
         self.workers = WorkerSet(spawner=self.spawner, listeners=(self.on_state,))
         hub = HealthHub(
-            endpoint="ipc:///nowhere", policy=policy(), metrics=self.metrics, clock=self.clock, epoch="e", post=no_post
+            endpoint="ipc:///nowhere",
+            policy=policy(),
+            metrics=self.metrics,
+            clock=self.clock,
+            epoch="e",
+            post=no_post,
         )
         self.events = WorkerEvents(
-            workers=self.workers, plans=FakePlans(), control=self.control, hub=hub, metrics=self.metrics, clock=self.clock
+            workers=self.workers,
+            plans=FakePlans(),
+            control=self.control,
+            hub=hub,
+            metrics=self.metrics,
+            clock=self.clock,
         )
         for resource in (GPU, MIG):
             self.workers.want(resource, f"/plans/{resource}.json")
@@ -103,8 +113,14 @@ def test_a_heartbeat_saying_registered_makes_the_worker_running() -> None:
     """A registered heartbeat turns STARTING into RUNNING and keeps its figures."""
     s = Setup()
     h = s.handle()
-    s.events.on_heartbeat(Heartbeat(GPU, h.pid, "registered", True, "/p/gpuvisor-gpu-1.sock", {"gauge:streams": 1.0}))
-    assert h.state is WState.RUNNING and h.stats == {"gauge:streams": 1.0} and h.socket_path.endswith("gpu-1.sock")
+    s.events.on_heartbeat(
+        Heartbeat(GPU, h.pid, "registered", True, "/p/gpuvisor-gpu-1.sock", {"gauge:streams": 1.0})
+    )
+    assert (
+        h.state is WState.RUNNING
+        and h.stats == {"gauge:streams": 1.0}
+        and h.socket_path.endswith("gpu-1.sock")
+    )
 
 
 def test_registration_metrics_name_the_trigger_the_supervisor_saw() -> None:

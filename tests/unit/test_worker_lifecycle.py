@@ -84,7 +84,10 @@ def st(handle: WorkerHandle) -> WState:
 
 def make(policy: Policy | None = None) -> tuple[WorkerSet, FakeSpawner, WorkerHandle]:
     spawner = FakeSpawner()
-    ws = WorkerSet(spawner=spawner, policy=policy or Policy(start_seconds=10, start_retries=5, backoff_base=0.25, backoff_max=30))
+    ws = WorkerSet(
+        spawner=spawner,
+        policy=policy or Policy(start_seconds=10, start_retries=5, backoff_base=0.25, backoff_max=30),
+    )
     handle = ws.want(R, "/plans/gpu.json")
     return ws, spawner, handle
 

@@ -85,7 +85,9 @@ def health_map(message: object) -> dict[str, str]:
 
 def test_socket_names_are_fresh_and_carry_the_workers_tag() -> None:
     """Each server start gets a new `gpuvisor-<name>-<tag><nn>.sock` name with the process's tag."""
-    plan = plan_resources(nodes.mig_a100(), config_from_data({"version": "v1", "flags": {"migStrategy": "mixed"}}))
+    plan = plan_resources(
+        nodes.mig_a100(), config_from_data({"version": "v1", "flags": {"migStrategy": "mixed"}})
+    )
     service = PluginService(DeviceBook(plan["nvidia.com/mig-1g.10gb"]))
     service.socket_tag = "c0ffee"
     names = [service.next_socket_name() for _ in range(50)]
@@ -99,7 +101,9 @@ def test_streams_beyond_the_bound_are_refused_and_extras_ending_do_not_unregiste
     RESOURCE_EXHAUSTED, and an extra stream that ends does not count as the kubelet letting us go."""
     cancelled: list[PluginServer] = []
     counted: list[str] = []
-    service = PluginService(DeviceBook(gpu_plan()), on_stream_cancelled=cancelled.append, count=counted.append)
+    service = PluginService(
+        DeviceBook(gpu_plan()), on_stream_cancelled=cancelled.append, count=counted.append
+    )
     server = PluginServer(service, tmpdir_short)
     server.start()
     server.offer()
@@ -126,7 +130,9 @@ def test_streams_beyond_the_bound_are_refused_and_extras_ending_do_not_unregiste
         server.stop()
 
 
-def test_streams_that_race_ahead_of_the_kubelet_neither_lock_it_out_nor_pass_for_it(tmpdir_short: str) -> None:
+def test_streams_that_race_ahead_of_the_kubelet_neither_lock_it_out_nor_pass_for_it(
+    tmpdir_short: str,
+) -> None:
     """Streams opened on a fresh socket before the server is offered in a Register are extras: at
     most MAX_STREAMS_PER_SERVER - 1 of them, they do not count as the kubelet's stream (no
     had_stream, no readiness), and the kubelet's stream after the offer still gets in and is the
@@ -265,7 +271,9 @@ def test_service_answers_options_and_preferred(tmpdir_short: str) -> None:
         assert client.GetDevicePluginOptions(pb.Empty(), timeout=10) == OPTIONS
         ids = [d.id for d in plan.devices]
         request = pb.PreferredAllocationRequest(
-            container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=2)]
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=2)
+            ]
         )
         answer = client.GetPreferredAllocation(request, timeout=10).container_responses[0].deviceIDs
         assert len(answer) == 2 and set(answer) <= set(ids)
@@ -295,7 +303,9 @@ def test_kubelet_identity_tells_a_recreated_socket_apart(tmpdir_short: str) -> N
         assert kubelet_identity(path) not in (None, first)
 
 
-def test_registrar_ignores_a_trigger_when_nothing_was_lost(tmpdir_short: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_registrar_ignores_a_trigger_when_nothing_was_lost(
+    tmpdir_short: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A trigger while the registration is intact (a late duplicate) does not re-register."""
     caplog.set_level(logging.DEBUG, logger="gpuvisor.worker")
     with KubeletStandin(tmpdir_short) as kubelet:
@@ -311,7 +321,9 @@ def test_registrar_ignores_a_trigger_when_nothing_was_lost(tmpdir_short: str, ca
             os.unlink(registrar.server.path if registrar.server else "")
             registrar.trigger("socket deleted")
             assert kubelet.wait_for(lambda: len(kubelet.registrations) == 2 and kubelet.connected(GPU), 15)
-            assert wait_until(lambda: registrar.state is RegState.REGISTERED and registrar.registrations == 2, 10)
+            assert wait_until(
+                lambda: registrar.state is RegState.REGISTERED and registrar.registrations == 2, 10
+            )
         finally:
             registrar.stop()
         assert registrar.state is RegState.STOPPED

@@ -97,6 +97,8 @@ def load_simulator(profile_or_path: str) -> Simulator:
     path = Path(profile_or_path)
     if not path.exists() and path.suffix == "" and "/" not in profile_or_path:
         raise SimulatorConfigError(
-            profile_or_path, "(profile)", f"no such built-in profile (known: {', '.join(list_profiles())}) and no such file"
+            profile_or_path,
+            "(profile)",
+            f"no such built-in profile (known: {', '.join(list_profiles())}) and no such file",
         )
     return Simulator(load_spec(path))

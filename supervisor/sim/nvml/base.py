@@ -35,7 +35,9 @@ def nvml_error(code: int) -> Exception:
     return exc
 
 
-def nvml_function(requires_init: bool = True) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Concatenate[S, P], R]]:
+def nvml_function(
+    requires_init: bool = True,
+) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Concatenate[S, P], R]]:
     """Mark a method as a simulated NVML function: lock, injected failures, init check."""
 
     def deco(fn: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
@@ -64,7 +66,9 @@ class SimDeviceHandle:
     mig_uuid: str | None = None
 
     def __repr__(self) -> str:
-        what = f"gpu {self.gpu_index}" if self.mig_uuid is None else f"{self.mig_uuid} on gpu {self.gpu_index}"
+        what = (
+            f"gpu {self.gpu_index}" if self.mig_uuid is None else f"{self.mig_uuid} on gpu {self.gpu_index}"
+        )
         return f"<sim device handle {what}>"
 
 

@@ -144,7 +144,9 @@ class _Reader:
             raise self.fail(key, f"expected a mapping, got {type(value).__name__}")
         unknown = sorted(str(k) for k in value if k not in allowed)
         if unknown:
-            raise self.fail(f"{key}.{unknown[0]}" if key else unknown[0], f"unknown key (allowed: {sorted(allowed)})")
+            raise self.fail(
+                f"{key}.{unknown[0]}" if key else unknown[0], f"unknown key (allowed: {sorted(allowed)})"
+            )
         return value
 
     def required(self, raw: dict[str, Any], name: str, key: str) -> Any:
@@ -196,7 +198,11 @@ def parse_spec(text: str, source: str) -> NodeSpec:
         raise SimulatorConfigError(source, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
     if raw is None:
         raise r.fail("(document)", "the description is empty")
-    top = r.mapping(raw, "", {"name", "description", "driver_version", "cuda_driver_version", "gpus", "topology", "faults"})
+    top = r.mapping(
+        raw,
+        "",
+        {"name", "description", "driver_version", "cuda_driver_version", "gpus", "topology", "faults"},
+    )
     name = r.string(top.get("name", Path(source).stem), "name")
     driver = r.string(str(r.required(top, "driver_version", "")), "driver_version")
     cuda = r.integer(top.get("cuda_driver_version", 12040), "cuda_driver_version", minimum=1000)
@@ -248,10 +254,20 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
     cc_raw = r.sequence(r.required(raw, "compute_capability", key), f"{key}.compute_capability")
     if len(cc_raw) != 2:
         raise r.fail(f"{key}.compute_capability", f"expected [major, minor], got {cc_raw!r}")
-    cc = (r.integer(cc_raw[0], f"{key}.compute_capability[0]", 1), r.integer(cc_raw[1], f"{key}.compute_capability[1]", 0))
-    pci_dev = r.integer(raw.get("pci_device_id", _PCI_DEVICE_IDS.get(name, 0x000010DE)), f"{key}.pci_device_id", 0)
-    sup = r.mapping(raw.get("supports", {}), f"{key}.supports", {"ecc_events", "retired_pages", "remapped_rows"})
-    support = {k: r.boolean(sup.get(k, True), f"{key}.supports.{k}") for k in ("ecc_events", "retired_pages", "remapped_rows")}
+    cc = (
+        r.integer(cc_raw[0], f"{key}.compute_capability[0]", 1),
+        r.integer(cc_raw[1], f"{key}.compute_capability[1]", 0),
+    )
+    pci_dev = r.integer(
+        raw.get("pci_device_id", _PCI_DEVICE_IDS.get(name, 0x000010DE)), f"{key}.pci_device_id", 0
+    )
+    sup = r.mapping(
+        raw.get("supports", {}), f"{key}.supports", {"ecc_events", "retired_pages", "remapped_rows"}
+    )
+    support = {
+        k: r.boolean(sup.get(k, True), f"{key}.supports.{k}")
+        for k in ("ecc_events", "retired_pages", "remapped_rows")
+    }
     mig_enabled, mig_devices = _parse_mig(r, raw.get("mig"), key, name, "GPU-" + uuid[4:].lower())
     pci_class = r.integer(raw.get("pci_class", PCI_CLASS_3D), f"{key}.pci_class", 0)
     if pci_class > 0xFFFFFF:
@@ -280,7 +296,9 @@ def _parse_fabric(r: _Reader, raw_any: Any, key: str) -> FabricSpec | None:
     raw = r.mapping(raw_any, key, {"cluster_uuid", "clique_id", "state", "status"})
     cluster = r.string(r.required(raw, "cluster_uuid", key), f"{key}.cluster_uuid")
     if not UUID_RE.match(cluster):
-        raise r.fail(f"{key}.cluster_uuid", f"{cluster!r} is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+        raise r.fail(
+            f"{key}.cluster_uuid", f"{cluster!r} is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+        )
     clique = r.integer(r.required(raw, "clique_id", key), f"{key}.clique_id", 0)
     if clique > 0xFFFFFFFF:
         raise r.fail(f"{key}.clique_id", f"a clique id is 32 bits, got {clique}")
@@ -291,7 +309,9 @@ def _parse_fabric(r: _Reader, raw_any: Any, key: str) -> FabricSpec | None:
     return FabricSpec(cluster.lower(), clique, FABRIC_STATES[state_name], status)
 
 
-def _parse_mig(r: _Reader, raw_any: Any, gkey: str, gpu_name: str, gpu_uuid: str) -> tuple[bool, tuple[MigSpec, ...]]:
+def _parse_mig(
+    r: _Reader, raw_any: Any, gkey: str, gpu_name: str, gpu_uuid: str
+) -> tuple[bool, tuple[MigSpec, ...]]:
     key = f"{gkey}.mig"
     if raw_any is None:
         return False, ()
@@ -305,7 +325,9 @@ def _parse_mig(r: _Reader, raw_any: Any, gkey: str, gpu_name: str, gpu_uuid: str
     catalogue = mig.catalogue_for(gpu_name)
     if catalogue is None:
         capable = ", ".join(sorted(mig.CATALOGUES))
-        raise r.fail(f"{key}.enabled", f"{gpu_name!r} is not MIG-capable in the simulator (MIG-capable: {capable})")
+        raise r.fail(
+            f"{key}.enabled", f"{gpu_name!r} is not MIG-capable in the simulator (MIG-capable: {capable})"
+        )
     profiles: list[mig.MigProfile] = []
     given_starts: list[int | None] = []
     entries: list[dict[str, Any]] = []
@@ -314,7 +336,9 @@ def _parse_mig(r: _Reader, raw_any: Any, gkey: str, gpu_name: str, gpu_uuid: str
         d = r.mapping(d_any, dkey, {"profile", "placement", "gi", "ci", "uuid"})
         pname = r.string(r.required(d, "profile", dkey), f"{dkey}.profile")
         if pname not in catalogue:
-            raise r.fail(f"{dkey}.profile", f"unknown profile {pname!r} for {gpu_name} (known: {sorted(catalogue)})")
+            raise r.fail(
+                f"{dkey}.profile", f"unknown profile {pname!r} for {gpu_name} (known: {sorted(catalogue)})"
+            )
         profiles.append(catalogue[pname])
         start = d.get("placement")
         given_starts.append(None if start is None else r.integer(start, f"{dkey}.placement", 0))
@@ -346,7 +370,9 @@ def _parse_mig(r: _Reader, raw_any: Any, gkey: str, gpu_name: str, gpu_uuid: str
             uuid = derived_mig_uuid(gpu_uuid, 0, gi, ci, prof.name)
         uuid = r.string(uuid, f"{dkey}.uuid")
         if not MIG_UUID_RE.match(uuid):
-            raise r.fail(f"{dkey}.uuid", f"{uuid!r} is not a MIG UUID (MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+            raise r.fail(
+                f"{dkey}.uuid", f"{uuid!r} is not a MIG UUID (MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+            )
         out.append(MigSpec(profile=prof.name, placement=start, gi=gi, ci=ci, uuid="MIG-" + uuid[4:].lower()))
     return True, tuple(out)
 
@@ -362,7 +388,9 @@ def _check_unique(r: _Reader, gpus: tuple[GpuSpec, ...]) -> None:
         for j, m in enumerate(g.mig):
             tag = f"uuid={m.uuid}"
             if tag in seen:
-                raise r.fail(f"gpus[{g.index}].mig.devices[{j}].uuid", f"{m.uuid} is also used by {seen[tag]}")
+                raise r.fail(
+                    f"gpus[{g.index}].mig.devices[{j}].uuid", f"{m.uuid} is also used by {seen[tag]}"
+                )
             seen[tag] = f"gpus[{g.index}].mig.devices[{j}]"
 
 
@@ -397,7 +425,11 @@ class _Topology:
 
 def _parse_topology(r: _Reader, raw_any: Any, gpus: tuple[GpuSpec, ...]) -> _Topology:
     n = len(gpus)
-    raw = r.mapping(raw_any if raw_any is not None else {}, "topology", {"default_ancestor", "ancestors", "nvlinks", "nvswitch"})
+    raw = r.mapping(
+        raw_any if raw_any is not None else {},
+        "topology",
+        {"default_ancestor", "ancestors", "nvlinks", "nvswitch"},
+    )
     default = raw.get("default_ancestor")
     default_level = None if default is None else _level(r, default, "topology.default_ancestor")
     ancestors: dict[tuple[int, int], int] = {}
@@ -411,7 +443,9 @@ def _parse_topology(r: _Reader, raw_any: Any, gpus: tuple[GpuSpec, ...]) -> _Top
         for b in range(a + 1, n):
             if (a, b) not in ancestors:
                 if default_level is None:
-                    raise r.fail("topology.ancestors", f"pair ({a}, {b}) is missing (or set topology.default_ancestor)")
+                    raise r.fail(
+                        "topology.ancestors", f"pair ({a}, {b}) is missing (or set topology.default_ancestor)"
+                    )
                 ancestors[(a, b)] = default_level
     nvlinks: dict[tuple[int, int], int] = {}
     per_gpu = [0] * n
@@ -429,9 +463,13 @@ def _parse_topology(r: _Reader, raw_any: Any, gpus: tuple[GpuSpec, ...]) -> _Top
     switch_bus: tuple[str, ...] = ()
     if raw.get("nvswitch") is not None:
         sw = r.mapping(raw["nvswitch"], "topology.nvswitch", {"links_per_gpu", "gpus", "bus_ids"})
-        switch_links = r.integer(r.required(sw, "links_per_gpu", "topology.nvswitch"), "topology.nvswitch.links_per_gpu", 1)
+        switch_links = r.integer(
+            r.required(sw, "links_per_gpu", "topology.nvswitch"), "topology.nvswitch.links_per_gpu", 1
+        )
         sg = r.sequence(sw.get("gpus", list(range(n))), "topology.nvswitch.gpus")
-        switch_gpus = tuple(sorted({r.integer(g, f"topology.nvswitch.gpus[{i}]", 0) for i, g in enumerate(sg)}))
+        switch_gpus = tuple(
+            sorted({r.integer(g, f"topology.nvswitch.gpus[{i}]", 0) for i, g in enumerate(sg)})
+        )
         for g in switch_gpus:
             if g >= n:
                 raise r.fail("topology.nvswitch.gpus", f"no GPU with index {g} (the node has {n})")
@@ -445,7 +483,9 @@ def _parse_topology(r: _Reader, raw_any: Any, gpus: tuple[GpuSpec, ...]) -> _Top
             bkey = f"topology.nvswitch.bus_ids[{i}]"
             bus = canonical_bus_id(r.string(b_raw, bkey))
             if bus is None or bus in gpu_bus or bus in buses:
-                raise r.fail(bkey, f"{b_raw!r} is not a PCI address distinct from the GPUs' and the other switches'")
+                raise r.fail(
+                    bkey, f"{b_raw!r} is not a PCI address distinct from the GPUs' and the other switches'"
+                )
             buses.append(bus)
         switch_bus = tuple(buses)
     for g, count in enumerate(per_gpu):

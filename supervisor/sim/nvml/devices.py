@@ -168,7 +168,10 @@ class DeviceFunctions(SimulatorBase):
     def nvmlDeviceGetGpuFabricInfoV(self, device: object, gpuFabricInfo: object) -> int:
         """The versioned call: a v2 or v3 structure whose `version` field says which."""
         info = _out_struct(gpuFabricInfo, (pynvml.c_nvmlGpuFabricInfo_v2_t, pynvml.c_nvmlGpuFabricInfo_v3_t))
-        versions = {pynvml.nvmlGpuFabricInfo_v2: pynvml.c_nvmlGpuFabricInfo_v2_t, pynvml.nvmlGpuFabricInfo_v3: pynvml.c_nvmlGpuFabricInfo_v3_t}
+        versions = {
+            pynvml.nvmlGpuFabricInfo_v2: pynvml.c_nvmlGpuFabricInfo_v2_t,
+            pynvml.nvmlGpuFabricInfo_v3: pynvml.c_nvmlGpuFabricInfo_v3_t,
+        }
         expected = versions.get(int(info.version))
         if expected is None or not isinstance(info, expected):
             raise nvml_error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
@@ -204,7 +207,11 @@ class DeviceFunctions(SimulatorBase):
 
     def _link(self, device: object, link: int) -> tuple[str, bool]:
         links = self._links[self._full_gpu(device).spec.index]
-        if isinstance(link, bool) or not isinstance(link, int) or not 0 <= link < pynvml.NVML_NVLINK_MAX_LINKS:
+        if (
+            isinstance(link, bool)
+            or not isinstance(link, int)
+            or not 0 <= link < pynvml.NVML_NVLINK_MAX_LINKS
+        ):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         if link >= len(links):
             # A GPU without NVLink (or a link number past its last one) answers NotSupported.
@@ -250,7 +257,11 @@ class DeviceFunctions(SimulatorBase):
     @nvml_function()
     def nvmlDeviceSetComputeMode(self, handle: object, mode: int) -> None:
         state = self._full_gpu(handle)
-        valid = (pynvml.NVML_COMPUTEMODE_DEFAULT, pynvml.NVML_COMPUTEMODE_PROHIBITED, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+        valid = (
+            pynvml.NVML_COMPUTEMODE_DEFAULT,
+            pynvml.NVML_COMPUTEMODE_PROHIBITED,
+            pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        )
         if mode == pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # removed from NVML
         if mode not in valid:

@@ -38,23 +38,36 @@ class FaultInjection(SimulatorBase):
                 es.queue.append(event)
         self._cond.notify_all()
 
-    def _instance_ids(self, m: MigSpec | None, gpu_instance: int | None, compute_instance: int | None) -> tuple[int, int]:
+    def _instance_ids(
+        self, m: MigSpec | None, gpu_instance: int | None, compute_instance: int | None
+    ) -> tuple[int, int]:
         if m is not None:
             return m.gi, m.ci
         gi = NO_INSTANCE if gpu_instance is None else gpu_instance
         ci = NO_INSTANCE if compute_instance is None else compute_instance
         return gi, ci
 
-    def inject_xid(self, uuid: str, xid: int, gpu_instance: int | None = None, compute_instance: int | None = None) -> None:
+    def inject_xid(
+        self, uuid: str, xid: int, gpu_instance: int | None = None, compute_instance: int | None = None
+    ) -> None:
         """Deliver an XID critical-error event for a GPU or (by its UUID) a MIG device."""
         with self._cond:
             state, m = self._find(uuid)
             gi, ci = self._instance_ids(m, gpu_instance, compute_instance)
             self._deliver(state, pynvml.nvmlEventTypeXidCriticalError, int(xid), gi, ci)
 
-    def inject_ecc(self, uuid: str, kind: str = "double", gpu_instance: int | None = None, compute_instance: int | None = None) -> None:
+    def inject_ecc(
+        self,
+        uuid: str,
+        kind: str = "double",
+        gpu_instance: int | None = None,
+        compute_instance: int | None = None,
+    ) -> None:
         """Deliver a single- or double-bit ECC event (`kind` is "single" or "double")."""
-        types = {"single": pynvml.nvmlEventTypeSingleBitEccError, "double": pynvml.nvmlEventTypeDoubleBitEccError}
+        types = {
+            "single": pynvml.nvmlEventTypeSingleBitEccError,
+            "double": pynvml.nvmlEventTypeDoubleBitEccError,
+        }
         if kind not in types:
             raise ValueError(f"ECC kind must be 'single' or 'double', got {kind!r}")
         with self._cond:
@@ -67,7 +80,9 @@ class FaultInjection(SimulatorBase):
         with self._cond:
             state = self._find_gpu(uuid, "lose")
             state.lost = True
-            self._deliver(state, pynvml.nvmlEventTypeXidCriticalError, _XID_GPU_LOST, NO_INSTANCE, NO_INSTANCE)
+            self._deliver(
+                state, pynvml.nvmlEventTypeXidCriticalError, _XID_GPU_LOST, NO_INSTANCE, NO_INSTANCE
+            )
 
     def restore(self, uuid: str) -> None:
         """The lost GPU is reachable and healthy again (same handles, same MIG layout)."""
@@ -116,7 +131,9 @@ class FaultInjection(SimulatorBase):
             else:
                 unknown = [p for p in profiles if p not in cat]
                 if unknown:
-                    raise ValueError(f"unknown MIG profile(s) {unknown} for {state.spec.name} (known: {sorted(cat)})")
+                    raise ValueError(
+                        f"unknown MIG profile(s) {unknown} for {state.spec.name} (known: {sorted(cat)})"
+                    )
                 chosen = [cat[p] for p in profiles]
                 starts = mig.place(chosen)
                 if starts is None:
@@ -135,7 +152,11 @@ class FaultInjection(SimulatorBase):
         """Make an NVML function raise `NVMLError(error_code)` `count` times (None: until cleared)."""
         if function_name not in self.nvml_functions():
             raise ValueError(f"the simulator has no NVML function {function_name!r}")
-        if isinstance(error_code, bool) or not isinstance(error_code, int) or error_code == pynvml.NVML_SUCCESS:
+        if (
+            isinstance(error_code, bool)
+            or not isinstance(error_code, int)
+            or error_code == pynvml.NVML_SUCCESS
+        ):
             raise ValueError(f"error_code must be a non-zero NVML return code, got {error_code!r}")
         if count is not None and count < 1:
             raise ValueError(f"count must be >= 1 or None, got {count}")

@@ -114,12 +114,20 @@ class MigFunctions(SimulatorBase):
         cat = self._catalogue(state)
         if version not in (1, 2):
             raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        if isinstance(profile, bool) or not isinstance(profile, int) or not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+        if (
+            isinstance(profile, bool)
+            or not isinstance(profile, int)
+            or not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
+        ):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         prof = next((p for p in cat.values() if p.enum == profile), None)
         if prof is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t() if version == 2 else pynvml.c_nvmlGpuInstanceProfileInfo_t()
+        info = (
+            pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+            if version == 2
+            else pynvml.c_nvmlGpuInstanceProfileInfo_t()
+        )
         info.id = prof.profile_id
         info.isP2pSupported = 0
         info.sliceCount = prof.compute_slices
@@ -151,7 +159,9 @@ class MigFunctions(SimulatorBase):
 
     @nvml_function()
     def nvmlGpuInstanceGetInfo(self, gpuInstance: object) -> SimGpuInstanceInfo:
-        if not isinstance(gpuInstance, SimGpuInstanceHandle) or not 0 <= gpuInstance.gpu_index < len(self._gpus):
+        if not isinstance(gpuInstance, SimGpuInstanceHandle) or not 0 <= gpuInstance.gpu_index < len(
+            self._gpus
+        ):
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         state = self._gpus[gpuInstance.gpu_index]
         if state.lost:
