@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.kubeletapi.podresources import DEFAULT_SOCKET as POD_RESOURCES_SOCKET
+from supervisor.observe.podresources import DEFAULT_SOCKET as POD_RESOURCES_SOCKET
 
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"
 
@@ -183,7 +183,7 @@ def read_pod_resources(
     """Allocations from the pod-resources API; raises OSError with a clear text on failure."""
     import grpc
 
-    from common.kubeletapi.podresources import list_pod_resources
+    from supervisor.observe.podresources import list_pod_resources
 
     try:
         response = list_pod_resources(socket_path, timeout=timeout)

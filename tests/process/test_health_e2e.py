@@ -29,7 +29,7 @@ from supervisor.control.commands import CommandError
 from supervisor.node.nvml import Nvml
 from supervisor.node.planning import plan_resources
 from supervisor.sim.nvml import load_simulator
-from tests.harness import SimNode
+from tests.harness import SimNode, metrics_url, sample
 from tests.helpers import gone, short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
@@ -340,3 +340,21 @@ def _discover(profile: str) -> Any:
         return nvml.discover()
     finally:
         nvml.shutdown()
+
+
+def test_a_burst_of_xids_is_counted_summarised_and_never_stalls_health() -> None:
+    """1,000 XID 31 events on one GPU (NVIDIA #1553): every one is counted, the log gets one line
+    for them (a summary follows once the window passes), and an XID 48 right after still takes
+    its GPU out at once, with its own line."""
+    with SimNode("pcie-l4", args=["--metrics-address", "127.0.0.1:0"]) as node:
+        node.wait_listed([GPU])
+        url = metrics_url(node)
+        gpu = sorted(node.kubelet.devices(GPU))[0]
+        for _ in range(1000):
+            node.sim("xid", device=gpu, xid=31)
+        assert wait_until(lambda: sample(url, "gpuvisor_xid_events_total", xid="31") == 1000.0, 30)
+        node.sim("xid", device=gpu, xid=48)
+        node.wait_health(GPU, [gpu], UNHEALTHY)
+        log = node.log()
+        assert log.count(f"health event: XID 31 on {gpu}: ignored as an application error") == 1, log[-3000:]
+        assert f"health event: XID 48 on {gpu}: Unhealthy until the GPU is reset -> 1 device(s)" in log

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.kubeletapi.podresources import LIST_METHOD, lister_handler, prpb
 from supervisor.cli import format_status
 from supervisor.observe.allocations import (
     CHECKPOINT_NAME,
@@ -25,6 +24,7 @@ from supervisor.observe.allocations import (
     parse_checkpoint,
     read_checkpoint,
 )
+from supervisor.observe.podresources import LIST_METHOD, lister_handler, prpb
 from tests.helpers import REPO, short_tmpdir
 
 OURS = {"nvidia.com/gpu", "nvidia.com/mig-1g.10gb"}
@@ -227,13 +227,13 @@ def test_a_dead_pod_resources_socket_falls_back_to_the_checkpoint(tmp_path: Path
 def test_regenerating_pod_resources_stubs_changes_nothing(tmp_path: Path) -> None:
     """Regenerating api_pb2.py/.pyi from the pod-resources api.proto gives the committed files."""
     pytest.importorskip("grpc_tools")
-    from common.kubeletapi.podresources.generate import OUTPUTS, generate
+    from supervisor.observe.podresources.generate import OUTPUTS, generate
 
     generate(tmp_path)
     for name in OUTPUTS:
-        fresh = (tmp_path / "common" / "kubeletapi" / "podresources" / name).read_bytes()
-        committed = (Path(REPO) / "common" / "kubeletapi" / "podresources" / name).read_bytes()
-        assert fresh == committed, f"{name} is stale: run python -m common.kubeletapi.podresources.generate"
+        fresh = (tmp_path / "supervisor" / "observe" / "podresources" / name).read_bytes()
+        committed = (Path(REPO) / "supervisor" / "observe" / "podresources" / name).read_bytes()
+        assert fresh == committed, f"{name} is stale: run python -m supervisor.observe.podresources.generate"
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,9 @@
-"""Regenerate the committed pod-resources message stubs from api.proto (a sibling of
-common/kubeletapi/generate.py, for the second proto).
+"""Regenerate the committed pod-resources message stubs from api.proto (with the protoc helper
+of common/kubeletapi/generate.py, which generates the device-plugin API's).
 
-Run from anywhere: `python -m common.kubeletapi.podresources.generate [OUT_DIR]`. Only the
+Run from anywhere: `python -m supervisor.observe.podresources.generate [OUT_DIR]`. Only the
 message module and its type stub are generated: the one call (List) is wired by method path in
-`common.kubeletapi.podresources` (typed), so no untyped `_grpc` module is needed.
+`supervisor.observe.podresources` (typed), so no untyped `_grpc` module is needed.
 tests/unit/test_allocations.py regenerates into a temp dir and checks the committed files match.
 """
 
@@ -16,7 +16,7 @@ from common.kubeletapi.generate import run_protoc
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
-PROTO = "common/kubeletapi/podresources/api.proto"
+PROTO = "supervisor/observe/podresources/api.proto"
 OUTPUTS = ("api_pb2.py", "api_pb2.pyi")
 MYPY_LINE = '# mypy: disable-error-code="type-arg"\n'
 
