@@ -110,14 +110,20 @@ def policy() -> HealthPolicy:
     return HealthPolicy.from_settings(None, None, {}, 60.0)
 
 
+def bookless_hub(metrics: Metrics, clock: FakeClock) -> HealthHub:
+    """A health hub as it is before NVML is up: no book, no socket, no monitor thread."""
+    return HealthHub(
+        endpoint="ipc:///nowhere", policy=policy(), metrics=metrics, clock=clock, epoch="epoch1", post=no_post
+    )
+
+
 def hub_with_book(
     node_factory: object = nodes.pcie_l4, data: object = None
 ) -> tuple[HealthHub, FakeClock, Metrics]:
+    """A health hub with a book for the node's default plans (as after NVML came up), no socket."""
     clock = FakeClock()
     metrics = Metrics(version="test")
-    hub = HealthHub(
-        endpoint="ipc:///nowhere", policy=policy(), metrics=metrics, clock=clock, epoch="epoch1", post=no_post
-    )
+    hub = bookless_hub(metrics, clock)
     node = node_factory()  # type: ignore[operator]
     plans = plan_resources(node, config_from_data(data))
     hub.node = node

@@ -7,7 +7,9 @@ and shaped like NVML's (`GPU-`/`MIG-` + 8-4-4-4-12 hex).
 
 from __future__ import annotations
 
-from common.model import TOPOLOGY_NODE, TOPOLOGY_SYSTEM, Gpu, Link, MigDevice, Node
+from common.model import TOPOLOGY_NODE, TOPOLOGY_SYSTEM, Gpu, Link, MigDevice, Node, ResourcePlan
+from supervisor.config import config_from_data
+from supervisor.node.planning import plan_resources
 
 A100_80GB = "NVIDIA A100-SXM4-80GB"
 H100_80GB = "NVIDIA H100 80GB HBM3"
@@ -131,3 +133,15 @@ def mig_uniform(gpus: int = 2, profile: str = "1g.10gb", per_gpu: int = 7) -> No
         ),
         links=_nvlink_mesh(gpus, 12, 8),
     )
+
+
+def imex_plan(dev_root: str, *, required: bool, strategies: tuple[str, ...] = ("envvar",)) -> ResourcePlan:
+    """pcie-l4's nvidia.com/gpu plan with IMEX channel 0 (required or not) and device specs."""
+    data = {
+        "flags": {
+            "nvidiaDevRoot": dev_root,
+            "plugin": {"passDeviceSpecs": True, "deviceListStrategy": list(strategies)},
+        },
+        "imex": {"channelIDs": [0], "required": required},
+    }
+    return plan_resources(pcie_l4(), config_from_data(data))["nvidia.com/gpu"]

@@ -110,41 +110,32 @@ class HealthHub:
         self.publish(batch, logged=event is not None)
 
     def _event(self, finding: Finding) -> HealthEvent | None:
+        """The finding as its log line names it, when it is an NVML event."""
+        field: tuple[str, object]
         match finding:
             case Xid(gpu_uuid, xid, gi, ci):
-                action = self.policy.classify_xid(xid)
-                return HealthEvent(
-                    gpu_uuid,
-                    gi,
-                    ci,
-                    f"XID {xid}",
-                    self.policy.explain_xid(xid),
-                    unhealthy=action is not Action.IGNORE,
-                    fields=(("xid", xid), ("action", action.value)),
-                )
+                what, field = f"XID {xid}", ("xid", xid)
+                action, decision = self.policy.decide_xid(xid)
             case Ecc(gpu_uuid, kind, gi, ci):
-                action = self.policy.classify_ecc(kind)
-                return HealthEvent(
-                    gpu_uuid,
-                    gi,
-                    ci,
-                    f"{kind.value} ECC error",
-                    self.policy.explain_ecc(kind),
-                    unhealthy=action is not Action.IGNORE,
-                    fields=(("ecc", kind.value), ("action", action.value)),
-                )
+                what, field = f"{kind.value} ECC error", ("ecc", kind.value)
+                action, decision = self.policy.decide_ecc(kind)
             case Unattributed(event_type, data):
+                what = f"NVML event type 0x{event_type:x} (data {data})"
                 return HealthEvent(
                     "an unknown GPU",
                     None,
                     None,
-                    f"NVML event type 0x{event_type:x} (data {data})",
+                    what,
                     "ignored: NVML named no GPU it can tell",
-                    unhealthy=False,
+                    False,
                     odd=True,
                 )
             case _:
                 return None
+        unhealthy = action is not Action.IGNORE
+        return HealthEvent(
+            gpu_uuid, gi, ci, what, decision, unhealthy, fields=(field, ("action", action.value))
+        )
 
     def tick(self) -> None:
         """Transient conditions whose quiet period is over recover; held event lines are summarised."""

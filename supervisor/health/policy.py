@@ -299,10 +299,9 @@ class HealthPolicy:
         action = self.classify_xid(xid)
         if action is not Action.IGNORE:
             return self.explain(action)
-        if not self.checks_enabled:
-            return f"ignored: health checks are disabled ({DISABLE_ENV})"
-        if self.only_enabled:
-            return f"ignored: not in {ENABLE_ENV}"
+        env = self._ignored_by_env()
+        if env:
+            return env
         rule = self.rules.get(xid)
         if rule is None or rule.action is not Action.IGNORE:
             return f"ignored: listed in {DISABLE_ENV}"
@@ -315,11 +314,23 @@ class HealthPolicy:
         action = self.classify_ecc(kind)
         if action is not Action.IGNORE:
             return self.explain(action)
+        return self._ignored_by_env() or "ignored: corrected by the hardware (a high rate arrives as XID 92)"
+
+    def _ignored_by_env(self) -> str:
+        """Why DP_*_HEALTHCHECKS make an ignored event ignored, or "" when they do not."""
         if not self.checks_enabled:
             return f"ignored: health checks are disabled ({DISABLE_ENV})"
         if self.only_enabled:
             return f"ignored: not in {ENABLE_ENV}"
-        return "ignored: corrected by the hardware (a high rate arrives as XID 92)"
+        return ""
+
+    def decide_xid(self, xid: int) -> tuple[Action, str]:
+        """The action on an XID event, and the decision in words."""
+        return self.classify_xid(xid), self.explain_xid(xid)
+
+    def decide_ecc(self, kind: EccKind) -> tuple[Action, str]:
+        """The action on an ECC event, and the decision in words."""
+        return self.classify_ecc(kind), self.explain_ecc(kind)
 
     def explain(self, action: Action) -> str:
         """What an action does to a device, in words."""

@@ -9,9 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from common.model import ResourcePlan
-from supervisor.config import config_from_data
-from supervisor.node.planning import plan_resources
 from tests import nodes
 from tests.helpers import REPO
 
@@ -21,21 +18,10 @@ CHANNEL0 = "/dev/nvidia-caps-imex-channels/channel0"
 BARE_CHANNEL0_EXISTS = os.path.exists(CHANNEL0)
 
 
-def gpu_plan(dev_root: str, *, required: bool, strategies: tuple[str, ...] = ("envvar",)) -> ResourcePlan:
-    data = {
-        "flags": {
-            "nvidiaDevRoot": dev_root,
-            "plugin": {"passDeviceSpecs": True, "deviceListStrategy": list(strategies)},
-        },
-        "imex": {"channelIDs": [0], "required": required},
-    }
-    return plan_resources(nodes.pcie_l4(), config_from_data(data))["nvidia.com/gpu"]
-
-
 @pytest.mark.skipif(BARE_CHANNEL0_EXISTS, reason="this host has an IMEX channel 0")
 def test_worker_with_missing_required_channel_exits_with_config_error(tmp_path: Path) -> None:
     """A real worker process whose plan requires a missing channel exits 78 (config error) with one clear line."""
-    plan = gpu_plan(str(tmp_path), required=True)
+    plan = nodes.imex_plan(str(tmp_path), required=True)
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(plan.to_json())
     done = subprocess.run(

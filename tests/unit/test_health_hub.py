@@ -4,24 +4,16 @@ published, snapshots, resets and outside conditions, on a fake clock with no soc
 from __future__ import annotations
 
 from supervisor.health.findings import Xid
-from supervisor.health.hub import HealthHub
 from supervisor.observe.metrics import Metrics
 from tests import nodes
-from tests.fakes import FakeClock, hub_with_book, no_post, policy
+from tests.fakes import FakeClock, bookless_hub, hub_with_book
 
 GPU = "nvidia.com/gpu"
 
 
 def test_hub_without_a_book_refuses_snapshots_and_publishes_nothing() -> None:
     """Before NVML is up there is no book: no snapshot, no beacon, no error."""
-    hub = HealthHub(
-        endpoint="ipc:///nowhere",
-        policy=policy(),
-        metrics=Metrics(version="test"),
-        clock=FakeClock(),
-        epoch="e",
-        post=no_post,
-    )
+    hub = bookless_hub(Metrics(version="test"), FakeClock())
     assert hub.snapshot(GPU) is None
     hub.beacon()
     hub.tick()

@@ -12,9 +12,6 @@ from pathlib import Path
 import pytest
 
 from common.imex import ImexChannel, ImexChannelMissing, char_device_problem, select_channels
-from common.model import ResourcePlan
-from supervisor.config import config_from_data
-from supervisor.node.planning import plan_resources
 from tests import nodes
 from worker.allocate import AllocationError, Allocator, DeviceSpec, Mount
 
@@ -25,17 +22,6 @@ BARE_CHANNEL0_EXISTS = os.path.exists(CHANNEL0)
 def present(*paths: str) -> Callable[[str], str | None]:
     """A stand-in for the stat check: these paths are character devices, nothing else exists."""
     return lambda path: None if path in paths else f"{path} does not exist"
-
-
-def gpu_plan(dev_root: str, *, required: bool, strategies: tuple[str, ...] = ("envvar",)) -> ResourcePlan:
-    data = {
-        "flags": {
-            "nvidiaDevRoot": dev_root,
-            "plugin": {"passDeviceSpecs": True, "deviceListStrategy": list(strategies)},
-        },
-        "imex": {"channelIDs": [0], "required": required},
-    }
-    return plan_resources(nodes.pcie_l4(), config_from_data(data))["nvidia.com/gpu"]
 
 
 def test_missing_channel_is_skipped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -89,7 +75,7 @@ def test_real_character_device_is_a_channel(tmp_path: Path) -> None:
 def test_allocate_leaves_out_a_missing_channel() -> None:
     """Without its node, channel 0 is in no env var, mount, device spec or CDI name of the Allocate answer."""
     for strategies in (("envvar", "volume-mounts"), ("cdi-cri",)):
-        plan = gpu_plan("/drv", required=False, strategies=strategies)
+        plan = nodes.imex_plan("/drv", required=False, strategies=strategies)
         response = Allocator(plan, exists=lambda p: False, imex_problem=present()).allocate(
             [plan.devices[0].id]
         )
@@ -101,7 +87,7 @@ def test_allocate_leaves_out_a_missing_channel() -> None:
 
 def test_allocate_injects_an_existing_channel() -> None:
     """With its node present, channel 0 is injected as NVIDIA does: env var, /dev/null mount, device spec under the dev root."""
-    plan = gpu_plan("/drv", required=True, strategies=("envvar", "volume-mounts"))
+    plan = nodes.imex_plan("/drv", required=True, strategies=("envvar", "volume-mounts"))
     response = Allocator(plan, exists=lambda p: False, imex_problem=present(CHANNEL0)).allocate(
         [plan.devices[0].id]
     )
@@ -112,7 +98,7 @@ def test_allocate_injects_an_existing_channel() -> None:
 
 def test_required_channel_missing_after_a_plan_update_refuses_allocate() -> None:
     """A plan update in a running worker that requires a missing channel refuses Allocate, saying why."""
-    plan = gpu_plan("/drv", required=True)
+    plan = nodes.imex_plan("/drv", required=True)
     with pytest.raises(ImexChannelMissing):
         Allocator(plan, imex_problem=present())
     allocator = Allocator(plan, imex_problem=present(), strict_imex=False)

@@ -11,12 +11,11 @@ from supervisor.config import Config
 from supervisor.desired.discovery import NvmlLink
 from supervisor.desired.reconcile import Desired, Reconciler
 from supervisor.desired.replan import CONFIG_DEBOUNCE_S, Replanner
-from supervisor.health.hub import HealthHub
 from supervisor.mps.wiring import MpsWiring
 from supervisor.observe.metrics import Metrics
 from supervisor.scheduler import Scheduler
 from supervisor.workers.lifecycle import WorkerSet
-from tests.fakes import FakeClock, FakeRunDir, FakeSpawner, no_post, policy, sim_config
+from tests.fakes import FakeClock, FakeRunDir, FakeSpawner, bookless_hub, sim_config
 
 GPU = "nvidia.com/gpu"
 SLICED = (
@@ -35,14 +34,7 @@ class Setup:
         config = sim_config(CONFIG_FILE=str(self.file), **env)
         self.adopted: list[Config] = []
         self.nvml = NvmlLink(config, self.environ)
-        hub = HealthHub(
-            endpoint="ipc:///x",
-            policy=policy(),
-            metrics=self.metrics,
-            clock=self.clock,
-            epoch="e",
-            post=no_post,
-        )
+        hub = bookless_hub(self.metrics, self.clock)
         self.rundir = FakeRunDir()
         self.reconciler = Reconciler(
             config=config,

@@ -6,11 +6,10 @@ from __future__ import annotations
 from common.messages import Heartbeat, Hello, Message, Reregister, StatusReport
 from common.model import ResourcePlan
 from supervisor.control.endpoint import Binding
-from supervisor.health.hub import HealthHub
 from supervisor.observe.metrics import Metrics
 from supervisor.workers.events import WorkerEvents
 from supervisor.workers.lifecycle import WorkerHandle, WorkerSet, WState
-from tests.fakes import FakeClock, FakeSpawner, no_post, policy
+from tests.fakes import FakeClock, FakeSpawner, bookless_hub
 
 GPU = "nvidia.com/gpu"
 MIG = "nvidia.com/mig-1g.10gb"
@@ -51,14 +50,7 @@ class Setup:
         self.spawner = FakeSpawner()
         self.control = FakeControl()
         self.workers = WorkerSet(spawner=self.spawner, listeners=(self.on_state,))
-        hub = HealthHub(
-            endpoint="ipc:///nowhere",
-            policy=policy(),
-            metrics=self.metrics,
-            clock=self.clock,
-            epoch="e",
-            post=no_post,
-        )
+        hub = bookless_hub(self.metrics, self.clock)
         self.events = WorkerEvents(
             workers=self.workers,
             plans=FakePlans(),
