@@ -8,7 +8,7 @@ Everything lives in a short temp dir (unix socket paths must stay under 108 byte
 removed on exit, and only the processes started here are ever signalled, by PID.
 
 Beside the node, what several test modules do with it: one-off `gpuvisor run` (expected to fail at
-start) and `gpuvisor status` children in `child_env`'s environment, a config file and a SIGHUP
+start; `run_to_exit` with its peak RSS) and `gpuvisor status` children in `child_env`'s environment, a config file and a SIGHUP
 that is waited for (`config_node`, `sighup_and_wait`), a standalone worker with no supervisor
 (`Env`, `start_worker`), reading /metrics (`metrics_url`, `sample`), and extra ListAndWatch streams.
 """
@@ -38,7 +38,7 @@ from common.kubeletapi import pb
 from common.kubeletapi.rpc import DevicePluginClient, unix_target
 from supervisor.control.client import send_command
 from supervisor.sim.kubelet import KubeletStandin
-from tests.helpers import REPO, checkout_path, sockets_in, wait_until
+from tests.helpers import REPO, checkout_path, short_tmpdir, sockets_in, wait_until
 
 # ---------------------------------------------------------------- gpuvisor as a one-off child
 
@@ -368,3 +368,51 @@ class ExtraStreams:
             ch.close()
         for t in self.threads:
             t.join(10)
+
+
+# ---------------------------------------------------------------- a start that is expected to fail
+
+# Linux carries the peak RSS of the process that forks into the child across exec, so wait4 from
+# a big pytest process reports pytest's size. A small launcher forks the supervisor instead and
+# writes the child's own peak RSS (KiB) to the file named first.
+LAUNCHER = """
+import os, sys
+out, argv = sys.argv[1], sys.argv[2:]
+pid = os.fork()
+if pid == 0:
+    os.execv(argv[0], argv)
+_, status, usage = os.wait4(pid, 0)
+with open(out, "w") as fh:
+    fh.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def time_slicing(replicas: int) -> str:
+    return f"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
+
+
+def run_to_exit(config: str) -> tuple[int, str, int, float]:
+    """Run `gpuvisor run --simulate dgx-h100` with this config until it exits: (status, output, peak RSS KiB, seconds)."""
+    with short_tmpdir("gvh") as base:
+        path = os.path.join(base, "config.yaml")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(config)
+        os.mkdir(os.path.join(base, "p"))
+        argv = [
+            sys.executable, "-m", "supervisor", "run", "--simulate", "dgx-h100", "--config-file", path,
+            "--kubelet-socket", os.path.join(base, "p", "kubelet.sock"), "--run-dir", os.path.join(base, "r"),
+            "--metrics-address", "",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
+        rss_file = os.path.join(base, "rss")
+        start = time.monotonic()
+        with open(os.path.join(base, "out"), "w+b") as out:
+            proc = subprocess.run([sys.executable, "-c", LAUNCHER, rss_file, *argv], stdout=out, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, cwd=REPO, env={**env, "PYTHONPATH": REPO}, timeout=120)  # fmt: skip
+            elapsed = time.monotonic() - start
+            out.seek(0)
+            text = out.read().decode(errors="replace")
+        with open(rss_file, encoding="utf-8") as fh:
+            rss_kib = int(fh.read())
+        return proc.returncode, text, rss_kib, elapsed

@@ -97,12 +97,12 @@ class Policy:
     registered_grace: float = 0.5  # registered this long and then died: proved itself, no failure
     fatal_min_retry: float = 1.0  # a FATAL worker waits at least this long before its next try
 
+    register_timeout: float = 60.0  # STARTING this long without a first heartbeat: a hang
+    stop_timeout: float = 3.0  # SIGTERM, then SIGKILL after this long
+
     def beat_interval(self) -> float:
         """How often a worker started now beats: 4 beats per timeout, at most every 2.5 s."""
         return max(0.05, min(2.5, self.heartbeat_timeout / 4))
-
-    register_timeout: float = 60.0  # STARTING this long without a first heartbeat: a hang
-    stop_timeout: float = 3.0  # SIGTERM, then SIGKILL after this long
 
     def backoff(self, quick_failures: int) -> float:
         """The delay before restart number `quick_failures` of a quick-failure streak: the first is

@@ -15,7 +15,7 @@ from supervisor.config import ConfigError, config_from_data, parse_config_text
 from supervisor.node.planning import PlanningError, plan_resources
 from tests import nodes
 from tests.benchmarks.common import Row, p50
-from tests.process.test_huge_configs import run_to_exit, time_slicing
+from tests.harness import run_to_exit, time_slicing
 
 CASES = (
     ("replicas 200000", 200_000),

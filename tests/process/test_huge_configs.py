@@ -7,66 +7,17 @@ it is refused: the running config keeps serving and `gpuvisor status` keeps answ
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from supervisor.config import EXIT_CONFIG_ERROR
-from tests.harness import config_node, reloads, sighup_and_wait
-from tests.helpers import REPO, short_tmpdir, wait_until
+from tests.harness import config_node, reloads, run_to_exit, sighup_and_wait, time_slicing
+from tests.helpers import wait_until
 
 GPU = "nvidia.com/gpu"
 RSS_LIMIT_KIB = 200 * 1024
-
-# Linux carries the peak RSS of the process that forks into the child across exec, so wait4 from
-# a big pytest process reports pytest's size. A small launcher forks the supervisor instead and
-# writes the child's own peak RSS (KiB) to the file named first.
-LAUNCHER = """
-import os, sys
-out, argv = sys.argv[1], sys.argv[2:]
-pid = os.fork()
-if pid == 0:
-    os.execv(argv[0], argv)
-_, status, usage = os.wait4(pid, 0)
-with open(out, "w") as fh:
-    fh.write(str(usage.ru_maxrss))
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
-def time_slicing(replicas: int) -> str:
-    return f"version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: {replicas}\n"
-
-
-def run_to_exit(config: str) -> tuple[int, str, int, float]:
-    """Run `gpuvisor run --simulate dgx-h100` with this config until it exits: (status, output, peak RSS KiB, seconds)."""
-    with short_tmpdir("gvh") as base:
-        path = os.path.join(base, "config.yaml")
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(config)
-        os.mkdir(os.path.join(base, "p"))
-        argv = [
-            sys.executable, "-m", "supervisor", "run", "--simulate", "dgx-h100", "--config-file", path,
-            "--kubelet-socket", os.path.join(base, "p", "kubelet.sock"), "--run-dir", os.path.join(base, "r"),
-            "--metrics-address", "",
-        ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
-        rss_file = os.path.join(base, "rss")
-        start = time.monotonic()
-        with open(os.path.join(base, "out"), "w+b") as out:
-            proc = subprocess.run([sys.executable, "-c", LAUNCHER, rss_file, *argv], stdout=out, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, cwd=REPO, env={**env, "PYTHONPATH": REPO}, timeout=120)  # fmt: skip
-            elapsed = time.monotonic() - start
-            out.seek(0)
-            text = out.read().decode(errors="replace")
-        with open(rss_file, encoding="utf-8") as fh:
-            rss_kib = int(fh.read())
-        return proc.returncode, text, rss_kib, elapsed
 
 
 @pytest.mark.parametrize(
