@@ -146,10 +146,13 @@ class Replanner:
 
     # ------------------------------------------------------------------ internals
     def _hand_over(self, outcome: Outcome) -> bool:
-        """The keeper takes the outcome; the next rediscovery follows the config now wanted."""
-        taken = self.keeper.take(outcome)
-        self.schedule_rediscovery(self.keeper.wanted_config)
-        return taken
+        """The keeper takes the outcome. A new config (taken or waiting) re-arms the rediscovery
+        timer at its interval, even if taking it failed; a refusal leaves the timer as it is."""
+        try:
+            return self.keeper.take(outcome)
+        finally:
+            if isinstance(outcome, (Desired, Deferred)):
+                self.schedule_rediscovery(self.keeper.wanted_config)
 
     def _reload(self, trigger: str, fingerprint: str | None) -> Outcome:
         running = self.keeper.config
@@ -175,6 +178,8 @@ class Replanner:
 
     def _replan(self, config: Config, trigger: str, what: str) -> Outcome:
         running, node_now = self.keeper.config, self.keeper.node
+        # Armed first: whatever happens below, periodic rediscovery goes on.
+        self.schedule_rediscovery(self.keeper.wanted_config)
         try:
             node = self.nvml.rediscover(node_now)
         except Exception as exc:  # NVML trouble during rediscovery: keep what runs

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pynvml
+import pytest
 
 from supervisor.config import Config
 from supervisor.desired.discovery import NvmlLink
@@ -184,3 +185,35 @@ def test_a_refused_reload_drops_a_reload_still_pending(tmp_path: Path) -> None:
     s.clock.advance(600)
     s.timers.run_due()
     assert s.reconciler.plan_json[GPU] == before
+
+
+def test_a_rediscovery_that_fails_while_applying_keeps_periodic_rediscovery_armed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while the reconciler takes a rediscovered plan fails that one timer (the scheduler
+    logs it); the next periodic rediscovery is still armed, so the node's devices keep being
+    followed."""
+    s = Setup(tmp_path, GPUVISOR_REDISCOVERY_INTERVAL="30")
+    s.bring_up()
+    s.file.write_text(SLICED)  # a change, so the rediscovery has a plan to hand over
+    s.replan.reload("SIGHUP")
+
+    def broken(outcome: object) -> bool:
+        raise RuntimeError("bug in take")
+
+    monkeypatch.setattr(s.reconciler, "take", broken)
+    s.clock.advance(30)
+    assert s.timers.run_due() == 1
+    assert s.timers.when("rediscovery") == s.clock.now + 30
+
+
+def test_a_reload_refused_as_it_loads_does_not_push_back_rediscovery(tmp_path: Path) -> None:
+    """A config that does not even load reads no devices, so the periodic rediscovery keeps its
+    deadline: a user retrying a bad config cannot postpone it forever."""
+    s = Setup(tmp_path, GPUVISOR_REDISCOVERY_INTERVAL="30")
+    s.bring_up()
+    due = s.timers.when("rediscovery")
+    s.clock.advance(20)
+    s.file.write_text("version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 1}]}}\n")
+    assert not s.replan.reload("SIGHUP")
+    assert s.timers.when("rediscovery") == due
