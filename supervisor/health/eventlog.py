@@ -14,8 +14,10 @@ past `max_keys` in one window, further kinds are counted together in one summary
 XID is still counted in `gpuvisor_xid_events_total` by the hub, line or not.
 
 This runs on the supervisor's main loop: the monitor thread only posts its findings, so a slow
-log never stalls the thread that waits on NVML. The clock is a parameter (`now`), so tests drive
-the windows by hand.
+log never stalls the thread that waits on NVML. `now` is a monotonic clock reading passed in, so
+a wall-clock step cannot stretch or cut a window and tests drive the windows by hand. Windows
+open in time order, so a flush looks only at the expired ones at the front: a burst of many
+kinds costs no more per event than one kind.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ Key = tuple[str, int | None, int | None, str]  # GPU UUID, GPU instance, compute
 class HealthEvent:
     """One NVML event, as its log line names it."""
 
-    gpu_uuid: str
+    gpu_uuid: str  # "" when NVML named no GPU we can tell
     gi: int | None
     ci: int | None
     what: str  # "XID 31", "double-bit ECC error"
@@ -55,7 +57,7 @@ class HealthEvent:
 
     @property
     def where(self) -> str:
-        text = self.gpu_uuid
+        text = self.gpu_uuid or "an unknown GPU"
         if self.gi is not None:
             text += f" GI {self.gi}"
         if self.ci is not None:
@@ -107,12 +109,16 @@ class EventLog:
         if window is None:
             self._windows[event.key] = _Window(event, now)
 
-    def flush(self, now: float) -> None:
-        """Summarise and forget the windows that have passed (call it every loop turn)."""
-        for key, window in list(self._windows.items()):
-            if now - window.opened < self.window:
-                continue
-            del self._windows[key]
+    def flush(self, now: float, *, everything: bool = False) -> None:
+        """Summarise and forget the windows that have passed (call it every loop turn);
+        `everything`: every window, passed or not (at shutdown, so no count is lost)."""
+        windows = self._windows
+        while windows:
+            key = next(iter(windows))  # the oldest: windows are kept in the order they opened
+            window = windows[key]
+            if not everything and now - window.opened < self.window:
+                break
+            del windows[key]
             if window.held:
                 event = window.event
                 self._line(
@@ -121,7 +127,7 @@ class EventLog:
                     f"{now - window.opened:.0f}s, {event.decision}",
                     count=window.held,
                 )
-        if self._overflow and now - self._overflow_since >= self.window:
+        if self._overflow and (everything or now - self._overflow_since >= self.window):
             self.lines += 1
             self.log.warning(
                 "health events: %d more of other kinds in the last %.0fs, not logged one by one "
@@ -134,7 +140,9 @@ class EventLog:
 
     def _line(self, event: HealthEvent, text: str, count: int | None = None) -> None:
         self.lines += 1
-        extra: dict[str, Any] = {"device": event.gpu_uuid, **dict(event.fields)}
+        extra: dict[str, Any] = dict(event.fields)
+        if event.gpu_uuid:  # an event that named no GPU has no device field
+            extra["device"] = event.gpu_uuid
         if count is not None:
             extra["count"] = count
         self.log.log(event.level, "%s", text, extra=extra)

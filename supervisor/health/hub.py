@@ -89,6 +89,7 @@ class HealthHub:
     def stop(self) -> None:
         if self.monitor is not None:
             self.monitor.stop()
+        self.events.flush(self.clock.monotonic(), everything=True)  # no held count is lost
         if self.pub is not None:
             self.pub.close(0)
             self.pub = None
@@ -102,12 +103,11 @@ class HealthHub:
         """Apply one finding of the monitor to the book (on the main loop), log it and publish."""
         if self.book is None:
             return
-        now = self.clock.time()
-        batch = apply_finding(self.book, finding, now)
+        batch = apply_finding(self.book, finding, self.clock.time())
         event = self._event(finding)
+        self.publish(batch, logged=event is not None)  # the workers first, the log after
         if event is not None:  # an NVML event: its own line says what was decided
-            self.events.record(event, len(batch), batch.resources, now)
-        self.publish(batch, logged=event is not None)
+            self.events.record(event, len(batch), batch.resources, self.clock.monotonic())
 
     def _event(self, finding: Finding) -> HealthEvent | None:
         """The finding as its log line names it, when it is an NVML event."""
@@ -122,7 +122,7 @@ class HealthHub:
             case Unattributed(event_type, data):
                 what = f"NVML event type 0x{event_type:x} (data {data})"
                 return HealthEvent(
-                    "an unknown GPU",
+                    "",
                     None,
                     None,
                     what,
@@ -139,10 +139,9 @@ class HealthHub:
 
     def tick(self) -> None:
         """Transient conditions whose quiet period is over recover; held event lines are summarised."""
-        now = self.clock.time()
-        self.events.flush(now)
+        self.events.flush(self.clock.monotonic())
         if self.book is not None:
-            self.publish(self.book.tick(now))
+            self.publish(self.book.tick(self.clock.time()))
 
     def publish(self, batch: ChangeBatch, *, logged: bool = False) -> None:
         """Log one change batch as one line (unless its event's line did), count it, and publish

@@ -5,9 +5,11 @@ decision; bursts summarised at a capped rate; changes never held back. Driven on
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
+from supervisor.health.book import ChangeBatch
 from supervisor.health.eventlog import EventLog, HealthEvent
 from supervisor.health.findings import Ecc, Unattributed, Xid
 from supervisor.health.policy import EccKind, HealthPolicy
@@ -191,3 +193,64 @@ def test_an_event_naming_no_known_gpu_is_a_warning_and_a_burst_of_them_one_summa
         "health event: NVML event type 0x8 (data 31) on an unknown GPU: 99 more in the last 10s, ignored: NVML named no GPU it can tell",
     ]
     assert {r.levelno for r in caplog.records} == {logging.WARNING}
+    assert not any(hasattr(r, "device") for r in caplog.records), "no GPU named: no device field"
+
+
+def test_stopping_the_hub_summarises_the_counts_still_held(caplog: pytest.LogCaptureFixture) -> None:
+    """A supervisor stopping in the middle of a burst still says how many events it held back:
+    the count is not lost with the process."""
+    hub, _clock, _metrics = hub_with_book()
+    uuid = nodes.pcie_l4().gpus[0].uuid
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        for _ in range(40):
+            hub.apply(Xid(uuid, 31))
+        hub.stop()
+    assert len(lines(caplog)) == 2
+    assert lines(caplog)[1].startswith(f"health event: XID 31 on {uuid}: 39 more in the last 0s, ignored")
+
+
+def test_the_workers_hear_of_a_change_before_its_line_is_logged() -> None:
+    """The change batch is published before the event's line is written, so a slow log never
+    delays the kubelet's view of an Unhealthy device."""
+    hub, _clock, _metrics = hub_with_book()
+    order: list[str] = []
+    publish, record = hub.publish, hub.events.record
+
+    def publishing(batch: ChangeBatch, *, logged: bool = False) -> None:
+        order.append("publish")
+        publish(batch, logged=logged)
+
+    def logging_(*args: Any) -> None:
+        order.append("log")
+        record(*args)
+
+    hub.publish = publishing  # type: ignore[method-assign]
+    hub.events.record = logging_  # type: ignore[method-assign,assignment]
+    hub.apply(Xid(nodes.pcie_l4().gpus[0].uuid, 48))
+    assert order == ["publish", "log"]
+
+
+def test_windows_are_read_from_the_oldest_and_the_scan_stops_at_the_first_still_open() -> None:
+    """A flush forgets exactly the windows that have passed and keeps the rest, oldest first, so
+    its cost follows what expires, not how many kinds are open."""
+    log = EventLog(window=10.0)
+    for i in range(6):
+        log.record(HealthEvent(GPU, None, None, f"XID {i}", "ignored", unhealthy=False), 0, (), now=float(i))
+    log.flush(12.5)  # the windows opened at 0, 1 and 2 have passed
+    assert [key[3] for key in log._windows] == ["XID 3", "XID 4", "XID 5"]
+
+
+def test_windows_follow_the_monotonic_clock_not_the_wall_clock(caplog: pytest.LogCaptureFixture) -> None:
+    """The hub times its windows on the monotonic clock: a wall-clock step of an hour does not
+    end a window early."""
+    hub, clock, _metrics = hub_with_book()
+    uuid = nodes.pcie_l4().gpus[0].uuid
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        hub.apply(Xid(uuid, 31))
+        hub.apply(Xid(uuid, 31))
+        clock.wall += 3600.0
+        hub.tick()
+        assert len(lines(caplog)) == 1
+        clock.advance(10.0)
+        hub.tick()
+    assert len(lines(caplog)) == 2
