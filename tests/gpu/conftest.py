@@ -3,8 +3,8 @@
 - `driver`: an NVIDIA driver and at least one GPU, as the driver's own tool reports them
   (`nvidia-smi --query-gpu`, independent of gpuvisor's NVML adapter, so discovery is checked
   against a second source). Skips where NVML cannot be initialised or nvidia-smi is missing.
-- `cuda`: a way to run a CUDA program: CuPy in this Python, else `nvcc` to build two tiny
-  programs. Skips where neither is there.
+- `cuda`: a way to run a CUDA program: CuPy in this Python (its kernel cache in a temp dir, not
+  in $HOME), else `nvcc` to build two tiny programs in a temp dir. Skips where neither is there.
 - `mps_control`: the driver's `nvidia-cuda-mps-control`. Skips where it is not on PATH.
 
 Nothing here changes a GPU's settings (no MIG, compute mode, clocks or reset): the tier only
@@ -88,12 +88,18 @@ class Cuda:
     fault_argv: tuple[str, ...]
     client_argv: tuple[str, ...]
     how: str
+    env: tuple[tuple[str, str], ...] = ()  # set for every run (CuPy's kernel cache in a temp dir)
 
     def run(
         self, argv: tuple[str, ...], env: Mapping[str, str], timeout: float = 120.0
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            list(argv), env=dict(env), capture_output=True, text=True, timeout=timeout, check=False
+            list(argv),
+            env={**env, **dict(self.env)},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
 
 
@@ -140,7 +146,13 @@ def driver() -> list[DriverGpu]:
 def cuda() -> Iterator[Cuda]:
     """The tier's CUDA programs, through CuPy if this Python has it, else built with nvcc."""
     if importlib.util.find_spec("cupy") is not None:
-        yield Cuda((sys.executable, "-c", CUPY_FAULT), (sys.executable, "-c", CUPY_CLIENT), "cupy")
+        with short_tmpdir("gvcupy") as cache:  # CuPy caches compiled kernels: not in $HOME
+            yield Cuda(
+                (sys.executable, "-c", CUPY_FAULT),
+                (sys.executable, "-c", CUPY_CLIENT),
+                "cupy",
+                env=(("CUPY_CACHE_DIR", cache),),
+            )
         return
     nvcc = shutil.which("nvcc")
     if nvcc is None:

@@ -96,15 +96,20 @@ def test_run_registers_every_gpu_and_allocate_hands_out_device_nodes_that_exist(
 def test_an_application_xid_is_counted_logged_and_ignored(driver: list[DriverGpu], cuda: Cuda) -> None:
     """A CUDA kernel writing to an invalid address raises XID 31 on its GPU: the supervisor counts
     it, logs one line naming the GPU and that it is ignored as an application error, and the GPU
-    stays Healthy (NVIDIA's policy)."""
-    victim = full_gpus(driver)[0]
+    stays Healthy (NVIDIA's policy). The fault runs on a GPU without MIG, where a CUDA program
+    can use the whole GPU by its UUID."""
+    plain = [g for g in full_gpus(driver) if not g.mig_enabled]
+    if not plain:
+        pytest.skip("every GPU has MIG enabled: the fault needs a GPU a CUDA program can use whole")
+    victim = plain[0]
     with SimNode(None, args=["--metrics-address", "127.0.0.1:0"]) as node:
         node.wait_listed([GPU], timeout=60)
         url = metrics_url(node)
         before = sample(url, "gpuvisor_xid_events_total", xid="31") or 0.0
         faulted = cuda.run(cuda.fault_argv, {**os.environ, "CUDA_VISIBLE_DEVICES": victim.uuid})
-        assert faulted.returncode != 0, (
-            f"the faulting kernel did not fault ({cuda.how}): {faulted.stdout}{faulted.stderr}"
+        said = faulted.stdout + faulted.stderr
+        assert faulted.returncode != 0 and "illegal" in said.lower(), (
+            f"the kernel did not fault with an illegal address ({cuda.how}): {said}"
         )
         assert wait_until(lambda: (sample(url, "gpuvisor_xid_events_total", xid="31") or 0.0) > before, 30), (
             node.log()[-4000:]
@@ -119,7 +124,7 @@ def test_mps_daemon_serves_a_cuda_client_with_the_allocate_answer(
 ) -> None:
     """MPS sharing with the driver's control daemon: gpuvisor's daemon comes up (the replicas turn
     Healthy), and a CUDA client run with the Allocate answer's CUDA_MPS_PIPE_DIRECTORY (its host
-    side) completes through it. Stopping the supervisor quits the daemon."""
+    side) completes through it. Stopping the supervisor quits the daemon and says so."""
     if any(g.mig_enabled for g in driver):
         pytest.skip("MPS sharing is refused on a MIG-enabled GPU")
     with short_tmpdir("gvmps") as base:
@@ -149,9 +154,17 @@ def test_mps_daemon_serves_a_cuda_client_with_the_allocate_answer(
             )
             control_log = (root / GPU / "log" / "control.log").read_text()
             assert "NEW CLIENT" in control_log.upper(), control_log[-2000:]
-        assert wait_until(
-            lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 15
-        )
+            assert node.stop_supervisor() == 0
+            assert f"MPS daemon for {GPU} stopped" in node.log(), node.log()[-4000:]
+            assert wait_until(lambda: gone(pid), 15), f"MPS control daemon {pid} still runs"
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for its parent counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_labels_oneshot_writes_gfds_label_set(driver: list[DriverGpu]) -> None:

@@ -124,7 +124,7 @@ def test_mps_daemon_gates_health_and_is_supervised(mps: MpsSetup) -> None:
         assert node.command("status")["mps"][GPU]["restarts"] >= 1
 
         assert node.stop_supervisor(signal.SIGTERM) == 0
-        assert "quit" in mps.log()
+        assert "quit" in mps.log() and f"MPS daemon for {GPU} stopped" in node.log()
         assert wait_until(lambda: not _alive(second), 10)
         assert not (mps.root / ".ready").exists()
 
