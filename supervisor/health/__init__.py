@@ -4,6 +4,6 @@ Owns: `policy` (what each XID and ECC kind means: ignore, transient, until-reset
 single truth of every device's health, pure data), `findings` (what the monitor thread saw, as
 data), `monitor` (the thread that waits on NVML events and probes the GPUs), `eventlog` (one
 line per event, bursts summarised) and `hub` (applies findings to the book on the main loop,
-publishes every change on the PUB socket). May import: `common/`, `supervisor.node`,
-`supervisor.observe`.
+publishes every change on the PUB socket). May import: `common/`, `supervisor.config`,
+`supervisor.node`, `supervisor.observe`.
 """

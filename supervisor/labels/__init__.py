@@ -9,10 +9,14 @@ reads, or an NFD NodeFeature object). The pieces, one job each:
 - `output`: `LabelFile`, the atomic, write-only-on-change features.d file;
 - `nodefeature`: `NodeFeaturePublisher`, the NodeFeature object through the Kubernetes API;
 - `settings`: the flags, env vars and file keys, declared once;
-- `daemon`: the process loop (interval, SIGHUP reload, SIGTERM stop).
+- `daemon`: the process loop (interval, SIGHUP reload, SIGTERM stop);
+- `sync`: the labels inside `gpuvisor run` (`--labels-output-file`), rewritten as the plans change.
 
 A process that already holds NVML (the supervisor) needs only the library part:
 `facts_from_nvml(Nvml(module))` (supervisor.node.facts), then `compute_labels(...)` and `LabelFile(path).write_if_changed(...)`.
+
+May import: `common/`, `supervisor.config`, `supervisor.node`, `supervisor.host`, and
+`supervisor.sim` only inside a function, for `gpuvisor labels --simulate`.
 """
 
 from __future__ import annotations

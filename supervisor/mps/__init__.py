@@ -1,6 +1,6 @@
 """MPS sharing: one `nvidia-cuda-mps-control` daemon per MPS resource, tied to device health.
 
-Owns: `layout` (the MPS root's paths and the daemon settings of a plan), `daemon` (talking to
+Owns: `layout` (the MPS root's paths and the daemon settings of a plan), `tool` (talking to
 one control daemon: start, commands, stop), `daemons` (their supervision on a thread of its
 own) and `wiring` (a resource's GPUs are Unhealthy while its daemon is down). May import:
 `common/`, `supervisor.config`, `supervisor.host`, `supervisor.health`.

@@ -2,7 +2,8 @@
 
 Owns: `metrics` (every Prometheus series), `http` (/metrics, /healthz, /readyz on a thread of
 its own), `status` (the one definition of readiness, and the status document assembled from the
-parts' own views) and `allocations` (who holds which device, from the kubelet). The parts it
+parts' own views) and `allocations` (who holds which device, from the kubelet, asked through `podresources`: the
+kubelet's pod-resources API). The parts it
 reads are seen through small protocols, so this package sits low: every part may report to it.
 May import: `common/`, `supervisor.config`.
 """

@@ -12,19 +12,19 @@ remains the only cover where the mock cannot show a path:
 
 | behaviour | real binding + mock | simulator |
 | --- | --- | --- |
-| discovery: UUIDs, bus ids, NUMA, names, memory, minors, NVLinks, versions | here, every profile | test_nvml_adapter |
-| MIG devices, profile names, GI/CI ids (mock: no MIG instances) | - | test_nvml_adapter, test_planning |
-| event-set registration, event wait timing out, no spinning | here | test_nvml_adapter, test_health_monitor |
+| discovery: UUIDs, bus ids, NUMA, names, memory, minors, NVLinks, versions | here, every profile | test_nvml |
+| MIG devices, profile names, GI/CI ids (mock: no MIG instances) | - | test_nvml, test_planning |
+| event-set registration, event wait timing out, no spinning | here | test_nvml, test_health_monitor |
 | XID through the event set -> only that GPU Unhealthy, policy recovery | test_realnvml_node | test_health_e2e, test_health_monitor |
 | ECC single/double-bit events (mock: XID events only) | - | test_health_monitor, test_health_e2e |
 | a failing event wait: backoff, no spin, all Unhealthy (mock: SUCCESS/TIMEOUT only) | - | test_health_monitor |
-| per-set registration, MIG instance ids on events (mock: every set gets every XID, GI/CI 0/0) | - | test_nvml_adapter, test_health_monitor |
+| per-set registration, MIG instance ids on events (mock: every set gets every XID, GI/CI 0/0) | - | test_nvml, test_health_monitor |
 | lost GPU, fallen off the bus + XID 79, remapped rows pending/failed | test_realnvml_node | test_health_monitor, test_health_e2e |
-| a GPU lost before start (left out, joins when it answers) | test_realnvml_node | test_nvml_adapter |
+| a GPU lost before start (left out, joins when it answers) | test_realnvml_node | test_nvml |
 | a GPU reset clearing until-reset faults (NVML has no reset event) | - | test_health_e2e (`sim reset`) |
 | no libnvidia-ml at all, both --fail-on-init-error values | test_realnvml_node | test_supervisor |
-| the oldest accepted nvidia-ml-py: NUMA from sysfs where it lacks the query | here, test_realnvml_node | test_nvml_adapter (sysfs fallback) |
-| replicas and MIG instances fanned out from one GPU's fault | - | test_health_e2e, test_healthbook |
+| the oldest accepted nvidia-ml-py: NUMA from sysfs where it lacks the query | here, test_realnvml_node | test_nvml (sysfs fallback) |
+| replicas and MIG instances fanned out from one GPU's fault | - | test_health_e2e, test_health_book |
 """
 
 from __future__ import annotations

@@ -74,3 +74,29 @@ def test_every_named_function_exists() -> None:
         if ref.split(".")[-1] not in defined and ref not in params and not _is_outside(ref)
     )
     assert unknown == []
+
+
+TEST_NAME = re.compile(r"\btest_[a-z0-9_]+")
+
+
+def test_every_named_test_exists() -> None:
+    """Each `test_...` name in a docstring, a comment or the README is a test module or a test
+    function of the suite: moving tests between tiers cannot leave a map pointing at nothing."""
+    known: set[str] = set()
+    texts: list[tuple[str, str]] = []
+    for path in _python_files():
+        known.add(os.path.basename(path)[:-3])
+        with open(path, encoding="utf-8") as fh:
+            source = fh.read()
+        known.update(
+            n.name
+            for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        )
+        texts.append((os.path.relpath(path, REPO), source))
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        texts.append(("README.md", fh.read()))
+    unknown = sorted(
+        {f"{where}: {name}" for where, text in texts for name in TEST_NAME.findall(text) if name not in known}
+    )
+    assert unknown == [], "\n".join(unknown)

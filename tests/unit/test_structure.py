@@ -182,6 +182,65 @@ def test_every_package_says_what_it_owns() -> None:
     assert missing == []
 
 
+def _members(package_dir: str) -> set[str]:
+    """The modules and subpackages directly in a package (not __init__, __main__, generated)."""
+    out = set()
+    for name in os.listdir(package_dir):
+        path = os.path.join(package_dir, name)
+        if name.endswith("_pb2.py") or name.endswith("_pb2_grpc.py"):
+            continue  # generated, named as `api_pb2*`
+        if name.endswith(".py") and name not in ("__init__.py", "__main__.py"):
+            out.add(name[:-3])
+        elif os.path.isfile(os.path.join(path, "__init__.py")):
+            out.add(name)
+    return out
+
+
+# "`name` (what it does", "`name`: what it does", "- `name`  what it does": a member described.
+DESCRIBED = re.compile(r"`([a-z_]+)`(?: \(|: | {2,})")
+
+
+def test_every_package_docstring_names_its_modules_and_no_others() -> None:
+    """A package's docstring names each of its modules in backticks, and each name it describes
+    as one of its parts is one: a moved or renamed module cannot leave its package's map wrong."""
+    wrong = []
+    for module, path in modules():
+        if not path.endswith("__init__.py") or module == "supervisor":
+            continue
+        doc = ast.get_docstring(parse(path)) or ""
+        members = _members(os.path.dirname(path))
+        named = set(re.findall(r"`([a-z_]+)`", doc))
+        wrong += [f"{module}: `{m}` not named" for m in sorted(members - named)]
+        wrong += [f"{module}: `{m}` is no module here" for m in sorted(set(DESCRIBED.findall(doc)) - members)]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_each_subpackage_says_which_packages_it_may_import() -> None:
+    """The "May import" line of each supervisor subpackage covers every supervisor subpackage its
+    modules import (a line that says "every package below it" covers all it may import)."""
+    layer_of = {name: i for i, name in enumerate(layers())}
+    edges = graph()
+    wrong = []
+    for name in layers():
+        doc = ast.get_docstring(parse(os.path.join(REPO, "supervisor", name, "__init__.py"))) or ""
+        allowed = doc.partition("May import")[2]
+        if "every package below it" in allowed:
+            continue
+        used = {
+            sub
+            for module, deps in edges.items()
+            if subpackage(module) == name
+            for dep in deps
+            if (sub := subpackage(dep)) is not None and sub != name and sub in layer_of
+        }
+        wrong += [
+            f"supervisor.{name} imports supervisor.{u}"
+            for u in sorted(used)
+            if f"supervisor.{u}`" not in allowed
+        ]
+    assert wrong == [], "\n".join(wrong)
+
+
 def test_no_import_cycle_between_modules() -> None:
     """The import graph of the three packages (TYPE_CHECKING imports too) has no cycle."""
     edges = graph()

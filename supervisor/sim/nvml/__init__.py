@@ -5,6 +5,11 @@ adapter (`supervisor.node.nvml.Nvml`) uses exactly as it uses the real `pynvml` 
 injection: `inject_xid`, `inject_ecc`, `lose`, `restore`, `reset`, `set_pending_retirement`,
 `set_remapped_rows_pending`, `set_mig_layout`, `fail`/`clear_failures`.
 
+Its modules: `core` (the `Simulator` object), `base` (handles, per-GPU state, the decorator every
+NVML function wears), `devices`, `migfuncs` and `events` (the NVML functions by area), `faults`
+(fault injection), `mig` (MIG profile catalogues and placement), `config` (loading and checking
+a node description) and `profiles` (the built-in descriptions, as package data).
+
 Built-in profiles (`list_profiles()`): `dgx-h100`, `dgx-a100`, `pcie-l4`, `mig-a100`, stored as
 YAML files in `supervisor/sim/nvml/profiles/`.
 
