@@ -12,6 +12,7 @@ import time
 
 from common.messages import Command, Json, MessageError, Reply, decode, encode
 from supervisor.control.commands import CommandError
+from supervisor.host.rundir import RunDir
 
 __all__ = ["CommandError", "send_command"]
 
@@ -20,7 +21,8 @@ def send_command(run_dir: str, name: str, args: dict[str, Json], timeout: float 
     """Send one command to the supervisor of `run_dir`; raises CommandError with a clear text."""
     import zmq
 
-    path = os.path.join(run_dir, "control.sock")
+    rundir = RunDir(run_dir)
+    path = rundir.control_path
     if not os.path.exists(path):
         raise CommandError(
             f"no supervisor control socket at {path}: is `gpuvisor run --run-dir {run_dir}` running?"
@@ -31,7 +33,7 @@ def send_command(run_dir: str, name: str, args: dict[str, Json], timeout: float 
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(f"ipc://{path}")
+        sock.connect(rundir.control_endpoint)
         sock.send_multipart(encode(Command(name=name, args=args), seq=1))
         deadline = time.monotonic() + timeout
         while True:
