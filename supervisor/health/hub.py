@@ -104,21 +104,22 @@ class HealthHub:
         if self.book is None:
             return
         batch = apply_finding(self.book, finding, self.clock.time())
-        event = self._event(finding)
+        event = self._event(finding, batch)
         self.publish(batch, logged=event is not None)  # the workers first, the log after
         if event is not None:  # an NVML event: its own line says what was decided
             self.events.record(event, len(batch), batch.resources, self.clock.monotonic())
 
-    def _event(self, finding: Finding) -> HealthEvent | None:
-        """The finding as its log line names it, when it is an NVML event."""
+    def _event(self, finding: Finding, batch: ChangeBatch) -> HealthEvent | None:
+        """The finding as its log line names it, when it is an NVML event: the action is the one
+        the book took (`batch.action`), the words the policy's."""
         field: tuple[str, object]
         match finding:
             case Xid(gpu_uuid, xid, gi, ci):
                 what, field = f"XID {xid}", ("xid", xid)
-                action, decision = self.policy.decide_xid(xid)
+                decision = self.policy.explain_xid(xid)
             case Ecc(gpu_uuid, kind, gi, ci):
                 what, field = f"{kind.value} ECC error", ("ecc", kind.value)
-                action, decision = self.policy.decide_ecc(kind)
+                decision = self.policy.explain_ecc(kind)
             case Unattributed(event_type, data):
                 what = f"NVML event type 0x{event_type:x} (data {data})"
                 return HealthEvent(
@@ -132,6 +133,7 @@ class HealthHub:
                 )
             case _:
                 return None
+        action = batch.action or Action.IGNORE  # the book names the action of every XID and ECC event
         unhealthy = action is not Action.IGNORE
         return HealthEvent(
             gpu_uuid, gi, ci, what, decision, unhealthy, fields=(field, ("action", action.value))

@@ -324,14 +324,6 @@ class HealthPolicy:
             return f"ignored: not in {ENABLE_ENV}"
         return ""
 
-    def decide_xid(self, xid: int) -> tuple[Action, str]:
-        """The action on an XID event, and the decision in words."""
-        return self.classify_xid(xid), self.explain_xid(xid)
-
-    def decide_ecc(self, kind: EccKind) -> tuple[Action, str]:
-        """The action on an ECC event, and the decision in words."""
-        return self.classify_ecc(kind), self.explain_ecc(kind)
-
     def explain(self, action: Action) -> str:
         """What an action does to a device, in words."""
         if action is Action.TRANSIENT:
