@@ -404,6 +404,7 @@ class Supervisor:
                 "workers": self.workers.view(self.clock.monotonic()),
                 "resources": self.hub.resources_view(),
                 "conditions": self.hub.conditions_view(),
+                "health_events": dict(self.hub.events.status()),
                 "mps": self.mps.status(),
                 "cdi": self.cdi.status(),
                 "labels": self.labels.status(),

@@ -82,7 +82,7 @@ class EventLog:
         self._windows: dict[Key, _Window] = {}
         self._overflow = 0  # events of kinds past max_keys, since `_overflow_since`
         self._overflow_since = 0.0
-        self.lines = 0  # log lines written (figures for tests and status)
+        self.lines = 0  # log lines written
         self.held = 0  # events counted instead of logged, over the whole life
 
     def record(self, event: HealthEvent, changed: int, resources: tuple[str, ...], now: float) -> None:
@@ -108,6 +108,10 @@ class EventLog:
         self._line(event, f"health event: {event.what} on {event.where}: {event.decision}{outcome}")
         if window is None:
             self._windows[event.key] = _Window(event, now)
+
+    def status(self) -> dict[str, int]:
+        """For `gpuvisor status`: lines written, events held (counted, summarised later)."""
+        return {"lines": self.lines, "held": self.held}
 
     def flush(self, now: float, *, everything: bool = False) -> None:
         """Summarise and forget the windows that have passed (call it every loop turn);

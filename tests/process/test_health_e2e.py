@@ -344,17 +344,23 @@ def _discover(profile: str) -> Any:
 
 def test_a_burst_of_xids_is_counted_summarised_and_never_stalls_health() -> None:
     """1,000 XID 31 events on one GPU (NVIDIA #1553): every one is counted, the log gets one line
-    for them (a summary follows once the window passes), and an XID 48 right after still takes
-    its GPU out at once, with its own line."""
+    for them per 10 s window (a summary follows once the window passes; one window when the
+    burst is quick), `gpuvisor status` says how many were held, and an XID 48 right after still
+    takes its GPU out at once, with its own line."""
     with SimNode("pcie-l4", args=["--metrics-address", "127.0.0.1:0"]) as node:
         node.wait_listed([GPU])
         url = metrics_url(node)
         gpu = sorted(node.kubelet.devices(GPU))[0]
+        started = time.monotonic()
         for _ in range(1000):
             node.sim("xid", device=gpu, xid=31)
+        windows = 1 + int((time.monotonic() - started) // 10)  # a slow machine may span more
         assert wait_until(lambda: sample(url, "gpuvisor_xid_events_total", xid="31") == 1000.0, 30)
         node.sim("xid", device=gpu, xid=48)
         node.wait_health(GPU, [gpu], UNHEALTHY)
         log = node.log()
-        assert log.count(f"health event: XID 31 on {gpu}: ignored as an application error") == 1, log[-3000:]
+        lines = log.count(f"health event: XID 31 on {gpu}: ignored as an application error")
+        assert 1 <= lines <= windows, log[-3000:]
+        figures = node.command("status")["health_events"]
+        assert figures["held"] >= 1000 - windows, figures
         assert f"health event: XID 48 on {gpu}: Unhealthy until the GPU is reset -> 1 device(s)" in log
