@@ -374,8 +374,7 @@ class Supervisor:
         if node is None:
             self.timers.call_later("nvml-retry", delay, self._retry_nvml)
             return
-        self.reconciler.take(self.replan.start(node))
-        self.replan.schedule_rediscovery(self.reconciler.wanted_config)
+        self.replan.start(node)
 
     def _retry_nvml(self) -> None:
         """A later try: NVML may come up to a config that cannot be planned. That ends the process

@@ -99,9 +99,10 @@ class Replanner:
         self.config_fp = file_fingerprint(config_file) if config_file else ""
 
     # ------------------------------------------------------------------ triggers
-    def start(self, node: Node) -> Desired:
-        """The first plans, for the node NVML just showed: a config that cannot be planned ends
-        the process as a bad config does at start (exit 78), rather than running with nothing."""
+    def start(self, node: Node) -> bool:
+        """The first plans, for the node NVML just showed, handed to the keeper (rediscovery armed
+        as after any new config): a config that cannot be planned ends the process as a bad
+        config does at start (exit 78), rather than running with nothing."""
         config = self.keeper.config
         try:
             plans = plan_resources(node, config)
@@ -113,7 +114,7 @@ class Replanner:
             len(node.gpus),
             ", ".join(f"{r} ({len(p.devices)})" for r, p in plans.items()) or "none",
         )
-        return Desired(config, node, plans, "start")
+        return self._hand_over(Desired(config, node, plans, "start"))
 
     def reload(self, trigger: str, fingerprint: str | None = None) -> bool:
         """Re-read the config and the device set; apply what changed. False if refused or pending.
