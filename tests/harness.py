@@ -404,12 +404,11 @@ def run_to_exit(config: str) -> tuple[int, str, int, float]:
             "--kubelet-socket", os.path.join(base, "p", "kubelet.sock"), "--run-dir", os.path.join(base, "r"),
             "--metrics-address", "",
         ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUVISOR_", "DP_"))}
         rss_file = os.path.join(base, "rss")
         start = time.monotonic()
         with open(os.path.join(base, "out"), "w+b") as out:
             proc = subprocess.run([sys.executable, "-c", LAUNCHER, rss_file, *argv], stdout=out, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, cwd=REPO, env={**env, "PYTHONPATH": REPO}, timeout=120)  # fmt: skip
+                                  stdin=subprocess.DEVNULL, cwd=REPO, env=child_env(), timeout=120)  # fmt: skip
             elapsed = time.monotonic() - start
             out.seek(0)
             text = out.read().decode(errors="replace")

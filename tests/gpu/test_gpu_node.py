@@ -12,7 +12,6 @@ import os
 import re
 from pathlib import Path
 
-import psutil
 import pynvml
 import pytest
 
@@ -20,7 +19,7 @@ from supervisor.node.events import EventWatch
 from supervisor.node.nvml import Nvml
 from tests.gpu.conftest import CLIENT_SUM, Cuda, DriverGpu
 from tests.harness import GPU, SimNode, metrics_url, sample
-from tests.helpers import short_tmpdir, wait_until
+from tests.helpers import gone, short_tmpdir, wait_until
 from tests.labelsrun import run_labels
 
 # The labels GFD v0.20.0 writes for a node of full GPUs with no sharing (../shared/gfd-golden's
@@ -156,15 +155,7 @@ def test_mps_daemon_serves_a_cuda_client_with_the_allocate_answer(
             assert "NEW CLIENT" in control_log.upper(), control_log[-2000:]
             assert node.stop_supervisor() == 0
             assert f"MPS daemon for {GPU} stopped" in node.log(), node.log()[-4000:]
-            assert wait_until(lambda: gone(pid), 15), f"MPS control daemon {pid} still runs"
-
-
-def gone(pid: int) -> bool:
-    """The process has exited (a zombie waiting for its parent counts as gone)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+            assert wait_until(lambda: gone([pid]), 15), f"MPS control daemon {pid} still runs"
 
 
 def test_labels_oneshot_writes_gfds_label_set(driver: list[DriverGpu]) -> None:

@@ -344,8 +344,7 @@ def _discover(profile: str) -> Any:
 
 def test_a_burst_of_xids_is_counted_summarised_and_never_stalls_health() -> None:
     """1,000 XID 31 events on one GPU (NVIDIA #1553): every one is counted, the log gets one line
-    for them per 10 s window (a summary follows once the window passes; one window when the
-    burst is quick), `gpuvisor status` says how many were held, and an XID 48 right after still
+    for them per 10 s window (one window when the burst is quick), `gpuvisor status` says how many were held, and an XID 48 right after still
     takes its GPU out at once, with its own line."""
     with SimNode("pcie-l4", args=["--metrics-address", "127.0.0.1:0"]) as node:
         node.wait_listed([GPU])

@@ -21,7 +21,7 @@ from pathlib import Path
 from supervisor.desired.discovery import keep_vanished_gpus
 from supervisor.sim.kubelet import DeviceState
 from tests import nodes
-from tests.harness import SimNode, config_node, sighup_and_wait
+from tests.harness import SimNode, config_node, sighup_and_wait, time_slicing
 from tests.helpers import REPO, gone, wait_until
 
 GPU = "nvidia.com/gpu"
@@ -29,16 +29,6 @@ SHARED = "nvidia.com/gpu.shared"
 MIXED = ["--mig-strategy", "mixed"]
 
 PLAIN = "version: v1\n"
-
-
-def time_slicing(replicas: int) -> str:
-    return f"""version: v1
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: {replicas}
-"""
 
 
 RENAMED_GPU0 = """version: v1

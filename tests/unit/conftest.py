@@ -1,6 +1,7 @@
 """The unit tier's promise, enforced: a unit test starts no process.
 
-Anything that would (subprocess, os.fork, os.posix_spawn, multiprocessing) fails the test with
+Anything that would (subprocess, os.fork, os.forkpty, os.posix_spawn, os.system,
+multiprocessing) fails the test with
 the reason instead, so a test that needs a process is moved to tests/process/ rather than
 slowing down `pytest -m unit` unseen.
 """
@@ -28,4 +29,6 @@ def no_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(os, "fork", _refuse)
     monkeypatch.setattr(os, "posix_spawn", _refuse)
     monkeypatch.setattr(os, "posix_spawnp", _refuse)
+    monkeypatch.setattr(os, "system", _refuse)
+    monkeypatch.setattr(os, "forkpty", _refuse)
     yield

@@ -230,9 +230,9 @@ def test_the_workers_hear_of_a_change_before_its_line_is_logged() -> None:
     assert order == ["publish", "log"]
 
 
-def test_windows_are_read_from_the_oldest_and_the_scan_stops_at_the_first_still_open() -> None:
-    """A flush forgets exactly the windows that have passed and keeps the rest, oldest first, so
-    its cost follows what expires, not how many kinds are open."""
+def test_a_flush_forgets_exactly_the_windows_that_have_passed() -> None:
+    """A flush forgets the windows that have passed and keeps the rest, in the order they opened
+    (the order the flush reads them in, oldest first)."""
     log = EventLog(window=10.0)
     for i in range(6):
         log.record(HealthEvent(GPU, None, None, f"XID {i}", "ignored", unhealthy=False), 0, (), now=float(i))

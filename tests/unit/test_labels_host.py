@@ -233,7 +233,7 @@ def test_facts_leave_nvml_shut_down() -> None:
 
 
 def test_facts_over_the_adapter_match_the_profile() -> None:
-    """node_facts over mig-a100: names, memory, compute capability, MIG state and attributes per the profile."""
+    """facts_from_nvml over mig-a100: names, memory, compute capability, MIG state and attributes per the profile."""
     nvml = Nvml(load_simulator("mig-a100"), sysfs_root=None)
     nvml.init()
     facts = facts_from_nvml(nvml)

@@ -1,4 +1,4 @@
-"""Tests of the NVML adapter (supervisor.node.nvml) over the simulator, plus one run on real NVML."""
+"""Tests of the NVML adapter (supervisor.node.nvml) over the simulator (real NVML: tests/gpu)."""
 
 from __future__ import annotations
 

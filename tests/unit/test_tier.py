@@ -16,10 +16,20 @@ import pytest
         lambda: subprocess.run([sys.executable, "-c", "pass"], check=False),
         lambda: os.fork(),
         lambda: os.posix_spawn(sys.executable, [sys.executable, "-c", "pass"], os.environ),
+        lambda: os.system("true"),
+        lambda: os.forkpty(),
         lambda: multiprocessing.get_context("spawn").Process(target=print).start(),
         lambda: multiprocessing.get_context("fork").Process(target=print).start(),
     ],
-    ids=["subprocess", "fork", "posix_spawn", "multiprocessing-spawn", "multiprocessing-fork"],
+    ids=[
+        "subprocess",
+        "fork",
+        "posix_spawn",
+        "system",
+        "forkpty",
+        "multiprocessing-spawn",
+        "multiprocessing-fork",
+    ],
 )
 def test_a_unit_test_cannot_start_a_process(start: object) -> None:
     """Each way of starting a process fails with the reason, so a process test cannot hide here."""
