@@ -8,7 +8,6 @@ dir; the kubelet stand-in shows what the kubelet would see.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -30,17 +29,11 @@ class MpsSetup:
         self.base = Path(base)
         self.root = self.base / "mps"
         self.binary = mpsfake.install(self.base)
-        self.bindir = self.binary.parent
         self.config = self.base / "config.yaml"
         self.config.write_text(CONFIG)
 
     def behave(self, *flags: str) -> None:
-        path = self.bindir / "fake-behaviour"
-        if flags:
-            path.write_text(" ".join(flags))
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        mpsfake.behave(self.binary, *flags)
 
     def args(self) -> list[str]:
         return [
@@ -53,11 +46,7 @@ class MpsSetup:
         ]
 
     def log(self) -> list[str]:
-        path = self.root / GPU / "log" / "fake-commands.log"
-        return path.read_text().splitlines() if path.exists() else []
-
-    def daemon_pids(self) -> list[int]:
-        return [int(line.split()[1]) for line in self.log() if line.startswith("daemon-start ")]
+        return mpsfake.commands(self.root, GPU)
 
     def pid_file_pid(self) -> int:
         try:
@@ -73,9 +62,7 @@ def mps() -> Iterator[MpsSetup]:
         try:
             yield setup
         finally:
-            for pid in setup.daemon_pids():  # only the daemons this test's fake started
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            mpsfake.kill_daemons(setup.base)  # only the daemons this test's fake started
 
 
 def _alive(pid: int) -> bool:
