@@ -31,7 +31,8 @@ log = logging.getLogger("gpuvisor.health")
 WINDOW_S = 10.0
 MAX_KEYS = 1024
 
-Key = tuple[str, int | None, int | None, str]  # GPU UUID, GPU instance, compute instance, event
+# GPU UUID, GPU instance, compute instance, event, decision (a reloaded policy opens a new window)
+Key = tuple[str, int | None, int | None, str, str]
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class HealthEvent:
 
     @property
     def key(self) -> Key:
-        return (self.gpu_uuid, self.gi, self.ci, self.what)
+        return (self.gpu_uuid, self.gi, self.ci, self.what, self.decision)
 
     @property
     def where(self) -> str:

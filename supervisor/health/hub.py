@@ -116,10 +116,10 @@ class HealthHub:
         match finding:
             case Xid(gpu_uuid, xid, gi, ci):
                 what, field = f"XID {xid}", ("xid", xid)
-                decision = self.policy.explain_xid(xid)
+                decision = self.policy.explain_xid(xid, batch.action)
             case Ecc(gpu_uuid, kind, gi, ci):
                 what, field = f"{kind.value} ECC error", ("ecc", kind.value)
-                decision = self.policy.explain_ecc(kind)
+                decision = self.policy.explain_ecc(kind, batch.action)
             case Unattributed(event_type, data):
                 what = f"NVML event type 0x{event_type:x} (data {data})"
                 return HealthEvent(

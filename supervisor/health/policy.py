@@ -294,9 +294,10 @@ class HealthPolicy:
             return Action.IGNORE
         return _ECC_DEFAULTS[ecc]
 
-    def explain_xid(self, xid: int) -> str:
-        """The decision on an XID event in words, for its log line: what it does and why."""
-        action = self.classify_xid(xid)
+    def explain_xid(self, xid: int, action: Action | None = None) -> str:
+        """The decision on an XID event in words, for its log line: what it does and why.
+        `action`: the one already taken (the book's), so it is not worked out again."""
+        action = self.classify_xid(xid) if action is None else action
         if action is not Action.IGNORE:
             return self.explain(action)
         env = self._ignored_by_env()
@@ -309,9 +310,9 @@ class HealthPolicy:
             return f"ignored as an application error ({rule.reason})"
         return "ignored by the config (gpuvisor.health.xids)"
 
-    def explain_ecc(self, kind: EccKind) -> str:
-        """The decision on an ECC event in words, for its log line."""
-        action = self.classify_ecc(kind)
+    def explain_ecc(self, kind: EccKind, action: Action | None = None) -> str:
+        """The decision on an ECC event in words, for its log line (`action` as for explain_xid)."""
+        action = self.classify_ecc(kind) if action is None else action
         if action is not Action.IGNORE:
             return self.explain(action)
         return self._ignored_by_env() or "ignored: corrected by the hardware (a high rate arrives as XID 92)"

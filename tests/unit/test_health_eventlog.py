@@ -254,3 +254,17 @@ def test_windows_follow_the_monotonic_clock_not_the_wall_clock(caplog: pytest.Lo
         clock.advance(10.0)
         hub.tick()
     assert len(lines(caplog)) == 2
+
+
+def test_a_new_decision_for_the_same_event_gets_its_own_line(caplog: pytest.LogCaptureFixture) -> None:
+    """After a policy reload inside a window, the same XID decided differently is logged with the
+    new decision, not counted under the old one's summary."""
+    log = EventLog(window=10.0)
+    before = HealthEvent(GPU, None, None, "XID 94", "Unhealthy, transient: ...", unhealthy=True)
+    after = HealthEvent(
+        GPU, None, None, "XID 94", "ignored by the config (gpuvisor.health.xids)", unhealthy=False
+    )
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        log.record(before, 0, (), now=0.0)
+        log.record(after, 0, (), now=1.0)
+    assert lines(caplog)[-1] == f"health event: XID 94 on {GPU}: ignored by the config (gpuvisor.health.xids)"
