@@ -3,12 +3,18 @@
 `load_simulator("dgx-h100")` (or a path to a YAML file) returns a `Simulator` that the NVML
 adapter (`supervisor.node.nvml.Nvml`) uses exactly as it uses the real `pynvml` module, plus fault
 injection: `inject_xid`, `inject_ecc`, `lose`, `restore`, `reset`, `set_pending_retirement`,
-`set_remapped_rows_pending`, `set_mig_layout`, `fail`/`clear_failures`.
+`set_remapped_rows_pending`, `set_row_remap_failure`, `set_mig_layout`, `fail`/`clear_failures`.
 
 Its modules: `core` (the `Simulator` object), `base` (handles, per-GPU state, the decorator every
 NVML function wears), `devices`, `migfuncs` and `events` (the NVML functions by area), `faults`
 (fault injection), `mig` (MIG profile catalogues and placement), `config` (loading and checking
-a node description) and `profiles` (the built-in descriptions, as package data).
+a node description), `mockprofile` (NVIDIA's mock NVML profiles read as descriptions) and
+`profiles` (the built-in descriptions, as package data).
+
+The same descriptions drive the project's fake libnvidia-ml (`tests/fakenvml/`), so the real
+`nvidia-ml-py` binding can run over the very node the simulator describes. A node profile of
+NVIDIA's mock NVML (`mock-nvml-config-<p>.yaml`, recognised by its `system` and `device_defaults`
+sections) is accepted wherever a description is, translated as `mockprofile` says.
 
 Built-in profiles (`list_profiles()`): `dgx-h100`, `dgx-a100`, `pcie-l4`, `mig-a100`, stored as
 YAML files in `supervisor/sim/nvml/profiles/`.
@@ -19,6 +25,7 @@ Node description format (YAML; unknown keys are errors, so typos are caught)::
     description: free text           # optional
     driver_version: "550.54.15"      # nvmlSystemGetDriverVersion
     cuda_driver_version: 12040       # nvmlSystemGetCudaDriverVersion (optional, 12040)
+    nvml_version: "12.550.54.15"     # nvmlSystemGetNVMLVersion (optional, "<CUDA major>.<driver>")
     gpus:                            # in index order
       - name: NVIDIA A100-SXM4-80GB  # nvmlDeviceGetName; MIG needs a known MIG-capable model
         uuid: GPU-3c1a1f4e-8f7d-4b5e-9a2c-1d2e3f405061
@@ -28,6 +35,11 @@ Node description format (YAML; unknown keys are errors, so typos are caught)::
         numa_node: 0                 # or null: nvmlDeviceGetNumaNodeId raises NotSupported
         compute_capability: [8, 0]
         pci_device_id: 0x20B210DE    # optional
+        pci_subsystem_id: 0x147E10DE # optional, 0
+        brand: nvidia                # optional: nvmlBrandType_t by name (nvidia, tesla, geforce, ...)
+        architecture: ampere         # optional: by name; derived from compute_capability by default
+        mig_capable: true            # optional: true for models with a MIG table (mig.py); a model
+                                     # without one gets profiles derived from its memory
         pci_class: 0x030200          # optional: 0x030200 3D controller (compute mode, the default) or
                                      # 0x030000 VGA controller (graphics mode); nvmlDeviceGetPciInfoExt
         fabric:                      # optional: NVLink fabric registration (IMEX), nvmlDeviceGetGpuFabricInfo;

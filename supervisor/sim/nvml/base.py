@@ -125,6 +125,7 @@ class GpuState:
     mig_generation: int = 0
     corrected_rows: int = 0
     uncorrected_rows: int = 0
+    row_remap_failure: bool = False
 
 
 class SimulatorBase:
@@ -239,7 +240,7 @@ class SimulatorBase:
         return h
 
     def _catalogue(self, state: GpuState) -> dict[str, mig.MigProfile]:
-        cat = mig.catalogue_for(state.spec.name)
+        cat = state.spec.catalogue
         if cat is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return cat

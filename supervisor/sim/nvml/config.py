@@ -18,7 +18,8 @@ import pynvml
 import yaml
 
 from supervisor.node.facts import PCI_CLASS_3D
-from supervisor.sim.nvml import mig
+from supervisor.sim.nvml import mig, mockprofile
+from supervisor.sim.nvml.mig import MigProfile
 
 GPU_UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
 MIG_UUID_RE = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
@@ -36,6 +37,7 @@ FABRIC_STATES = {
 # nvmlGpuTopologyLevel_t names, as `nvidia-smi topo` users know them.
 ANCESTORS = {"INTERNAL": 0, "SINGLE": 10, "MULTIPLE": 20, "HOSTBRIDGE": 30, "NODE": 40, "SYSTEM": 50}
 MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS in nvidia-ml-py 12/13
+MAX_GPUS = 64  # a bound on what a description may ask for; nodes have 8 or 16
 
 # PCI device ids (device << 16 | vendor 0x10DE) of the models the built-in profiles use.
 _PCI_DEVICE_IDS = {
@@ -43,6 +45,33 @@ _PCI_DEVICE_IDS = {
     "NVIDIA A100-SXM4-80GB": 0x20B210DE,
     "NVIDIA L4": 0x27B810DE,
 }
+
+# nvmlBrandType_t and nvmlDeviceArchitecture_t values (NVIDIA's nvml.h: NVML_BRAND_*, NVML_DEVICE_ARCH_*)
+# by the names a description uses; "ada_lovelace" is how NVIDIA's mock profiles spell Ada.
+BRANDS = {
+    "unknown": 0, "quadro": 1, "tesla": 2, "nvs": 3, "grid": 4, "geforce": 5, "titan": 6,
+    "nvidia_vapps": 7, "nvidia_vpc": 8, "nvidia_vcs": 9, "nvidia_vws": 10, "nvidia_cloud_gaming": 11,
+    "quadro_rtx": 12, "nvidia_rtx": 13, "nvidia": 14,
+}  # fmt: skip
+ARCHITECTURES = {
+    "kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
+    "ada_lovelace": 8, "hopper": 9, "blackwell": 10, "rubin": 13,
+}  # fmt: skip
+
+
+def architecture_for(compute_capability: tuple[int, int]) -> int:
+    """The NVML architecture of a compute capability, for descriptions that do not name one."""
+    major, minor = compute_capability
+    if major >= 10:
+        return ARCHITECTURES["blackwell"]
+    by_major = {3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper"}
+    if major in by_major:
+        return ARCHITECTURES[by_major[major]]
+    if major == 7:
+        return ARCHITECTURES["turing" if minor >= 5 else "volta"]
+    if major == 8:
+        return ARCHITECTURES["ada" if minor >= 9 else "ampere"]
+    return 0xFFFFFFFF  # NVML_DEVICE_ARCH_UNKNOWN
 
 
 class SimulatorConfigError(ValueError):
@@ -92,6 +121,15 @@ class GpuSpec:
     mig: tuple[MigSpec, ...] = ()
     pci_class: int = PCI_CLASS_3D  # compute mode, unless the description says otherwise
     fabric: FabricSpec | None = None
+    brand: int = BRANDS["nvidia"]  # nvmlDeviceGetBrand
+    architecture: int = 0xFFFFFFFF  # nvmlDeviceGetArchitecture
+    mig_capable: bool = False  # nvmlDeviceGetMigMode answers (see `catalogue`)
+    pci_subsystem_id: int = 0
+
+    @property
+    def catalogue(self) -> dict[str, MigProfile] | None:
+        """The GPU's MIG profiles, None when it is not MIG-capable."""
+        return mig.catalogue_of(self.name, self.memory_mib) if self.mig_capable else None
 
 
 @dataclass(frozen=True)
@@ -109,6 +147,11 @@ class NodeSpec:
     lost: frozenset[str] = frozenset()
     pending_retirement: frozenset[str] = frozenset()
     remapped_rows_pending: frozenset[str] = frozenset()
+    nvml_version: str = ""  # nvmlSystemGetNVMLVersion; "" -> "<CUDA major>.<driver version>"
+
+    @property
+    def nvml_version_text(self) -> str:
+        return self.nvml_version or f"{self.cuda_driver_version // 1000}.{self.driver_version}"
 
 
 def canonical_bus_id(text: str) -> str | None:
@@ -198,17 +241,27 @@ def parse_spec(text: str, source: str) -> NodeSpec:
         raise SimulatorConfigError(source, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
     if raw is None:
         raise r.fail("(document)", "the description is empty")
+    if mockprofile.is_mock_profile(raw):  # NVIDIA's mock format: the same node, in our terms
+        raw = mockprofile.translate(raw, source, r.fail)
+        r = _Reader(f"{source} (NVIDIA's mock format, translated)")
     top = r.mapping(
         raw,
         "",
-        {"name", "description", "driver_version", "cuda_driver_version", "gpus", "topology", "faults"},
-    )
+        {
+            "name", "description", "driver_version", "cuda_driver_version", "nvml_version", "gpus",
+            "topology", "faults",
+        },
+    )  # fmt: skip
     name = r.string(top.get("name", Path(source).stem), "name")
     driver = r.string(str(r.required(top, "driver_version", "")), "driver_version")
     cuda = r.integer(top.get("cuda_driver_version", 12040), "cuda_driver_version", minimum=1000)
+    nvml_raw = top.get("nvml_version")
+    nvml_version = "" if nvml_raw is None else r.string(str(nvml_raw), "nvml_version")
     gpu_list = r.sequence(r.required(top, "gpus", ""), "gpus")
     if not gpu_list:
         raise r.fail("gpus", "at least one GPU is needed")
+    if len(gpu_list) > MAX_GPUS:
+        raise r.fail("gpus", f"at most {MAX_GPUS} GPUs, got {len(gpu_list)}")
     gpus = tuple(_parse_gpu(r, g, i) for i, g in enumerate(gpu_list))
     _check_unique(r, gpus)
     topo = _parse_topology(r, top.get("topology"), gpus)
@@ -227,6 +280,7 @@ def parse_spec(text: str, source: str) -> NodeSpec:
         lost=faults["lost"],
         pending_retirement=faults["pending_retirement"],
         remapped_rows_pending=faults["remapped_rows_pending"],
+        nvml_version=nvml_version,
     )
 
 
@@ -235,6 +289,7 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
     allowed = {
         "index", "name", "uuid", "minor", "pci_bus_id", "memory_mib", "numa_node",
         "compute_capability", "pci_device_id", "supports", "mig", "pci_class", "fabric",
+        "brand", "architecture", "mig_capable", "pci_subsystem_id",
     }  # fmt: skip
     raw = r.mapping(raw_any, key, allowed)
     if "index" in raw and r.integer(raw["index"], f"{key}.index") != i:
@@ -268,7 +323,9 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
         k: r.boolean(sup.get(k, True), f"{key}.supports.{k}")
         for k in ("ecc_events", "retired_pages", "remapped_rows")
     }
-    mig_enabled, mig_devices = _parse_mig(r, raw.get("mig"), key, name, "GPU-" + uuid[4:].lower())
+    mig_capable = r.boolean(raw.get("mig_capable", mig.catalogue_for(name) is not None), f"{key}.mig_capable")
+    catalogue = mig.catalogue_of(name, memory) if mig_capable else None
+    mig_enabled, mig_devices = _parse_mig(r, raw.get("mig"), key, name, "GPU-" + uuid[4:].lower(), catalogue)
     pci_class = r.integer(raw.get("pci_class", PCI_CLASS_3D), f"{key}.pci_class", 0)
     if pci_class > 0xFFFFFF:
         raise r.fail(f"{key}.pci_class", f"a PCI class is 24 bits (e.g. 0x030200), got {pci_class:#x}")
@@ -286,8 +343,24 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
         mig=mig_devices,
         pci_class=pci_class,
         fabric=_parse_fabric(r, raw.get("fabric"), f"{key}.fabric"),
+        brand=_named(r, raw.get("brand", "nvidia"), f"{key}.brand", BRANDS),
+        architecture=(
+            _named(r, raw["architecture"], f"{key}.architecture", ARCHITECTURES)
+            if raw.get("architecture") is not None
+            else architecture_for(cc)
+        ),
+        mig_capable=mig_capable,
+        pci_subsystem_id=r.integer(raw.get("pci_subsystem_id", 0), f"{key}.pci_subsystem_id", 0),
         **support,
     )
+
+
+def _named(r: _Reader, value: Any, key: str, table: dict[str, int]) -> int:
+    """A value given by its name in `table` (case-insensitive)."""
+    name = r.string(value, key).lower()
+    if name not in table:
+        raise r.fail(key, f"unknown value {value!r} (known: {sorted(table)})")
+    return table[name]
 
 
 def _parse_fabric(r: _Reader, raw_any: Any, key: str) -> FabricSpec | None:
@@ -310,7 +383,12 @@ def _parse_fabric(r: _Reader, raw_any: Any, key: str) -> FabricSpec | None:
 
 
 def _parse_mig(
-    r: _Reader, raw_any: Any, gkey: str, gpu_name: str, gpu_uuid: str
+    r: _Reader,
+    raw_any: Any,
+    gkey: str,
+    gpu_name: str,
+    gpu_uuid: str,
+    catalogue: dict[str, mig.MigProfile] | None,
 ) -> tuple[bool, tuple[MigSpec, ...]]:
     key = f"{gkey}.mig"
     if raw_any is None:
@@ -322,11 +400,12 @@ def _parse_mig(
         if dev_list:
             raise r.fail(f"{key}.devices", "MIG devices listed but MIG is not enabled")
         return False, ()
-    catalogue = mig.catalogue_for(gpu_name)
     if catalogue is None:
         capable = ", ".join(sorted(mig.CATALOGUES))
         raise r.fail(
-            f"{key}.enabled", f"{gpu_name!r} is not MIG-capable in the simulator (MIG-capable: {capable})"
+            f"{key}.enabled",
+            f"{gpu_name!r} is not MIG-capable in the simulator (MIG-capable: {capable},"
+            " or any GPU whose description says mig_capable: true)",
         )
     profiles: list[mig.MigProfile] = []
     given_starts: list[int | None] = []

@@ -8,6 +8,7 @@ from typing import Any
 
 import pynvml
 
+from supervisor.node.facts import FabricInfo, FabricInfoV2
 from supervisor.sim.nvml.base import SimDeviceHandle, SimulatorBase, nvml_error, nvml_function
 
 _MIB = 1024 * 1024
@@ -40,6 +41,10 @@ class DeviceFunctions(SimulatorBase):
     @nvml_function()
     def nvmlSystemGetDriverVersion(self) -> str:
         return self._spec.driver_version
+
+    @nvml_function()
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return self._spec.nvml_version_text
 
     @nvml_function()
     def nvmlSystemGetCudaDriverVersion(self) -> int:
@@ -97,6 +102,14 @@ class DeviceFunctions(SimulatorBase):
         return state.spec.name
 
     @nvml_function()
+    def nvmlDeviceGetBrand(self, handle: object) -> int:
+        return self._gpu(handle).spec.brand
+
+    @nvml_function()
+    def nvmlDeviceGetArchitecture(self, device: object) -> int:
+        return self._gpu(device).spec.architecture
+
+    @nvml_function()
     def nvmlDeviceGetIndex(self, handle: object) -> int:
         return self._full_gpu(handle).spec.index
 
@@ -124,14 +137,14 @@ class DeviceFunctions(SimulatorBase):
     @nvml_function()
     def nvmlDeviceGetPciInfo_v3(self, handle: object) -> Any:
         spec = self._gpu(handle).spec
-        return self._pci_info(spec.pci_bus_id, spec.pci_device_id)
+        return self._pci_info(spec.pci_bus_id, spec.pci_device_id, spec.pci_subsystem_id)
 
     @nvml_function()
     def nvmlDeviceGetPciInfo(self, handle: object) -> Any:
         return self.nvmlDeviceGetPciInfo_v3(handle)
 
     @staticmethod
-    def _pci_info(bus_id: str, device_id: int) -> Any:
+    def _pci_info(bus_id: str, device_id: int, subsystem_id: int = 0) -> Any:
         domain_s, bus_s, rest = bus_id.split(":")
         dev_s = rest.split(".")[0]
         info = pynvml.nvmlPciInfo_t()
@@ -141,7 +154,7 @@ class DeviceFunctions(SimulatorBase):
         info.bus = int(bus_s, 16)
         info.device = int(dev_s, 16)
         info.pciDeviceId = device_id
-        info.pciSubSystemId = 0
+        info.pciSubSystemId = subsystem_id
         return info
 
     @nvml_function()
@@ -153,27 +166,30 @@ class DeviceFunctions(SimulatorBase):
             raise nvml_error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         legacy = self._pci_info(spec.pci_bus_id, spec.pci_device_id)
         info.domain, info.bus, info.device = legacy.domain, legacy.bus, legacy.device
-        info.pciDeviceId, info.pciSubSystemId = spec.pci_device_id, 0
+        info.pciDeviceId, info.pciSubSystemId = spec.pci_device_id, spec.pci_subsystem_id
         info.baseClass, info.subClass = spec.pci_class >> 16, (spec.pci_class >> 8) & 0xFF
         info.busId = spec.pci_bus_id.encode()
 
     @nvml_function()
     def nvmlDeviceGetGpuFabricInfo(self, device: object, gpuFabricInfo: object) -> int:
-        """Fills a `c_nvmlGpuFabricInfo_t` passed by reference; NotSupported without a fabric."""
-        info = _out_struct(gpuFabricInfo, pynvml.c_nvmlGpuFabricInfo_t)
+        """Fills an nvmlGpuFabricInfo_t passed by reference (the binding's structure or gpuvisor's
+        own, laid out as nvml.h); NotSupported without a fabric."""
+        info = _out_struct(gpuFabricInfo, (pynvml.c_nvmlGpuFabricInfo_t, FabricInfo))
         self._fill_fabric(device, info)
         return int(pynvml.NVML_SUCCESS)
 
     @nvml_function()
     def nvmlDeviceGetGpuFabricInfoV(self, device: object, gpuFabricInfo: object) -> int:
-        """The versioned call: a v2 or v3 structure whose `version` field says which."""
-        info = _out_struct(gpuFabricInfo, (pynvml.c_nvmlGpuFabricInfo_v2_t, pynvml.c_nvmlGpuFabricInfo_v3_t))
-        versions = {
-            pynvml.nvmlGpuFabricInfo_v2: pynvml.c_nvmlGpuFabricInfo_v2_t,
-            pynvml.nvmlGpuFabricInfo_v3: pynvml.c_nvmlGpuFabricInfo_v3_t,
+        """The versioned call: a v2 or v3 structure whose `version` field says which (and, as a
+        real driver trusts it, whose size that version's struct must have)."""
+        info = _out_struct(
+            gpuFabricInfo, (pynvml.c_nvmlGpuFabricInfo_v2_t, pynvml.c_nvmlGpuFabricInfo_v3_t, FabricInfoV2)
+        )
+        sizes = {
+            pynvml.nvmlGpuFabricInfo_v2: ctypes.sizeof(pynvml.c_nvmlGpuFabricInfo_v2_t),
+            pynvml.nvmlGpuFabricInfo_v3: ctypes.sizeof(pynvml.c_nvmlGpuFabricInfo_v3_t),
         }
-        expected = versions.get(int(info.version))
-        if expected is None or not isinstance(info, expected):
+        if sizes.get(int(info.version)) != ctypes.sizeof(info):
             raise nvml_error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         self._fill_fabric(device, info)
         info.healthMask = 0
@@ -248,7 +264,12 @@ class DeviceFunctions(SimulatorBase):
         state = self._full_gpu(device)
         if not state.spec.remapped_rows:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return (state.corrected_rows, state.uncorrected_rows, int(state.remapped_rows_pending), 0)
+        return (
+            state.corrected_rows,
+            state.uncorrected_rows,
+            int(state.remapped_rows_pending),
+            int(state.row_remap_failure),
+        )
 
     @nvml_function()
     def nvmlDeviceGetComputeMode(self, handle: object) -> int:

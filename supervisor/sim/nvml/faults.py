@@ -112,6 +112,12 @@ class FaultInjection(SimulatorBase):
                 state.uncorrected_rows += 1
             state.remapped_rows_pending = pending
 
+    def set_row_remap_failure(self, uuid: str, failed: bool = True) -> None:
+        """Set whether a row remapping failed on the GPU (nvmlDeviceGetRemappedRows' failure flag; a
+        reset does not clear it: the GPU needs service)."""
+        with self._cond:
+            self._find_gpu(uuid, "set_row_remap_failure").row_remap_failure = failed
+
     def set_mig_layout(self, gpu_index: int, profiles: list[str] | None) -> list[str]:
         """Reconfigure MIG on one GPU; None disables MIG. Returns the new MIG UUIDs in order.
 
@@ -122,7 +128,7 @@ class FaultInjection(SimulatorBase):
             if not 0 <= gpu_index < len(self._gpus):
                 raise ValueError(f"no GPU with index {gpu_index} (the node has {len(self._gpus)})")
             state = self._gpus[gpu_index]
-            cat = mig.catalogue_for(state.spec.name)
+            cat = state.spec.catalogue
             if cat is None:
                 raise ValueError(f"GPU {gpu_index} ({state.spec.name}) is not MIG-capable")
             new: list[MigSpec] = []

@@ -80,7 +80,40 @@ _GI_BASE = {8: 0, 4: 1, 2: 3, 1: 7}
 
 
 def catalogue_for(gpu_name: str) -> dict[str, MigProfile] | None:
+    """The tabled profiles of a GPU model, None for a model not in CATALOGUES."""
     return CATALOGUES.get(gpu_name)
+
+
+def catalogue_of(gpu_name: str, memory_mib: int) -> dict[str, MigProfile]:
+    """The MIG profiles of a MIG-capable GPU: its model's table, or ones derived from its memory.
+
+    A model without a table (an A100 40GB, a Blackwell part in NVIDIA's mock profiles) gets the
+    80 GB parts' geometry, engines, ids and placements with memory in eighths of its own, named
+    as NVML names a profile by its share of the GPU's memory ("1g.5gb" on a 40 GB GPU); the SM
+    counts are illustrative.
+    """
+    return CATALOGUES.get(gpu_name) or _derived(memory_mib)
+
+
+_DERIVED: dict[int, dict[str, MigProfile]] = {}
+
+
+def _derived(memory_mib: int) -> dict[str, MigProfile]:
+    if memory_mib not in _DERIVED:
+        total_gb = -(-memory_mib // 1024)
+        out: dict[str, MigProfile] = {}
+        for p in _a100_80gb().values():
+            gb = round(p.memory_slices * total_gb / 8)
+            name = f"{p.compute_slices}g.{gb}gb" + ("+me" if p.name.endswith("+me") else "")
+            # Below the profile's share by a little, as a real GPU keeps some for itself; the share
+            # still rounds up to the profile's number of memory slices.
+            memory = max(1, memory_mib * p.memory_slices // 8 - min(256, memory_mib // 64))
+            out[name] = MigProfile(
+                name, p.enum, p.profile_id, p.compute_slices, p.memory_slices, memory,
+                16 * p.compute_slices, p.starts, p.max_instances, p.copy_engines, p.decoders, p.jpegs, p.ofas,
+            )  # fmt: skip
+        _DERIVED[memory_mib] = out
+    return _DERIVED[memory_mib]
 
 
 def gi_id_for(profile: MigProfile, start: int) -> int:

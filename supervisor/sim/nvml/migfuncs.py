@@ -86,8 +86,8 @@ class MigFunctions(SimulatorBase):
         attrs = pynvml.c_nvmlDeviceAttributes()
         if device.mig_uuid is None:
             # A full GPU reports itself as one instance spanning every slice.
-            cat = mig.catalogue_for(state.spec.name)
-            full = cat["7g.80gb"] if cat and "7g.80gb" in cat else None
+            cat = state.spec.catalogue or {}
+            full = next((p for p in cat.values() if p.memory_slices == mig.MEMORY_SLICES), None)
             attrs.multiprocessorCount = full.multiprocessors if full else 58
             attrs.gpuInstanceSliceCount = attrs.computeInstanceSliceCount = mig.COMPUTE_SLICES if full else 1
             attrs.memorySizeMB = state.spec.memory_mib
