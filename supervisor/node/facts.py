@@ -184,16 +184,46 @@ def _pci_class(nvml: Nvml, h: Any) -> int | None:
     return pci_gpu_class(int(info.baseClass) << 16 | int(info.subClass) << 8)
 
 
+class FabricInfo(ctypes.Structure):
+    """nvmlGpuFabricInfo_t as NVIDIA's nvml.h lays it out.
+
+    gpuvisor passes its own structures rather than the binding's: nvidia-ml-py up to 12.535 declares
+    `clusterUuid` as 80 chars (and the clique as `partitionId`), so the driver's answer would be
+    read from the wrong offsets, and its structure decodes the UUID bytes as UTF-8 and fails."""
+
+    _fields_ = [
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+    ]
+
+
+class FabricInfoV2(ctypes.Structure):
+    """nvmlGpuFabricInfo_v2_t as nvml.h lays it out (`version` = FABRIC_INFO_V2)."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_ubyte * 16),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint),
+        ("state", ctypes.c_uint),
+        ("healthMask", ctypes.c_uint),
+    ]
+
+
+FABRIC_INFO_V2 = ctypes.sizeof(FabricInfoV2) | 2 << 24  # nvml.h: NVML_STRUCT_VERSION(GpuFabricInfo, 2)
+
+
 def _fabric_clique(nvml: Nvml, h: Any) -> FabricClique | None:
     """go-nvlib IsFabricAttached + GetFabricIDs: the v1 call if the library has it, else the V one."""
     for function, struct in (
-        ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
-        ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfo_v2_t"),
+        ("nvmlDeviceGetGpuFabricInfo", FabricInfo),
+        ("nvmlDeviceGetGpuFabricInfoV", FabricInfoV2),
     ):
-        cls = getattr(nvml.module, struct, None)
-        if cls is None:  # an nvidia-ml-py older than the call
-            continue
-        info = cls()
+        info: FabricInfo | FabricInfoV2 = struct()
+        if isinstance(info, FabricInfoV2):
+            info.version = FABRIC_INFO_V2
         try:
             nvml.call(function, h, ctypes.byref(info))
         except NvmlCallError as exc:
