@@ -1,15 +1,17 @@
-"""The test tiers' markers, and fixtures shared by several test modules: the real-binding tier's
-session directories, a fake Kubernetes API server (`api`), a fake MPS control binary (`fake`),
-and a standalone worker's temp dir (`env`) with the processes a test started (`procs`).
+"""The test tiers' markers, this session's own temp dir, and fixtures shared by several test
+modules: the real-binding tier's fake libnvidia-ml (`fake_nvml_libdir`) and oldest binding, a fake
+Kubernetes API server (`api`), a fake MPS control binary (`fake`), and a standalone worker's temp
+dir (`env`) with the processes a test started (`procs`).
 
 Each folder under tests/ is a tier and every test in it carries the tier's marker, so
 `pytest -m unit` (or `process`, `conformance`, `packaging`, `chaos`, `benchmarks`, `gpu`) runs
 one tier; the README's Testing section says what each needs and how long it takes.
 
-The real-binding tier's session directories are made with `tempfile`, not `tmp_path_factory`:
-with `tmp_path_retention_policy = "none"` pytest takes no lock on its base temp dir, and any other
-pytest session that ends on the same machine deletes every `pytest-N` dir, this session's too,
-which would pull the mock library from under later child processes.
+Temp dirs: every session gets a base temp dir of its own (`pytest_configure`), made with `tempfile`
+and removed when the session ends, unless `--basetemp` names one. pytest's default base,
+`/tmp/pytest-of-<user>/pytest-N`, is shared by every session of a user, and with
+`tmp_path_retention_policy = "none"` one session's exit deletes the others' dirs under it: two runs
+side by side ended with hundreds of FileNotFoundErrors.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 
 from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources
-from tests import mocknvml, mpsfake, nodes
+from tests import fakenvml, mpsfake, nodes
 from tests.harness import GPU, Env
 from tests.helpers import short_tmpdir
 
@@ -48,16 +50,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(tier)
 
 
-@pytest.fixture(scope="session")
-def mock_nvml_libdir() -> Iterator[str]:
-    """A directory holding NVIDIA's mock libnvidia-ml.so.1, unpacked once per session.
+_OWN_BASETEMP = "_gpuvisor_own_basetemp"
 
-    Skips the test, with the reason, where the mock is not beside the checkout.
-    """
-    reason = mocknvml.skip_reason()
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """A base temp dir of this session's own, unless --basetemp names one (see the docstring)."""
+    if config.option.basetemp is None:
+        path = tempfile.mkdtemp(prefix="gv-pytest-")
+        config.option.basetemp = path
+        setattr(config, _OWN_BASETEMP, path)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = getattr(config, _OWN_BASETEMP, None)
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_libdir() -> Iterator[Path]:
+    """A directory holding the project's fake libnvidia-ml.so.1 (tests/fakenvml), compiled once per
+    session with the system C compiler. Skips, with the reason, only where none can be built."""
+    reason = fakenvml.skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    with mocknvml.unpacked() as path:
+    with fakenvml.built() as path:
         yield path
 
 
@@ -65,10 +83,10 @@ def mock_nvml_libdir() -> Iterator[str]:
 def oldest_binding() -> Iterator[str]:
     """A directory holding the oldest `pynvml` (nvidia-ml-py) pyproject.toml accepts, installed once
     per session with pip (the binding is one pure-Python module); put it first on PYTHONPATH."""
-    version = mocknvml.binding_floor()
+    version = fakenvml.binding_floor()
     path = tempfile.mkdtemp(prefix=f"gv-nvidia-ml-py-{version}-")
     try:
-        yield mocknvml.install_binding(version, path)
+        yield fakenvml.install_binding(version, path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
 

@@ -1,15 +1,17 @@
 """The child side of the real-binding tier: gpuvisor's NVML adapter over the real `pynvml`.
 
-Run as `python -m tests.mocknvml_child [options]` in an environment from `tests.mocknvml.environ`
-(the mock library and its profile are read when the process starts), it drives `supervisor.node.nvml.Nvml`
-over `import pynvml` and prints one JSON document on stdout for the test (or benchmark) to judge:
-the binding it loaded, the discovered node, the event-set registration, how long event waits
-took, and, when asked, the health thread's CPU time while idle. It judges nothing itself.
+Run as `python -m tests.fakenvml.child [options]` in an environment from `tests.fakenvml.environ`
+(the library loads when the process first calls NVML), it drives `supervisor.node.nvml.Nvml` over
+`import pynvml` and prints one JSON document on stdout for the test (or benchmark) to judge: the
+binding it loaded, the discovered node, GPU Feature Discovery's facts, the event-set registration,
+how long event waits took and what they returned, and, when asked, the health thread's CPU time
+while idle. It judges nothing itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import threading
@@ -22,6 +24,7 @@ from common.model import node_to_json
 from supervisor.health.monitor import HealthMonitor
 from supervisor.health.policy import HealthPolicy
 from supervisor.node.events import EventWatch
+from supervisor.node.facts import facts_from_nvml
 from supervisor.node.nvml import Nvml
 
 
@@ -68,8 +71,8 @@ def idle_health_loop(seconds: float, probe_interval: float) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m tests.mocknvml_child")
-    p.add_argument("--sysfs", default="/sys", help="sysfs root for the adapter's NUMA fallback")
+    p = argparse.ArgumentParser(prog="python -m tests.fakenvml.child")
+    p.add_argument("--sysfs", default="/sys", help="sysfs root for NUMA and PCI class; 'none': NVML only")
     p.add_argument("--wait-ms", default="", help="comma list of event-wait timeouts to time, in ms")
     p.add_argument("--discover-rounds", type=int, default=1, help="time this many discoveries")
     p.add_argument("--idle-seconds", type=float, default=0.0, help="measure the idle health thread this long")
@@ -80,7 +83,7 @@ def main() -> None:
         "binding": pynvml.__file__,
         "has_numa_function": hasattr(pynvml, "nvmlDeviceGetNumaNodeId"),
     }
-    nvml = Nvml(pynvml, sysfs_root=args.sysfs)
+    nvml = Nvml(pynvml, sysfs_root=None if args.sysfs == "none" else args.sysfs)
     start = time.perf_counter()
     nvml.init()
     out["init_ms"] = (time.perf_counter() - start) * 1000
@@ -91,6 +94,11 @@ def main() -> None:
         durations.append((time.perf_counter() - start) * 1000)
     out["discover_ms"] = durations
     out["node"] = json.loads(node_to_json(node))
+    out["facts"] = dataclasses.asdict(facts_from_nvml(nvml))
+    out["probes"] = {
+        uuid: dataclasses.asdict(nvml.probe(uuid))
+        for uuid in [g.uuid for g in node.gpus] + [m.uuid for g in node.gpus for m in g.mig_devices]
+    }
 
     with EventWatch.open(nvml) as watch:
         out["registered"] = watch.registered
@@ -100,7 +108,11 @@ def main() -> None:
             start = time.monotonic()
             event = watch.wait(timeout)
             waits.append(
-                {"timeout_ms": timeout, "elapsed_ms": (time.monotonic() - start) * 1000, "event": repr(event)}
+                {
+                    "timeout_ms": timeout,
+                    "elapsed_ms": (time.monotonic() - start) * 1000,
+                    "event": None if event is None else dataclasses.asdict(event),
+                }
             )
         out["waits"] = waits
     out["wanted_mask"] = int(
