@@ -17,7 +17,9 @@ The thread never touches the health book: it reports every finding as data
   (a GPU that fell off the bus, retired pages or remapped rows pending a reset: NVIDIA #267),
   give the passing probe that transient recovery needs, and notice a lost GPU that is back
   (then the event set is rebuilt, so the GPU's events are registered again). A rediscovery that
-  changes the set of GPUs (`set_node`) rebuilds the event set too.
+  adds GPUs (`set_node`) registers them into the set being waited on at once, from the caller's
+  thread (NVML is thread-safe), so they are watched before their devices are advertised; one
+  that removes GPUs rebuilds the set after the wait in progress.
 - A GPU whose event registration fails is left out of the set (logged with the reason), not
   the whole set: only when every GPU fails does it count as a failed wait.
 
@@ -115,13 +117,26 @@ class HealthMonitor:
         """The node as rediscovered (call from one thread, the supervisor's main loop).
 
         The probes read it at their next round (a plain reference swap). The event set was built
-        from the GPUs NVML listed when it was opened, so a change in the set of GPU UUIDs asks
-        the thread to rebuild it; it does so after the wait in progress (at most 5 s).
+        from the GPUs NVML listed when it was opened: GPUs added are registered into it now; a
+        GPU removed asks the thread to rebuild it, after the wait in progress (at most 5 s).
         """
-        changed = {g.uuid for g in node.gpus} != {g.uuid for g in self.node.gpus}
+        old, new = {g.uuid for g in self.node.gpus}, {g.uuid for g in node.gpus}
         self.node = node
-        if changed:
-            self._node_changed.set()
+        if new == old:
+            return
+        watch = self._watch
+        if watch is not None and new > old:
+            # Only GPUs added (found again): register them into the set being waited on, before
+            # their devices are advertised, instead of after the wait in progress (up to 5 s of
+            # XIDs missed). A set the thread closed meanwhile fails here: then it is rebuilt.
+            try:
+                watch.add(sorted(new - old))
+                return
+            except NvmlCallError as exc:
+                log.debug(
+                    "registering the events of the GPUs found again failed (%s): rebuilding the set", exc
+                )
+        self._node_changed.set()
 
     def initial_probe(self) -> list[Finding]:
         """Probe every GPU once, synchronously, before any worker starts (NVIDIA #111)."""

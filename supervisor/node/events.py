@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from supervisor.node.nvml import (
     NO_INSTANCE,
+    NVML_ERROR_NOT_FOUND,
     NVML_ERROR_NOT_SUPPORTED,
     NVML_ERROR_TIMEOUT,
     NVML_ERROR_UNKNOWN,
@@ -108,6 +109,30 @@ class EventWatch:
         except m.NVMLError:
             return None
 
+    def add(self, uuids: list[str]) -> None:
+        """Register GPUs that joined after the set was opened (found again by rediscovery), into
+        this set, which the health thread may be waiting on: NVML is thread-safe, and the wait in
+        progress delivers their events, so a GPU is watched before it is advertised. A GPU that
+        cannot register is recorded in `skipped`, as in `open`; a failure of the set raises."""
+        wanted = _wanted(self._nvml)
+        for uuid in uuids:
+            try:
+                h = self._nvml.call("nvmlDeviceGetHandleByUUID", uuid)
+                supported = self._nvml.try_call("nvmlDeviceGetSupportedEventTypes", h)
+                mask = wanted & (int(supported) if supported is not None else wanted)
+                done = _register(self._nvml, h, uuid, mask, self._set)
+            except NvmlCallError as exc:
+                if not exc.gpu_lost and exc.code != NVML_ERROR_NOT_FOUND:
+                    raise
+                self.skipped[uuid] = "GPU is lost"
+                continue
+            if done:
+                self._uuids[handle_key(h)] = uuid  # before `registered`: the waiter reads the map
+                self.registered[uuid] = done
+                self.skipped.pop(uuid, None)
+            else:
+                self.skipped[uuid] = "no XID/ECC event type supported"
+
     def close(self) -> None:
         if self._closed:
             return
@@ -138,12 +163,7 @@ class EventWatch:
         count, or every GPU failing with an error other than "GPU lost" (then NVML is broken
         rather than one GPU, and the caller's wait-failure handling applies).
         """
-        m = nvml.module
-        wanted = int(
-            m.nvmlEventTypeXidCriticalError
-            | m.nvmlEventTypeSingleBitEccError
-            | m.nvmlEventTypeDoubleBitEccError
-        )
+        wanted = _wanted(nvml)
         event_set = nvml.call("nvmlEventSetCreate")
         uuids: dict[Any, str] = {}
         registered: dict[str, int] = {}
@@ -178,6 +198,13 @@ class EventWatch:
             cls(nvml, event_set, {}, {}, {}).close()
             raise
         return cls(nvml, event_set, uuids, registered, skipped)
+
+
+def _wanted(nvml: Nvml) -> int:
+    m = nvml.module
+    return int(
+        m.nvmlEventTypeXidCriticalError | m.nvmlEventTypeSingleBitEccError | m.nvmlEventTypeDoubleBitEccError
+    )
 
 
 def _register(nvml: Nvml, h: Any, uuid: str, mask: int, event_set: Any) -> int:

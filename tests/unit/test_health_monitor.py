@@ -289,31 +289,41 @@ def test_transient_xid_recovers_after_quiet_period_and_a_passing_probe() -> None
         assert wait_until(recovered, 10)
 
 
-def test_rediscovered_gpu_gets_events_once_set_node_changes_the_gpu_set(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """set_node with a new set of GPU UUIDs rebuilds the event set (a GPU first seen at rediscovery
-    gets its XIDs); the same set again does not rebuild it."""
-    monkeypatch.setattr(health, "WAIT_MS", 100)  # the rebuild happens between waits: keep them short
+def test_a_gpu_found_by_rediscovery_is_watched_at_once_without_a_rebuild() -> None:
+    """set_node adding a GPU (lost when the set was opened) registers its events into the set the
+    thread is waiting on, at once: an XID right after set_node returns is delivered, and the set is
+    not rebuilt (a rebuild waits for the wait in progress, up to 5 s of missed XIDs)."""
     with rig("pcie-l4") as r:
         late = r.node.gpus[3].uuid
         r.sim.lose(late)  # not there when the event set is opened
         r.monitor.set_node(dataclasses.replace(r.node, gpus=r.node.gpus[:3]))
         r.monitor.start()
         assert wait_until(lambda: r.sim.call_count("nvmlDeviceRegisterEvents") == 3, 10)
+        assert wait_until(lambda: r.sim.call_count("nvmlEventSetWait_v2") >= 1, 10)
         r.sim.restore(late)
         r.monitor.set_node(r.node)  # rediscovery finds it
-        assert wait_until(lambda: r.sim.call_count("nvmlEventSetCreate") == 2, 10)
-        assert wait_until(lambda: r.sim.call_count("nvmlDeviceRegisterEvents") == 3 + 4, 10)
+        assert r.sim.call_count("nvmlDeviceRegisterEvents") == 4
         r.sim.inject_xid(late, 48)
         assert wait_until(lambda: r.loop.unhealthy() == r.ids_on(late), 10)
+        assert r.sim.call_count("nvmlEventSetCreate") == 1
 
-        r.monitor.set_node(dataclasses.replace(r.node))  # same GPUs: nothing to rebuild
+
+def test_a_gpu_removed_by_rediscovery_rebuilds_the_event_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """set_node with a GPU gone rebuilds the event set after the wait in progress; the same set of
+    GPUs again changes nothing."""
+    monkeypatch.setattr(health, "WAIT_MS", 100)  # the rebuild happens between waits: keep them short
+    with rig("pcie-l4") as r:
+        r.monitor.start()
+        assert wait_until(lambda: r.sim.call_count("nvmlDeviceRegisterEvents") == 4, 10)
+        r.monitor.set_node(dataclasses.replace(r.node, gpus=r.node.gpus[:3]))
+        assert wait_until(lambda: r.sim.call_count("nvmlEventSetCreate") == 2, 10)
+        assert wait_until(lambda: r.sim.call_count("nvmlDeviceRegisterEvents") == 4 + 4, 10)
+        r.monitor.set_node(dataclasses.replace(r.node, gpus=r.node.gpus[:3]))  # same GPUs: nothing to do
         # Each handled event proves the thread went round its loop (past the rebuild check).
         r.sim.inject_xid(r.node.gpus[0].uuid, 48)
-        assert wait_until(lambda: r.monitor.events == 2, 10)
+        assert wait_until(lambda: r.monitor.events == 1, 10)
         r.sim.inject_xid(r.node.gpus[1].uuid, 48)
-        assert wait_until(lambda: r.monitor.events == 3, 10)
+        assert wait_until(lambda: r.monitor.events == 2, 10)
         assert r.sim.call_count("nvmlEventSetCreate") == 2
 
 
