@@ -1,141 +1,161 @@
-"""The real NVML binding, tier 1: gpuvisor's NVML adapter over the real `pynvml` and NVIDIA's mock
-libnvidia-ml, for every node profile the mock ships (`../shared/mocknvml/configs`).
+"""The real NVML binding, tier 1: gpuvisor's NVML adapter over the real `pynvml` and the project's
+fake libnvidia-ml (tests/fakenvml), for every node profile: the simulator's built-ins and NVIDIA's
+mock NVML profiles (`../shared/mocknvml/configs`, read by the simulator's own loader).
 
-The mock reads its library path and profile when a process starts, so each profile runs in a child
-process (`tests/mocknvml_child.py`, all profiles at once) and the tests here judge its report
-against the profile file, read independently (`tests.mocknvml.expected_node`). `gpuvisor run`
-over the mock is tier 2, `tests/conformance/test_realnvml_node.py`. The tier is skipped, with the reason, only
-where the mock is not beside the checkout.
+The differential: for each profile, the adapter runs in a child process over the real binding and
+the C library, and in this process over the Python simulator; what it discovers (the node, GPU
+Feature Discovery's facts, the health probes) must be the same, field by field. The library's own
+answers are tested in test_fakenvml.py, `gpuvisor run` over it in test_realnvml_node.py, and what
+the loader reads from NVIDIA's profiles in test_mockprofile.py.
 
 Which tier covers what. The simulator tier (`supervisor/sim/nvml` in place of the `pynvml` module)
-remains the only cover where the mock cannot show a path:
+tests gpuvisor's logic; this tier proves that the logic meets the real binding's ctypes structs,
+`_v2` variants, return codes and event sets the same way:
 
-| behaviour | real binding + mock | simulator |
+| behaviour | real binding + fake library | simulator |
 | --- | --- | --- |
-| discovery: UUIDs, bus ids, NUMA, names, memory, minors, NVLinks, versions | here, every profile | test_nvml |
-| MIG devices, profile names, GI/CI ids (mock: no MIG instances) | - | test_nvml, test_planning |
-| event-set registration, event wait timing out, no spinning | here | test_nvml, test_health_monitor |
-| XID through the event set -> only that GPU Unhealthy, policy recovery | test_realnvml_node | test_health_e2e, test_health_monitor |
-| ECC single/double-bit events (mock: XID events only) | - | test_health_monitor, test_health_e2e |
-| a failing event wait: backoff, no spin, all Unhealthy (mock: SUCCESS/TIMEOUT only) | - | test_health_monitor |
-| per-set registration, MIG instance ids on events (mock: every set gets every XID, GI/CI 0/0) | - | test_nvml, test_health_monitor |
-| lost GPU, fallen off the bus + XID 79, remapped rows pending/failed | test_realnvml_node | test_health_monitor, test_health_e2e |
-| a GPU lost before start (left out, joins when it answers) | test_realnvml_node | test_nvml |
-| a GPU reset clearing until-reset faults (NVML has no reset event) | - | test_health_e2e (`sim reset`) |
-| no libnvidia-ml at all, both --fail-on-init-error values | test_realnvml_node | test_supervisor |
-| the oldest accepted nvidia-ml-py: NUMA from sysfs where it lacks the query | here, test_realnvml_node | test_nvml (sysfs fallback) |
-| replicas and MIG instances fanned out from one GPU's fault | - | test_health_e2e, test_health_book |
+| discovery (UUIDs, bus ids, NUMA, names, memory, minors, NVLinks, MIG devices, versions) | here, every profile | test_nvml |
+| GFD's facts (MIG engines, PCI class, fabric clique) | here; labels: test_labels_fakenvml | test_labels_* |
+| event-set registration, a wait timing out, no spinning while idle | here | test_nvml, test_health_monitor |
+| XID / ECC through the event set, MIG GI/CI ids, recovery | test_realnvml_node, test_fakenvml | test_health_e2e, test_health_monitor |
+| lost GPU, remapped rows, wait failing, init failing, no library | test_realnvml_node | test_health_monitor, test_supervisor |
+| the oldest accepted nvidia-ml-py (NUMA from sysfs) | here, test_realnvml_node | test_nvml (sysfs fallback) |
+| MIG layout changes at run time (the library's layout is fixed per process) | - | test_health_e2e, test_replan |
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 
-from common.model import Node, node_from_json
-from supervisor.node.nvml import sysfs_bus_id
-from tests import mocknvml
+from common.model import node_to_json
+from supervisor.node.facts import facts_from_nvml
+from supervisor.node.nvml import Nvml, sysfs_bus_id
+from supervisor.sim.nvml import Simulator, list_profiles
+from tests import fakenvml
 from tests.helpers import short_tmpdir
 
-# NVIDIA's profiles; where the mock is absent, their names keep the tests listed, and the
-# `mock_nvml_libdir` fixture skips each with the reason.
-SHIPPED = ["a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"]
-PROFILES = mocknvml.profiles() if mocknvml.skip_reason() is None else SHIPPED
+PROFILES = fakenvml.profiles()
 WAIT_MS = 250
-XID_EVENT = 8  # nvmlEventTypeXidCriticalError: the only event type the mock supports
+WANTED = (
+    pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeSingleBitEccError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+)
+
+
+def simulator_report(profile: str) -> dict[str, Any]:
+    """What the adapter finds over the Python simulator of the same node, as the child reports it."""
+    nvml = Nvml(Simulator(fakenvml.spec_for(profile)), sysfs_root=None)
+    nvml.init()
+    node = nvml.discover()
+    uuids = [g.uuid for g in node.gpus] + [m.uuid for g in node.gpus for m in g.mig_devices]
+    return {
+        "node": json.loads(node_to_json(node)),
+        "facts": json.loads(json.dumps(dataclasses.asdict(facts_from_nvml(nvml)))),
+        "probes": {u: dataclasses.asdict(nvml.probe(u)) for u in uuids},
+    }
 
 
 @pytest.fixture(scope="module")
-def reports(mock_nvml_libdir: str) -> dict[str, dict[str, Any]]:
-    """One adapter report per profile; the children run side by side (they mostly wait)."""
-    with ThreadPoolExecutor(max_workers=len(PROFILES) or 1) as pool:
-        futures = {
-            p: pool.submit(
-                mocknvml.child_report, mocknvml.environ(mock_nvml_libdir, p), "--wait-ms", str(WAIT_MS)
+def reports(fake_nvml_libdir: Path) -> Iterator[dict[str, dict[str, Any]]]:
+    """One adapter report per profile over the real binding; the children run side by side."""
+    with short_tmpdir() as base:
+
+        def one(profile: str) -> dict[str, Any]:
+            node = fakenvml.FakeNode(_mkdir(os.path.join(base, profile)), profile)
+            return fakenvml.child_report(
+                node.environ(fake_nvml_libdir), "--sysfs", "none", "--wait-ms", str(WAIT_MS)
             )
-            for p in PROFILES
-        }
-        return {p: f.result() for p, f in futures.items()}
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            futures = {p: pool.submit(one, p) for p in PROFILES}
+            yield {p: f.result() for p, f in futures.items()}
 
 
-def discovered(report: dict[str, Any]) -> Node:
-    return node_from_json(json.dumps(report["node"]))
+def _mkdir(path: str) -> str:
+    os.makedirs(path)
+    return path
 
 
 @pytest.fixture(params=PROFILES)
-def profile(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield request.param
+def profile(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
-def test_every_profile_is_exercised(mock_nvml_libdir: str) -> None:
-    """The tier runs every profile in the mock's configs/, at least the seven NVIDIA ships."""
-    assert set(SHIPPED) <= set(PROFILES) == set(mocknvml.profiles())
+def test_every_profile_is_exercised() -> None:
+    """The tier runs every built-in simulator profile and every profile of NVIDIA's mock present
+    (all seven NVIDIA ships, where ../shared has them)."""
+    assert set(list_profiles()) <= set(PROFILES)
+    mock = fakenvml.mock_profiles()
+    if fakenvml.MOCK_CONFIGS.is_dir():
+        assert {"a100", "b200", "gb200", "gb300", "h100", "l40s", "t4"} <= set(mock)
+    assert set(mock) <= set(PROFILES)
 
 
-def test_gpu_identity_matches_the_profile(reports: dict[str, dict[str, Any]], profile: str) -> None:
-    """Every GPU of the profile, by index: UUID, PCI bus id, name, memory, minor, compute capability."""
-    node, want = discovered(reports[profile]), mocknvml.expected_node(profile)
-    got = [
-        (g.index, g.uuid, sysfs_bus_id(g.pci_bus_id), g.name, g.memory_mib, g.minor, g.compute_capability)
-        for g in node.gpus
+def test_discovered_node_is_the_simulators(reports: dict[str, dict[str, Any]], profile: str) -> None:
+    """The node the adapter discovers over the real binding and the fake library (GPUs, MIG devices,
+    NUMA, topology, NVLinks, versions) equals what it discovers over the simulator, field by field."""
+    assert reports[profile]["node"] == simulator_report(profile)["node"]
+
+
+def test_gfd_facts_are_the_simulators(reports: dict[str, dict[str, Any]], profile: str) -> None:
+    """GFD's facts (MIG capability and engines, PCI class from NVML, fabric clique, versions) over
+    the real binding equal the simulator's."""
+    assert reports[profile]["facts"] == simulator_report(profile)["facts"]
+
+
+def test_health_probes_are_the_simulators(reports: dict[str, dict[str, Any]], profile: str) -> None:
+    """The health probe of every GPU and MIG device over the real binding answers as over the simulator."""
+    assert reports[profile]["probes"] == simulator_report(profile)["probes"]
+
+
+def test_the_node_is_the_description(reports: dict[str, dict[str, Any]], profile: str) -> None:
+    """What the binding discovered is the description, not an empty or default node: every GPU by
+    UUID, bus id and MIG devices in order."""
+    spec = fakenvml.spec_for(profile)
+    gpus = reports[profile]["node"]["gpus"]
+    assert [(g["uuid"], sysfs_bus_id(g["pci_bus_id"])) for g in gpus] == [
+        (g.uuid, sysfs_bus_id(g.pci_bus_id)) for g in spec.gpus
     ]
-    expected = [
-        (g.index, g.uuid, g.bus_id.lower(), g.name, g.memory_mib, g.minor, g.compute_capability)
-        for g in want.gpus
+    assert [[m["uuid"] for m in g["mig_devices"]] for g in gpus] == [
+        [m.uuid for m in g.mig] if g.mig_enabled else [] for g in spec.gpus
     ]
-    assert got == expected
-
-
-def test_numa_nodes_match_the_profile(reports: dict[str, dict[str, Any]], profile: str) -> None:
-    """Each GPU's NUMA node is its root complex's in the profile's pcie_topology (nvmlDeviceGetNumaNodeId)."""
-    node, want = discovered(reports[profile]), mocknvml.expected_node(profile)
-    assert reports[profile]["has_numa_function"] is True
-    assert [g.numa_node for g in node.gpus] == [g.numa_node for g in want.gpus]
-    assert all(g.numa_node is not None for g in want.gpus), "the profile names every GPU's root complex"
-
-
-def test_nvlinks_match_the_profile(reports: dict[str, dict[str, Any]], profile: str) -> None:
-    """NVLinks between every GPU pair: links_per_gpu through the profile's NVSwitches, none without."""
-    node, want = discovered(reports[profile]), mocknvml.expected_node(profile)
-    count = len(want.gpus)
-    assert sorted((link.a, link.b) for link in node.links) == [
-        (a, b) for a in range(count) for b in range(a + 1, count)
-    ]
-    assert {link.nvlinks for link in node.links} == {want.nvlinks_per_pair}
-
-
-def test_driver_and_cuda_versions_match_the_profile(reports: dict[str, dict[str, Any]], profile: str) -> None:
-    """The driver version string and the CUDA driver version (major*1000 + minor*10) of the profile."""
-    node, want = discovered(reports[profile]), mocknvml.expected_node(profile)
-    assert (node.driver_version, node.cuda_driver_version) == (want.driver_version, want.cuda_driver_version)
 
 
 def test_event_set_registers_what_each_gpu_supports(reports: dict[str, dict[str, Any]], profile: str) -> None:
-    """Every GPU is registered in the event set for the wanted types it supports (the mock: XID only), none skipped."""
-    report = reports[profile]
-    uuids = [g.uuid for g in mocknvml.expected_node(profile).gpus]
+    """Every GPU is registered for the XID and ECC events it supports (ECC where the description
+    says so), none skipped."""
+    report, spec = reports[profile], fakenvml.spec_for(profile)
     assert report["skipped"] == {}
-    assert report["registered"] == {u: report["wanted_mask"] & report["supported_masks"][u] for u in uuids}
-    assert set(report["registered"].values()) == {XID_EVENT}
+    assert report["registered"] == {
+        g.uuid: pynvml.nvmlEventTypeXidCriticalError | (WANTED if g.ecc_events else 0) for g in spec.gpus
+    }
 
 
 def test_event_wait_times_out_as_asked(reports: dict[str, dict[str, Any]], profile: str) -> None:
     """With nothing pending, a wait returns no event after the timeout asked for, not at once and not much later."""
     (wait,) = reports[profile]["waits"]
-    assert wait["event"] == "None"
+    assert wait["event"] is None
     assert WAIT_MS * 0.9 <= wait["elapsed_ms"] <= WAIT_MS + 1500, wait
 
 
-def test_idle_health_loop_does_not_spin(mock_nvml_libdir: str) -> None:
+def test_idle_health_loop_does_not_spin(fake_nvml_libdir: Path) -> None:
     """The supervisor's health thread over the real binding, idle for 3 s with 1 s probes, uses
     near-zero CPU: it blocks in the event wait instead of spinning (NVIDIA #1937 burns a core)."""
-    report = mocknvml.child_report(
-        mocknvml.environ(mock_nvml_libdir, "a100"), "--idle-seconds", "3", "--probe-interval", "1"
-    )
+    with short_tmpdir() as tmp:
+        node = fakenvml.FakeNode(tmp, "dgx-a100")
+        report = fakenvml.child_report(
+            node.environ(fake_nvml_libdir), "--idle-seconds", "3", "--probe-interval", "1"
+        )
     idle = report["idle"]
     assert idle["errors"] == 0 and idle["events"] == 0
     assert idle["probes"] >= 2 * 8, idle  # the thread was alive and probing every GPU
@@ -146,19 +166,28 @@ def test_idle_health_loop_does_not_spin(mock_nvml_libdir: str) -> None:
     assert share < 0.02, idle
 
 
-def test_oldest_binding_takes_the_sysfs_numa_fallback(mock_nvml_libdir: str, oldest_binding: str) -> None:
+def render_sysfs(profile: str, root: str) -> str:
+    """`<root>/bus/pci/devices/<bdf>/numa_node` for every GPU of the profile, as a node's sysfs has it."""
+    for gpu in fakenvml.spec_for(profile).gpus:
+        path = os.path.join(root, "bus", "pci", "devices", sysfs_bus_id(gpu.pci_bus_id))
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "numa_node"), "w", encoding="utf-8") as fh:
+            fh.write(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
+    return root
+
+
+@pytest.mark.parametrize("profile", ["dgx-h100", "mig-a100", "h100"])
+def test_oldest_binding_discovers_the_same_node_with_numa_from_sysfs(
+    fake_nvml_libdir: Path, oldest_binding: str, profile: str
+) -> None:
     """The oldest nvidia-ml-py pyproject.toml accepts lacks nvmlDeviceGetNumaNodeId: the adapter reads
-    NUMA from sysfs instead (the tree the mock's renderer makes from the profile) and the rest of
-    discovery and event registration is unchanged."""
-    env = mocknvml.environ(mock_nvml_libdir, "h100", pythonpath=[oldest_binding])
+    NUMA from sysfs instead, and the whole discovered node, MIG included, is still the simulator's."""
+    if profile not in PROFILES:
+        pytest.skip(f"profile {profile} is not here (NVIDIA's mock profiles are read from ../shared)")
     with short_tmpdir() as tmp:
-        report = mocknvml.child_report(env, "--sysfs", mocknvml.render_sysfs("h100", tmp), "--wait-ms", "100")
-    want = mocknvml.expected_node("h100")
-    node = discovered(report)
+        node = fakenvml.FakeNode(_mkdir(os.path.join(tmp, "n")), profile)
+        env = node.environ(fake_nvml_libdir, pythonpath=[oldest_binding])
+        report = fakenvml.child_report(env, "--sysfs", render_sysfs(profile, os.path.join(tmp, "sys")))
     assert report["binding"].startswith(oldest_binding)
     assert report["has_numa_function"] is False
-    assert [g.numa_node for g in node.gpus] == [g.numa_node for g in want.gpus]
-    assert [g.uuid for g in node.gpus] == [g.uuid for g in want.gpus]
-    assert {link.nvlinks for link in node.links} == {want.nvlinks_per_pair}
-    assert set(report["registered"].values()) == {XID_EVENT}
-    assert report["waits"][0]["event"] == "None"
+    assert report["node"] == simulator_report(profile)["node"]
