@@ -35,11 +35,15 @@ def _check_import_root() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from supervisor.config import RunArgumentParser, add_run_arguments
+    from supervisor.config.flags import installed_version
 
     parser = argparse.ArgumentParser(
         prog="gpuvisor",
         description="A Kubernetes device plugin for NVIDIA GPUs: one supervisor, one worker per resource.",
     )
+    # NVIDIA's binaries answer --version and -v; `gpuvisor run --version` and `gpuvisor labels
+    # --version` (NVIDIA's flag syntax, supervisor/config/flags.py) print the same version.
+    parser.add_argument("--version", "-v", action="version", version=f"gpuvisor {installed_version()}")
     # RunArgumentParser behaves as argparse's own until add_run_arguments / add_label_arguments make
     # `run` and `labels` read NVIDIA's Go flag syntax (a boolean flag takes no separate value, a
     # positional argument ends the flags), as NVIDIA's plugin and GFD read it.

@@ -171,6 +171,15 @@ def parse_go_flags(argv: Sequence[str], table: Mapping[str, Setting] = SETTINGS_
     return out
 
 
+def installed_version() -> str:
+    """gpuvisor's version as installed ("unknown" from a checkout that is not, as NVIDIA's binaries
+    say when built without one), for every --version."""
+    try:
+        return importlib.metadata.version("gpuvisor")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 class RunArgumentParser(argparse.ArgumentParser):
     """An ArgumentParser that reads NVIDIA's flag syntax once `add_go_arguments` gave it settings.
 
@@ -199,12 +208,9 @@ class RunArgumentParser(argparse.ArgumentParser):
         if flags.help:
             self.print_help()
             self.exit(0)
-        if flags.version:
-            try:
-                version = importlib.metadata.version("gpuvisor")
-            except importlib.metadata.PackageNotFoundError:
-                version = "unknown"
-            self.exit(0, self.version_format.format(version=version) + "\n")
+        if flags.version:  # on stdout, as urfave/cli prints it (argparse's exit() writes stderr)
+            print(self.version_format.format(version=installed_version()))
+            self.exit(0)
         for setting in self.go_settings:
             if setting.flags:
                 setattr(namespace, setting.name, flags.values.get(setting.name))

@@ -286,6 +286,19 @@ def test_help_and_version_exit_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert "gpuvisor" in capsys.readouterr().out
 
 
+def test_the_bare_command_answers_version_as_run_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gpuvisor --version` and `gpuvisor -v`, as NVIDIA's binaries answer them, print what
+    `gpuvisor run --version` prints and exit 0."""
+    printed = []
+    for argv in (["--version"], ["-v"], ["run", "--version"]):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args(argv)
+        assert info.value.code == 0
+        printed.append(capsys.readouterr().out)
+    assert printed[0] == printed[1] == printed[2]
+    assert printed[0].startswith("gpuvisor ") and printed[0].endswith("\n")
+
+
 def test_every_setting_read_from_the_config_file_names_a_key_of_nvidias_schema() -> None:
     """A setting's config-file key outside gpuvisor's own `gpuvisor.` section is a leaf of the
     schema gpuvisor decodes NVIDIA's config with (flags.*, flags.plugin.*, imex.*), so a typo in
