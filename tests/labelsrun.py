@@ -1,8 +1,8 @@
 """`gpuvisor labels` as a child process, for the tests that run the real command.
 
 The child's environment holds none of the variables a label setting reads (GFD's names: MIG_STRATEGY,
-GFD_*, ...) nor GPUVISOR_* or MOCK_NVML_* ones from the calling environment, so a test sees only
-what it sets; `mocknvml.environ(..., base=labels_env())` adds the mock library on top.
+GFD_*, ...) nor GPUVISOR_* or FAKENVML_* ones from the calling environment, so a test sees only
+what it sets; `fakenvml.environ(..., base=labels_env())` adds the fake libnvidia-ml on top.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def labels_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in names and not k.startswith(("GFD_", "GPUVISOR_", "MOCK_NVML_"))
+        if k not in names and not k.startswith(("GFD_", "GPUVISOR_", "FAKENVML_"))
     }
     env["PYTHONPATH"] = checkout_path()
     env.update(extra)

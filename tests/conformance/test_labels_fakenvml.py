@@ -1,11 +1,16 @@
-"""`gpuvisor labels` over the real NVML binding and NVIDIA's mock libnvidia-ml, against GFD's own output.
+"""`gpuvisor labels` over the real NVML binding and the fake libnvidia-ml, against GFD's own output.
 
-`../shared/gfd-golden/` holds what GFD v0.20.0 wrote over the same mock for the a100 and h100
-profiles and four configs, with the exact command line (its README). Here `gpuvisor labels` runs
-as a child process with that command line and environment, for those and for every other profile
-the mock ships; the file must hold the same set of lines. For profiles without a golden, the
-expected lines come from GFD's rules and the profile file (`expected_lines`, each line traced);
-the same derivation is checked against the a100 and h100 goldens first, so it is GFD's view.
+`../shared/gfd-golden/` holds what GFD v0.20.0 wrote on NVIDIA's mock NVML for the a100 and h100
+profiles and four configs, with the exact command line (its README). Here `gpuvisor labels` runs as
+a child process with that command line over the project's fake library describing the same
+profiles (read from `../shared/mocknvml/configs` by the simulator's loader); the file must hold the
+same set of lines. For profiles without a golden, the expected lines come from GFD's rules and the
+profile file (`expected_lines`, each line traced); the same derivation is checked against the a100
+and h100 goldens first, so it is GFD's view.
+
+One difference from NVIDIA's mock is deliberate: that mock answered nvmlDeviceGetMigMode on every
+GPU, the L40S and T4 too, so GFD wrote `mig.capable=true` there; the fake library answers it only
+where the profile gives the GPU MIG instances (`mig.max_gpu_instances` > 0), as those GPUs do.
 
 The whole matrix runs as parallel child processes once per module (a few seconds).
 """
@@ -19,11 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from tests import mocknvml
+from tests import fakenvml
+from tests.fakenvml import FakeNode
 from tests.helpers import REPO, wait_until
 from tests.labelsrun import labels_argv, labels_env, start_labels
 
-GOLDEN_DIR = Path(os.environ.get("GPUVISOR_GFD_GOLDEN_DIR") or Path(mocknvml.MOCK_DIR).parent / "gfd-golden")
+GOLDEN_DIR = Path(os.environ.get("GPUVISOR_GFD_GOLDEN_DIR") or fakenvml.MOCK_DIR.parent / "gfd-golden")
 # The configs of the golden README's table.
 CONFIGS = {
     "none": None,
@@ -46,26 +52,27 @@ class MockProfile:
     family: str  # lm/resource.go:285 getArchFamily of `compute`
     count: int  # entries under devices:
     clique: str | None  # device_defaults.fabric: cluster_uuid "." clique_id (state auto -> completed)
+    mig_capable: bool  # device_defaults.mig.max_gpu_instances > 0
 
 
 PROFILES = {
     # name "NVIDIA A100-SXM4-40GB", 42949672960 bytes, 8.0, no fabric block (line 380: A100 predates it)
-    "a100": MockProfile("550.163.01", (12, 4), "NVIDIA-A100-SXM4-40GB", 40960, (8, 0), "ampere", 8, None),
+    "a100": MockProfile("550.163.01", (12, 4), "NVIDIA-A100-SXM4-40GB", 40960, (8, 0), "ampere", 8, None, True),
     # name "NVIDIA H100 80GB HBM3", 85899345920 bytes, 9.0, fabric lines 46-47
     "h100": MockProfile("550.163.01", (12, 4), "NVIDIA-H100-80GB-HBM3", 81920, (9, 0), "hopper", 8,
-                        "00000000-0000-0000-0000-000000000001.0"),
+                        "00000000-0000-0000-0000-000000000001.0", True),
     # name "NVIDIA B200", 206158430208 bytes, 10.0, standalone: no fabric (line 385)
-    "b200": MockProfile("560.35.03", (12, 6), "NVIDIA-B200", 196608, (10, 0), "blackwell", 8, None),
+    "b200": MockProfile("560.35.03", (12, 6), "NVIDIA-B200", 196608, (10, 0), "blackwell", 8, None, True),
     # name "NVIDIA GB200", 206158430208 bytes, 10.0, fabric lines 46-47, CUDA 13.0
     "gb200": MockProfile("580.65.06", (13, 0), "NVIDIA-GB200", 196608, (10, 0), "blackwell", 8,
-                         "00000000-0000-0000-0000-000000000001.0"),
+                         "00000000-0000-0000-0000-000000000001.0", True),
     # name "NVIDIA GB300 NVL" (the blank becomes "-"), 309237645312 bytes, 10.0, fabric lines 47-48
     "gb300": MockProfile("570.124.06", (12, 8), "NVIDIA-GB300-NVL", 294912, (10, 0), "blackwell", 8,
-                         "00000000-0000-0000-0000-000000000001.0"),
-    # name "NVIDIA L40S", 51539607552 bytes, 8.9 (lm/resource.go:305: ada-lovelace)
-    "l40s": MockProfile("550.163.01", (12, 4), "NVIDIA-L40S", 49152, (8, 9), "ada-lovelace", 8, None),
-    # name "NVIDIA T4", 17179869184 bytes, 7.5 (lm/resource.go:300: turing), 4 devices
-    "t4": MockProfile("550.163.01", (12, 4), "NVIDIA-T4", 16384, (7, 5), "turing", 4, None),
+                         "00000000-0000-0000-0000-000000000001.0", True),
+    # name "NVIDIA L40S", 51539607552 bytes, 8.9 (lm/resource.go:305: ada-lovelace), max_gpu_instances 0
+    "l40s": MockProfile("550.163.01", (12, 4), "NVIDIA-L40S", 49152, (8, 9), "ada-lovelace", 8, None, False),
+    # name "NVIDIA T4", 17179869184 bytes, 7.5 (lm/resource.go:300: turing), 4 devices, max_gpu_instances 0
+    "t4": MockProfile("550.163.01", (12, 4), "NVIDIA-T4", 16384, (7, 5), "turing", 4, None, False),
 }  # fmt: skip
 
 
@@ -91,9 +98,8 @@ def expected_lines(profile: MockProfile, config: str) -> set[str]:
         "gpu.product": profile.product,
         "gpu.replicas": "1",  # lm/resource.go:214
         "gpu.sharing-strategy": "none",
-        # The mock answers nvmlDeviceGetMigMode on every profile, L40S and T4 too (a quirk of the
-        # mock, not of the GPUs): lm/nvml.go:161-168 -> true.
-        "mig.capable": "true",
+        # lm/nvml.go:161-168: true when nvmlDeviceGetMigMode answers (the module docstring says where)
+        "mig.capable": "true" if profile.mig_capable else "false",
         "mps.capable": "false",  # lm/nvml.go:177: not MPS sharing
         "vgpu.present": "false",  # lm/vgpu.go:47: no NVIDIA PCI device in this host's sysfs
     }  # fmt: skip
@@ -116,7 +122,7 @@ def expected_lines(profile: MockProfile, config: str) -> set[str]:
                 "mps.capable": "true",
             }
         )
-    elif config == "mig-mixed":  # lm/strategy.go:25; the mock has no MIG device to label
+    elif config == "mig-mixed":  # lm/strategy.go:25; NVIDIA's profiles have no MIG device to label
         labels["mig.strategy"] = "mixed"
     return {f"nvidia.com/{k}={v}" for k, v in labels.items()}
 
@@ -129,8 +135,8 @@ def _host_has_nvidia_pci() -> bool:
         return False
 
 
-def _child_env(libdir: str, profile: str) -> dict[str, str]:
-    return mocknvml.environ(libdir, profile, base=labels_env())  # only what the golden command line sets
+def _child_env(libdir: Path, fake: FakeNode) -> dict[str, str]:
+    return fake.environ(libdir, base=labels_env())  # only what the golden command line sets
 
 
 def _argv(config: Path | None, output: Path, machine_type: Path) -> list[str]:
@@ -149,24 +155,31 @@ def _argv(config: Path | None, output: Path, machine_type: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def outputs(
-    mock_nvml_libdir: str, tmp_path_factory: pytest.TempPathFactory
+    fake_nvml_libdir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[tuple[str, str], tuple[int, str, str]]:
     """(profile, config) -> (exit status, output file text, stderr) for every profile and config."""
+    if not fakenvml.mock_profiles():
+        pytest.skip(
+            f"NVIDIA's mock NVML profiles are not here ({fakenvml.MOCK_CONFIGS}; set GPUVISOR_MOCKNVML_DIR)"
+        )
     if _host_has_nvidia_pci():
         pytest.skip("this host has NVIDIA PCI devices: the expected gpu.mode and vgpu.present assume none")
-    base = tmp_path_factory.mktemp("gfdmock")
+    base_dir = tmp_path_factory.mktemp("gfd")
     results: dict[tuple[str, str], tuple[int, str, str]] = {}
     jobs = []
-    for profile in mocknvml.profiles():
+    for profile in fakenvml.mock_profiles():
+        base = base_dir / profile
+        base.mkdir()
+        fake = FakeNode(base, profile)
         for config, text in CONFIGS.items():
-            work = base / f"{profile}-{config}"
+            work = base / config
             work.mkdir()
             config_path = None
             if text is not None:
                 config_path = work / "config.yaml"
                 config_path.write_text(text)
             argv = _argv(config_path, work / "gfd", work / "no-such-machine-type-file")
-            jobs.append(((profile, config), work, argv, _child_env(mock_nvml_libdir, profile)))
+            jobs.append(((profile, config), work, argv, _child_env(fake_nvml_libdir, fake)))
     running: list[tuple[tuple[str, str], Path, subprocess.Popen[str]]] = []
     while jobs or running:
         while jobs and len(running) < 4:
@@ -210,26 +223,25 @@ def test_goldens_are_all_covered() -> None:
         pytest.skip(f"no GFD goldens at {GOLDEN_DIR}")
     names = {p.name for p in GOLDEN_DIR.glob("*.labels")}
     assert names and names <= {f"{p}-{c}.labels" for p, c in CASES}
-    if Path(mocknvml.CONFIG_DIR).is_dir():
-        assert set(mocknvml.profiles()) == set(PROFILES)
+    if fakenvml.MOCK_CONFIGS.is_dir():
+        assert set(fakenvml.mock_profiles()) == set(PROFILES)
 
 
-def test_a_lost_gpu_mid_run_keeps_the_last_labels(mock_nvml_libdir: str, tmp_path: Path) -> None:
-    """A GPU lost after the first labelling (mock fault): the error is logged, the file stays, and it
-    is labelled again once the GPU answers."""
-    overrides = str(tmp_path / "overrides.yaml")
-    mocknvml.write_overrides(overrides)
+def test_a_lost_gpu_mid_run_keeps_the_last_labels(fake_nvml_libdir: Path, tmp_path: Path) -> None:
+    """A GPU lost after the first labelling: the error is logged, the file stays, and it is labelled
+    again once the GPU answers."""
+    fake = FakeNode(tmp_path, "dgx-a100")
     out, log = tmp_path / "gfd", tmp_path / "log"
-    env = mocknvml.environ(mock_nvml_libdir, "a100", overrides=overrides, base=labels_env())
+    env = fake.environ(fake_nvml_libdir, base=labels_env())
     proc = start_labels("--no-timestamp", "--use-node-feature-api=false", "--sleep-interval=1s", "--machine-type-file", "",
                         "--output-file", str(out), "--log-level", "debug", log=log, env=env)  # fmt: skip
     try:
         assert wait_until(out.exists, timeout=30)
         first = out.read_text()
-        mocknvml.write_overrides(overrides, {3: mocknvml.LOST})
+        fake.control.lose(fake.uuids[3])
         assert wait_until(lambda: "labelling failed" in log.read_text(), timeout=30), log.read_text()
         assert "GPU is lost" in log.read_text() and out.read_text() == first
-        mocknvml.write_overrides(overrides)
+        fake.control.restore(fake.uuids[3])
         mark = log.read_text().count("labels unchanged")
         assert wait_until(lambda: log.read_text().count("labels unchanged") > mark, timeout=30), (
             log.read_text()
