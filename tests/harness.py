@@ -1,8 +1,8 @@
 """A simulated node for integration tests: a kubelet stand-in plus a real supervisor process.
 
 `profile` names the NVML simulator's node (`--simulate`); `profile=None` runs the supervisor on
-real NVML instead, which the real-binding tier points at NVIDIA's mock library through `env`
-(see `tests.mocknvml.environ`).
+real NVML instead, which the real-binding tier points at the project's fake libnvidia-ml through
+`env` (see `tests.fakenvml.environ`).
 
 Everything lives in a short temp dir (unix socket paths must stay under 108 bytes) that is
 removed on exit, and only the processes started here are ever signalled, by PID.
