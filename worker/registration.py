@@ -168,6 +168,7 @@ class Registrar:
             self._thread.join(timeout=10)
         if self.server is not None:
             self.server.stop()
+            self.server.wait_closed()  # the clients read the end of their streams before we exit
             self.server = None
         self._executor.shutdown(wait=False)
         self._set(RegState.STOPPED, "worker stopping")

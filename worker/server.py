@@ -61,6 +61,9 @@ STREAM_RECHECK_S = 5.0
 # Upper bound for in-flight unary RPCs (an Allocate) to finish when a server stops. Streams are
 # ended by our own flag before gRPC's stop, so a stop normally returns in about a millisecond.
 STOP_GRACE_S = 0.5
+# How long a stopped server's connections stay open after its streams ended, for the clients to
+# read the end of their streams before gRPC closes the connections (PluginServer.stop).
+LINGER_S = 0.2
 RPC_THREADS = 8  # a kubelet holds one stream and makes a few unary calls at a time
 MAX_STREAMS_PER_SERVER = 3  # the kubelet's stream and two more; the other 5 threads stay for unary calls
 MAX_RPCS = 64  # in flight and queued, per server: more get RESOURCE_EXHAUSTED from gRPC itself
@@ -240,36 +243,40 @@ class PluginService:
         """ListAndWatch on `server`: the full list at once, then again on every change."""
         ended = threading.Event()  # the RPC is over (the client cancelled, or the call finished)
 
-        def on_end() -> None:
-            ended.set()
-            self.book.wake()
-
         def done() -> bool:
             return ended.is_set() or (server is not None and server.stopping)
 
-        if not context.add_callback(on_end):
-            ended.set()  # the RPC is already over
         # The first stream after the server was offered in a Register is the kubelet's (each
         # registration gets a fresh server); only its end means the kubelet let us go. An extra
         # stream ending is just that.
         kubelet = False
+        admitted = server is None
         if server is not None:
             admitted, kubelet = server.admit_stream()
-            if not admitted:
-                self._count("streams_refused")
-                with self._lock:
-                    first, self._refused_logged = not self._refused_logged, True
-                log.log(
-                    logging.WARNING if first else logging.DEBUG,
-                    "refused a ListAndWatch stream: %d extra streams are open on this server already, the "
-                    "other slot is kept for the kubelet (count:streams_refused counts them)",
-                    MAX_STREAMS_PER_SERVER - 1,
-                )
-                context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"at most {MAX_STREAMS_PER_SERVER} ListAndWatch streams per device plugin socket, "
-                    "one of them kept for the kubelet",
-                )
+
+        def on_end() -> None:
+            ended.set()
+            self.book.wake()
+            if server is not None and admitted:
+                server.rpc_over()  # its status is sent: what stop() waits for
+
+        if not context.add_callback(on_end):
+            on_end()  # the RPC is already over
+        if not admitted:  # (a stream with no server is always admitted)
+            self._count("streams_refused")
+            with self._lock:
+                first, self._refused_logged = not self._refused_logged, True
+            log.log(
+                logging.WARNING if first else logging.DEBUG,
+                "refused a ListAndWatch stream: %d extra streams are open on this server already, the "
+                "other slot is kept for the kubelet (count:streams_refused counts them)",
+                MAX_STREAMS_PER_SERVER - 1,
+            )
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {MAX_STREAMS_PER_SERVER} ListAndWatch streams per device plugin socket, "
+                "one of them kept for the kubelet",
+            )
         if kubelet:
             self._streams_changed()
         log.debug("ListAndWatch stream opened")
@@ -416,6 +423,9 @@ class PluginServer:
         self._server: grpc.Server | None = None
         self._inode: tuple[int, int] | None = None
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when an admitted stream's RPC is over
+        self._rpcs_open = 0  # admitted streams whose RPC has not ended on our side (status not sent)
+        self._closer: threading.Thread | None = None  # stops the gRPC server after LINGER_S (stop())
         self._offered = False  # the registrar offered this server to a kubelet in a Register
         self._had_stream = False  # the kubelet's stream opened (it may have ended since)
         self._kubelet_open = False
@@ -458,11 +468,19 @@ class PluginServer:
         with self._lock:
             if self._offered and not self._had_stream:
                 self._had_stream = self._kubelet_open = True
+                self._rpcs_open += 1
                 return True, True
             if self._extras >= MAX_STREAMS_PER_SERVER - 1:
                 return False, False
             self._extras += 1
+            self._rpcs_open += 1
             return True, False
+
+    def rpc_over(self) -> None:
+        """An admitted stream's RPC ended on our side (gRPC's termination callback)."""
+        with self._lock:
+            self._rpcs_open -= 1
+            self._idle.notify_all()
 
     def end_stream(self, kubelet: bool) -> None:
         with self._lock:
@@ -500,9 +518,17 @@ class PluginServer:
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """End the streams, stop serving and remove our socket (only ours, only if it is ours).
 
-        Returns once every RPC of this server is over (streams end at once; `grace` bounds a
-        unary call still running), so the kubelet has seen our streams end before we register
-        a successor.
+        Returns once every stream of this server is over (its end of stream sent, `grace` at most),
+        so the kubelet has seen our streams end before we register a successor; a unary call still
+        running gets `grace` too.
+
+        Why the gRPC server itself may stop a little later: gRPC destroys a server, closing every
+        connection at once, the moment its last call is over on this side, which can be before a
+        client has read the end of its stream. That client's next write (an HTTP/2 PING ack, a
+        window update) then fails and its stream ends UNAVAILABLE ("Stream removed (sendmsg:
+        Broken pipe)") instead of cleanly. So when streams were open, the server is stopped
+        LINGER_S after they ended, in the background (`wait_closed` joins it), and a successor
+        is not kept waiting.
         """
 
         def mark() -> None:
@@ -510,9 +536,31 @@ class PluginServer:
 
         # Set under the book's lock, so a stream between its `done()` test and its wait sees it.
         self.service.book.wake(mark)
-        if self._server is not None:
-            self._server.stop(grace).wait(grace + 1.0)
-            self._server = None
+        server, self._server = self._server, None
+        if server is not None:
+            with self._lock:
+                had_streams = self._rpcs_open > 0
+                self._idle.wait_for(lambda: self._rpcs_open <= 0, timeout=grace)
+            if had_streams:
+                self._closer = threading.Thread(
+                    target=_close_after_linger, args=(server, grace), name="rpc-linger", daemon=True
+                )
+                self._closer.start()
+            else:
+                server.stop(grace).wait(grace + 1.0)
         if self.socket_present():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+    def wait_closed(self, timeout: float = LINGER_S + STOP_GRACE_S + 1.0) -> bool:
+        """Wait for a gRPC server that `stop` left lingering to stop; True when it has."""
+        closer = self._closer
+        if closer is None:
+            return True
+        closer.join(timeout)
+        return not closer.is_alive()
+
+
+def _close_after_linger(server: grpc.Server, grace: float) -> None:
+    time.sleep(LINGER_S)  # the clients' time to read the end of their streams (PluginServer.stop)
+    server.stop(grace).wait(grace + 1.0)

@@ -224,11 +224,12 @@ def test_stop_ends_streams_cleanly_and_removes_only_own_socket(tmpdir_short: str
     for s in streams:
         assert isinstance(s.next(), pb.ListAndWatchResponse)
     server.stop(grace=30)  # returns when the streams are over, not after the grace
+    assert sockets_in(tmpdir_short) == ["gpuvisor-other-0000abcd.sock"]
     for s in streams:
         assert s.next() is None  # a clean end of stream, not an error
         s.close()
     assert not server.cancelled and cancelled == []
-    assert sockets_in(tmpdir_short) == ["gpuvisor-other-0000abcd.sock"]
+    assert server.wait_closed(10)
 
 
 def test_stop_leaves_a_file_that_replaced_our_socket(tmpdir_short: str) -> None:
