@@ -15,7 +15,7 @@ tests gpuvisor's logic; this tier proves that the logic meets the real binding's
 | behaviour | real binding + fake library | simulator |
 | --- | --- | --- |
 | discovery (UUIDs, bus ids, NUMA, names, memory, minors, NVLinks, MIG devices, versions) | here, every profile | test_nvml |
-| GFD's facts (MIG engines, PCI class, fabric clique) | here; labels: test_labels_fakenvml | test_labels_* |
+| GFD's facts (MIG engines, PCI class, fabric clique) | here; labels: test_labels_fakenvml | test_labels_golden, test_simulator_labels |
 | event-set registration, a wait timing out, no spinning while idle | here | test_nvml, test_health_monitor |
 | XID / ECC through the event set, MIG GI/CI ids, recovery | test_realnvml_node, test_fakenvml | test_health_e2e, test_health_monitor |
 | lost GPU, remapped rows, wait failing, init failing, no library | test_realnvml_node | test_health_monitor, test_supervisor |
