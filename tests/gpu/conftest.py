@@ -108,6 +108,11 @@ def driver() -> list[DriverGpu]:
     """Every GPU the driver reports; skips without a driver, a GPU or nvidia-smi."""
     import pynvml
 
+    # The test's own fake libnvidia-ml (tests/fakenvml) must never stand in for the driver here:
+    # once loaded into this process, its soname would answer pynvml's dlopen.
+    with open("/proc/self/maps", encoding="utf-8") as fh:
+        fake = [line.split()[-1] for line in fh if "gv-fakenvml-" in line]
+    assert not fake, f"the fake libnvidia-ml is loaded into the test process: {fake[0]}"
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
