@@ -42,6 +42,7 @@ class Setup:
             plan_files=self.rundir,
             workers=WorkerSet(spawner=FakeSpawner()),
             tell=lambda r, u: False,
+            snapshot=hub.snapshot,
             follow=self,
             timers=self.timers,
             on_refused=self.metrics.reload_refused,
@@ -51,7 +52,7 @@ class Setup:
             argv_flags=None,
             environ=self.environ,
             nvml=self.nvml,
-            keeper=self.reconciler,
+            reconciler=self.reconciler,
             mps=mps,
             timers=self.timers,
         )
