@@ -119,7 +119,9 @@ def test_before_the_label_is_read_a_failed_choice_waits_for_it(tmp_path: Path) -
     assert waiting.awaiting_label.startswith("no config was set") and waiting.config_file == ""
     with pytest.raises(ConfigError, match=rf"{srcdir} \(no node label\): no config was set"):
         load_config(None, env_for(srcdir, FALLBACK_STRATEGIES="named,single"), node_label="")
-    with pytest.raises(ConfigError, match=r"node label nvidia\.com/device-plugin\.config=c: specified config c"):
+    with pytest.raises(
+        ConfigError, match=r"node label nvidia\.com/device-plugin\.config=c: specified config c"
+    ):
         load_config(None, env_for(srcdir), node_label="c")
 
 
