@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -338,7 +338,15 @@ def test_plan_update_with_its_snapshot_swaps_in_one_step_without_asking(tmp_path
         tx.send_multipart(
             encode(SnapshotReply(HealthSnapshot(seq=1, resource=GPU, devices=(), epoch="e")), seq=1)
         )
-        assert wait_until(lambda: (worker._drain(rx), worker.applier.seq == 1)[1], 10)
+
+        def drained(check: Callable[[], bool]) -> Callable[[], bool]:
+            def step() -> bool:
+                worker._drain(rx)
+                return check()
+
+            return step
+
+        assert wait_until(drained(lambda: worker.applier.seq == 1), 10)
         version, _ = worker.book.current()
         devices = tuple(
             DeviceHealth(
@@ -348,7 +356,7 @@ def test_plan_update_with_its_snapshot_swaps_in_one_step_without_asking(tmp_path
         )
         update = PlanUpdate(full.to_json(), HealthSnapshot(seq=3, resource=GPU, devices=devices, epoch="e"))
         tx.send_multipart(encode(update, seq=2))
-        assert wait_until(lambda: (worker._drain(rx), worker.plan == full)[1], 10)
+        assert wait_until(drained(lambda: worker.plan == full), 10)
         new_version, listing = worker.book.current()
         assert new_version == version + 1
         assert {d.ID: d.health for d in listing.devices} == {

@@ -306,8 +306,13 @@ def test_label_values_are_posted_once_per_change(node_api: RunningApiServer, tmp
     (tmp_path / "c").mkdir()
     s = Side(node_api, CONFIG_FILE_SRCDIR=str(tmp_path / "c"))
     key = "nvidia.com/device-plugin.config"
-    for obj in ({"metadata": {"labels": {}}}, {"metadata": {"labels": {key: "a"}}},
-                {"metadata": {"labels": {key: "a", "x": "y"}}}, None):  # fmt: skip
+    objects: list[dict[str, Any] | None] = [
+        {"metadata": {"labels": {}}},
+        {"metadata": {"labels": {key: "a"}}},
+        {"metadata": {"labels": {key: "a", "x": "y"}}},
+        None,
+    ]
+    for obj in objects:
         s.side._on_node(obj)
         s.run_posted()
     assert s.labels == ["", "a", ""]
