@@ -53,7 +53,7 @@ class NodeHealthWriter:
         self.client = client
         self.node = node
         self.on_count = on_count  # (condition|event, written|unchanged|counted|throttled|dropped|failed)
-        self.retry = retry or Backoff(1.0, 60.0, jitter=0.3)
+        self.retry = retry or Backoff(1.0, 30.0, jitter=0.3)  # capped as the watch is
         self.clock = clock
         self.recorder = EventRecorder(client, node=node, clock=clock)
         self._lock = threading.Lock()
