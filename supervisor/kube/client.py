@@ -1,10 +1,11 @@
 """A small Kubernetes API client over the standard library: one request, one connection.
 
-Why not the Kubernetes project's Python client or lightkube: measured on this machine,
-`import kubernetes.client` costs 195 ms and +35 MiB RSS and `import lightkube` 102 ms and
-+22 MiB, for a supervisor that needs four verbs on three kinds. This client is `http.client`,
-`ssl` and `json` (the README's "The cluster side" has the figures), and it does what those
-clients would not do for gpuvisor:
+Why not the Kubernetes project's Python client or lightkube: measured on this machine
+(`python -m tests.benchmarks --only bench_kube`), `import kubernetes.client` costs 200 ms and
++35 MiB RSS and `import lightkube` 97 ms and +20 MiB, this layer 62 ms and +13 MiB (11 ms and
++0.7 MiB inside `gpuvisor run`, which has `ssl` and `http.client` loaded already), for a
+supervisor that needs four verbs on three kinds. This client is `http.client`, `ssl` and `json`,
+and it does what those clients would not do for gpuvisor:
 
 - a stop ends every call at once: `abort()` shuts the socket of each call in flight down (a
   read, a TLS handshake or a watch stream returns at once), wakes a connect that is waiting

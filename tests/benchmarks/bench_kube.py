@@ -71,7 +71,9 @@ def label_flips(rounds: int) -> tuple[list[float], float]:
             (srcdir / "ts1").write_text("version: v1\n")
             (srcdir / "ts4").write_text(TS4)
             args = ["--config-file-srcdir", str(srcdir), "--default-config", "ts1", "--node-health=true"]
-            node = SimNode("pcie-l4", args=args, env={"NODE_NAME": "bench-node", "KUBECONFIG": str(api.kubeconfig)})
+            node = SimNode(
+                "pcie-l4", args=args, env={"NODE_NAME": "bench-node", "KUBECONFIG": str(api.kubeconfig)}
+            )
             with node:
                 node.wait_listed(["nvidia.com/gpu"])
                 wait_until(lambda: node.command("status")["cluster"].get("label", {}).get("value") == "", 30)

@@ -225,10 +225,18 @@ def test_the_token_grants_health_on_the_node_and_nothing_more(kustomization: str
     assert _pod_spec(docs)["automountServiceAccountToken"] is True
     assert _one(docs, "ServiceAccount")["automountServiceAccountToken"] is True
     rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in _one(docs, "ClusterRole")["rules"]}
-    assert rules == {(("nodes",), ("get",)), (("nodes/status",), ("patch",)), (("events",), ("create", "patch"))}
+    assert rules == {
+        (("nodes",), ("get",)),
+        (("nodes/status",), ("patch",)),
+        (("events",), ("create", "patch")),
+    }
     binding = _one(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuvisor", "namespace": NAMESPACE}]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpuvisor"}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "gpuvisor",
+    }
 
 
 @pytest.mark.parametrize(

@@ -327,7 +327,9 @@ def test_default_install_is_the_kustomize_base() -> None:
     for key in ("hostNetwork", "hostIPC", "hostPID", "runtimeClassName"):
         assert key not in manifests.pod(chart), key
     assert manifests.find(docs, "ServiceAccount", "gpuvisor")["automountServiceAccountToken"] is True
-    kustomize_rules = list(yaml.safe_load_all((BASE_DAEMONSET.parent / "rbac.yaml").read_text()))[0]["rules"]
+    kustomize_rules = next(iter(yaml.safe_load_all((BASE_DAEMONSET.parent / "rbac.yaml").read_text())))[
+        "rules"
+    ]
     assert manifests.find(docs, "ClusterRole", "gpuvisor")["rules"] == kustomize_rules
 
 
@@ -514,7 +516,10 @@ def test_config_choice_follows_nvidias_config_manager_without_a_node_label(
     assert env["CONFIG_FILE_SRCDIR"] == CONFIG_DIR and "CONFIG_FILE" not in env
     assert env["DEFAULT_CONFIG"] == (default or "")
     assert env["FALLBACK_STRATEGIES"] == ",".join(fallbacks or ["named", "single"])
-    assert (env["NODE_LABEL"], env["NODE_NAME"]) == ("nvidia.com/device-plugin.config", "fieldRef:spec.nodeName")
+    assert (env["NODE_LABEL"], env["NODE_NAME"]) == (
+        "nvidia.com/device-plugin.config",
+        "fieldRef:spec.nodeName",
+    )
     assert _mounts(plugin)[CONFIG_DIR][1]["configMap"]["name"] == "gpuvisor-configs"
     assert _loaded_config(docs, plugin, tmp_path).config_name == chosen
     if chosen:
@@ -554,7 +559,10 @@ def test_external_config_map_is_mounted_with_its_default() -> None:
     plugin = _plugin(docs)
     assert not [d for d in docs if d["kind"] == "ConfigMap"]
     assert (_env(plugin)["CONFIG_FILE_SRCDIR"], _env(plugin)["DEFAULT_CONFIG"]) == (CONFIG_DIR, "config0")
-    assert _env(_plugin(_render({"config": {"name": "nvidia-plugin-configs"}})))["CONFIG_FILE_SRCDIR"] == CONFIG_DIR
+    assert (
+        _env(_plugin(_render({"config": {"name": "nvidia-plugin-configs"}})))["CONFIG_FILE_SRCDIR"]
+        == CONFIG_DIR
+    )
     assert _mounts(plugin)[CONFIG_DIR][1]["configMap"] == {"name": "nvidia-plugin-configs"}
     # Its contents are unknown at render time: MIG, MPS and CDI are all possible (NVIDIA's chart
     # likewise assumes MIG for an external ConfigMap: _helpers.tpl:146).
@@ -595,7 +603,11 @@ def test_external_config_map_is_mounted_with_its_default() -> None:
             'unknown strategy "nearest"',
         ),
         # gpuvisor's own.
-        ({"config": {"name": "x"}, "gfd": {"enabled": True}}, NAMESPACE, 'config.name "x" without config.default'),
+        (
+            {"config": {"name": "x"}, "gfd": {"enabled": True}},
+            NAMESPACE,
+            'config.name "x" without config.default',
+        ),
         ({"config": {"map": {"a": {"version": "v1"}}}}, NAMESPACE, "config.map.a must be a string"),
         ({"config": {"map": {"a": "version: [v1"}}}, NAMESPACE, "config.map.a is not a YAML mapping"),
         ({"config": {"map": {"my config": "version: v1"}}}, NAMESPACE, 'key "my config" is not a valid'),

@@ -109,7 +109,9 @@ class Load:
             self._thread.join(10)
 
 
-def test_a_label_flip_under_load_switches_time_slicing_in_place(api: RunningApiServer, tmp_path: Path) -> None:
+def test_a_label_flip_under_load_switches_time_slicing_in_place(
+    api: RunningApiServer, tmp_path: Path
+) -> None:
     """ts1 -> ts4 -> ts1 by the node label while Allocate runs: 4 -> 16 -> 4 devices in the same
     worker, allocatable never under 4, every Allocate of a listed device answered, and the config's
     name and source in status and the metric."""
@@ -118,7 +120,9 @@ def test_a_label_flip_under_load_switches_time_slicing_in_place(api: RunningApiS
         node.wait_listed([GPU])
         pid = node.worker_pid(GPU)
         assert node.kubelet.capacity(GPU) == 4
-        assert wait_until(lambda: node.command("status")["cluster"]["label"]["value"] == "", 20), node.log()[-3000:]
+        assert wait_until(lambda: node.command("status")["cluster"]["label"]["value"] == "", 20), node.log()[
+            -3000:
+        ]
         with Load(node).running() as load:
             api.state.set_node_label(NODE, LABEL, "ts4")
             assert wait_until(lambda: node.kubelet.allocatable(GPU) == 16, 20), node.log()[-3000:]
@@ -126,7 +130,7 @@ def test_a_label_flip_under_load_switches_time_slicing_in_place(api: RunningApiS
             assert (config["name"], config["source"]) == ("ts4", "label")
             api.state.set_node_label(NODE, LABEL, "ts1")
             assert wait_until(lambda: node.kubelet.allocatable(GPU) == 4, 20), node.log()[-3000:]
-            time.sleep(0.5)  # noqa: ASYNC251 - a little more load after the flip back
+            time.sleep(0.5)
         assert load.errors == [] and load.ok > 20, (load.errors[:5], load.ok)
         assert load.lowest >= 4
         assert node.worker_pid(GPU) == pid  # in place: the same worker
@@ -162,8 +166,12 @@ def test_the_api_server_away_then_back(api: RunningApiServer, tmp_path: Path) ->
         api.start()
         assert wait_until(lambda: node.kubelet.capacity(GPU) == 16, 60), node.log()[-3000:]
         assert wait_until(lambda: condition(api).get("status") == "True", 60), node.log()[-3000:]
-        assert condition(api)["reason"] == "XidCriticalError" and gpu.split("::")[0] in condition(api)["message"]
-        assert wait_until(lambda: any(e["reason"] == "XidCriticalError" for e in api.state.node_events(NODE)), 60)
+        assert (
+            condition(api)["reason"] == "XidCriticalError" and gpu.split("::")[0] in condition(api)["message"]
+        )
+        assert wait_until(
+            lambda: any(e["reason"] == "XidCriticalError" for e in api.state.node_events(NODE)), 60
+        )
         assert wait_until(lambda: node.command("status")["cluster"]["node_health"]["error"] is None, 60)
         assert api.state.errors == []
 
@@ -205,7 +213,9 @@ def test_a_stop_with_the_api_server_frozen_ends_at_once(api: RunningApiServer, t
         assert time.monotonic() - started < 6.0, node.log()[-3000:]
 
 
-def test_nothing_calls_the_api_server_before_the_first_registration(api: RunningApiServer, tmp_path: Path) -> None:
+def test_nothing_calls_the_api_server_before_the_first_registration(
+    api: RunningApiServer, tmp_path: Path
+) -> None:
     """With no kubelet to register with, the supervisor makes no API call; once the kubelet is up
     and a worker registered, the cluster side starts and says why."""
     api.state.add_node(NODE)
@@ -226,7 +236,11 @@ def test_an_exec_credential_plugin_gives_the_token(api: RunningApiServer, tmp_pa
     the bearer token, and KUBERNETES_EXEC_INFO reaches it."""
     plugin = tmp_path / "plugin.py"
     seen = tmp_path / "exec-info"
-    credential = {"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential", "status": {"token": TOKEN}}
+    credential = {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {"token": TOKEN},
+    }
     plugin.write_text(
         "import json, os, sys\n"
         f"open({str(seen)!r}, 'w').write(os.environ.get('KUBERNETES_EXEC_INFO', ''))\n"
@@ -234,7 +248,8 @@ def test_an_exec_credential_plugin_gives_the_token(api: RunningApiServer, tmp_pa
     )
     kubeconfig = tmp_path / "exec-kubeconfig"
     text = api.kubeconfig.read_text().replace(
-        f"token: {TOKEN}", f"exec: {{apiVersion: client.authentication.k8s.io/v1, command: {sys.executable}, args: [{plugin}]}}"
+        f"token: {TOKEN}",
+        f"exec: {{apiVersion: client.authentication.k8s.io/v1, command: {sys.executable}, args: [{plugin}]}}",
     )
     kubeconfig.write_text(text)
     from supervisor.kube.client import KubeClient
@@ -253,7 +268,13 @@ def test_a_missing_rbac_rule_is_shown_and_the_kubelet_path_runs_on(
     """RBAC without `patch nodes/status`: the 403 is in status in the server's words, counted, and
     the node's GPUs stay advertised and healthy."""
     api.state.add_node(NODE)
-    api.state.allow = {("get", "nodes"), ("list", "nodes"), ("watch", "nodes"), ("create", "events"), ("patch", "events")}
+    api.state.allow = {
+        ("get", "nodes"),
+        ("list", "nodes"),
+        ("watch", "nodes"),
+        ("create", "events"),
+        ("patch", "events"),
+    }
     with cluster_node(api, tmp_path) as node:
         node.wait_listed([GPU])
         assert wait_until(lambda: node.command("status")["cluster"].get("node_health", {}).get("error"), 20)

@@ -31,7 +31,9 @@ def test_gpuvisor_labels_publishes_through_the_api_by_default(api: RunningApiSer
     assert proc.returncode == 78 and "needs the node name" in proc.stderr
 
 
-def test_sigterm_ends_the_labeller_at_once_against_a_frozen_api_server(api: RunningApiServer, tmp_path: Path) -> None:
+def test_sigterm_ends_the_labeller_at_once_against_a_frozen_api_server(
+    api: RunningApiServer, tmp_path: Path
+) -> None:
     """A real kube-apiserver that froze held the old client ~60 s per pass and a SIGTERM 56.6 s:
     now the call in flight is aborted and the process exits 0 at once."""
     api.state.add_daemonset_pod(NS, POD)
@@ -39,7 +41,9 @@ def test_sigterm_ends_the_labeller_at_once_against_a_frozen_api_server(api: Runn
     args = ("--simulate", "dgx-h100", "--sleep-interval", "1s", "--machine-type-file", "")
     proc = start_labels(*args, log=tmp_path / "labels.log", env=env)
     try:
-        assert wait_until(lambda: (NS, NAME) in api.state.node_features, 30), (tmp_path / "labels.log").read_text()
+        assert wait_until(lambda: (NS, NAME) in api.state.node_features, 30), (
+            tmp_path / "labels.log"
+        ).read_text()
         api.state.freeze()
         calls = len(api.state.calls())
         assert wait_until(lambda: len(api.state.calls()) > calls, 10)  # the next pass hangs on the server

@@ -421,7 +421,9 @@ def test_ids_of_the_plan_just_replaced_are_answered_for_a_grace_period(
     plain = gpu_plan()
     sliced = plan_resources(
         nodes.dgx_h100(),
-        config_from_data({"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": GPU, "replicas": 2}]}}}),
+        config_from_data(
+            {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": GPU, "replicas": 2}]}}}
+        ),
     )[GPU]
     book = DeviceBook(plain)
     server = PluginServer(PluginService(book), tmpdir_short)
@@ -429,7 +431,9 @@ def test_ids_of_the_plan_just_replaced_are_answered_for_a_grace_period(
     try:
         first, last = plain.devices[0], plain.devices[-1]
         assert _allocate(server, [first.id]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}
-        without_last = dataclasses.replace(sliced, devices=tuple(d for d in sliced.devices if d.uuid != last.uuid))
+        without_last = dataclasses.replace(
+            sliced, devices=tuple(d for d in sliced.devices if d.uuid != last.uuid)
+        )
         book.set_plan(without_last)
         assert _allocate(server, [first.id]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}
         assert "unknown device" in _allocate(server, [last.id])["error"]  # its GPU is gone
@@ -448,9 +452,12 @@ def test_the_previous_plan_is_not_used_when_more_than_the_list_changed(tmpdir_sh
     the previous plan: its answer would no longer be right."""
     plain = gpu_plan()
     by_index = plan_resources(
-        nodes.dgx_h100(), config_from_data({"version": "v1", "flags": {"plugin": {"deviceIDStrategy": "index"}}})
+        nodes.dgx_h100(),
+        config_from_data({"version": "v1", "flags": {"plugin": {"deviceIDStrategy": "index"}}}),
     )[GPU]
-    renamed = dataclasses.replace(by_index, devices=tuple(dataclasses.replace(d, id=d.id + "-x") for d in by_index.devices))
+    renamed = dataclasses.replace(
+        by_index, devices=tuple(dataclasses.replace(d, id=d.id + "-x") for d in by_index.devices)
+    )
     book = DeviceBook(plain)
     server = PluginServer(PluginService(book), tmpdir_short)
     server.start()
