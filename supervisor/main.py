@@ -186,6 +186,7 @@ class Supervisor:
             reconciler=self.reconciler,
             mps=self.mps,
             timers=self.timers,
+            remember_label=self.rundir.remember_node_label,
         )
         self.follow = follow
 
@@ -286,6 +287,10 @@ class Supervisor:
         removed = self.sockets.sweep_all()
         if removed:
             log.info("removed %d stale socket(s) of an earlier run: %s", len(removed), ", ".join(removed))
+        if self.config.config_file_srcdir:
+            label = self.rundir.recall_node_label()
+            if label is not None:
+                self.replan.recall_label(label)
 
     def _end_stale_workers(self) -> None:
         """Workers of an earlier life that never noticed their supervisor died (stopped, hung):

@@ -117,6 +117,7 @@ class ClusterSide:
         from supervisor.kube.credentials import load_credentials
         from supervisor.kube.watch import ObjectWatch
 
+        self._stop_parts()  # what a failed earlier try started, if anything
         credentials = load_credentials(self.kubeconfig, self.environ)
         client = KubeClient(credentials, component="supervisor", on_request=self.metrics.api_request)
         self.client = client
@@ -155,6 +156,9 @@ class ClusterSide:
     def stop(self) -> None:
         """End every API call now (a pod's grace period is short); threads are not waited for long."""
         self.timers.cancel(TIMER)
+        self._stop_parts()
+
+    def _stop_parts(self) -> None:
         if self.client is not None:
             self.client.abort()
         for part in (self.watch, self.writer):
@@ -162,6 +166,7 @@ class ClusterSide:
                 part.stop(join=0.5)
         if self.client is not None:
             self.client.close()
+        self.client, self.watch, self.writer = None, None, None
 
     # ------------------------------------------------------------------ the label
     def _on_node(self, node: dict[str, Any] | None) -> None:

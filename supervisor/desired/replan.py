@@ -28,7 +28,7 @@ import argparse
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from common.exitcodes import EXIT_CONFIG_ERROR
 from common.messages import Json
@@ -77,6 +77,7 @@ class Replanner:
         reconciler: Reconciler,
         mps: MpsWiring,
         timers: Scheduler,
+        remember_label: Callable[[str], None] = lambda value: None,
     ) -> None:
         self.argv_flags = argv_flags
         self.environ = environ
@@ -87,6 +88,7 @@ class Replanner:
         self.reloads = 0
         self.rediscoveries = 0
         self.label: str | None = None  # the node's config label as last read (None: not yet)
+        self.remember_label = remember_label  # kept for a restart in the same run dir
         self.config_fp = self._source_fingerprint()
 
     # ------------------------------------------------------------------ triggers
@@ -129,6 +131,10 @@ class Replanner:
         if value == self.label:
             return True
         first, self.label = self.label is None, value
+        try:
+            self.remember_label(value)
+        except OSError as exc:  # a full run dir: only a restart's first choice is affected
+            log.warning("cannot keep the node label for a restart: %s", exc)
         key = self.reconciler.config.node_label
         log.info(
             "node label %s is %s%s",
@@ -138,6 +144,17 @@ class Replanner:
             extra={"trigger": "node-label"},
         )
         return self.reload(f"node label {key}={value}" if value else f"node label {key} not set")
+
+    def recall_label(self, value: str) -> bool:
+        """At start, before NVML: the label an earlier run in this run dir read (a container
+        restart). Its config is the one planned first; the watch confirms or changes it."""
+        self.label = value
+        log.info(
+            "node label %s=%r, as an earlier run read it: starting with its config",
+            self.reconciler.config.node_label,
+            value,
+        )
+        return self.reload(f"node label {self.reconciler.config.node_label}={value} (kept from an earlier run)")
 
     def rediscover(self, trigger: str) -> bool:
         """Re-read the device set with the wanted config; cheap and silent when nothing changed."""

@@ -281,3 +281,25 @@ def test_a_missing_rbac_rule_is_shown_and_the_kubelet_path_runs_on(
         error = node.command("status")["cluster"]["node_health"]["error"]
         assert f'cannot {missing.split()[0]} resource "{missing.split()[1]}"' in error
         assert node.kubelet.allocatable(GPU) == 4
+
+
+def test_a_restart_in_the_same_run_dir_starts_with_the_labels_config(
+    api: RunningApiServer, tmp_path: Path
+) -> None:
+    """The label's config is kept in the run dir: a supervisor killed and started again (a container
+    restart in the same pod) lists the labelled config's devices from its first ListAndWatch, even
+    with the API server away, as NVIDIA's plugin finds the file its config-manager last linked."""
+    api.state.add_node(NODE, {LABEL: "ts4"})
+    with cluster_node(api, tmp_path, health=False) as node:
+        assert wait_until(lambda: node.kubelet.capacity(GPU) == 16, 30), node.log()[-3000:]
+        assert node.stop_supervisor(signal.SIGKILL) == -signal.SIGKILL
+        assert wait_until(lambda: not node.workers(), 15)
+        listed: list[int] = []
+        node.kubelet.listeners.append(
+            lambda resource, devices: listed.append(len(devices)) if resource == GPU else None
+        )
+        api.stop()  # only the kept label can say ts4 now
+        node.start_supervisor()
+        assert wait_until(lambda: listed and node.kubelet.connected(GPU), 30), node.log()[-3000:]
+        assert set(listed) == {16}, listed
+        assert "as an earlier run read it: starting with its config" in node.log()

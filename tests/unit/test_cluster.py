@@ -316,3 +316,30 @@ def test_label_values_are_posted_once_per_change(node_api: RunningApiServer, tmp
         s.side._on_node(obj)
         s.run_posted()
     assert s.labels == ["", "a", ""]
+
+
+def test_gpuvisor_status_says_which_config_runs_and_how_the_cluster_side_is() -> None:
+    """The status table names the config and its source, the label, the condition, and failures."""
+    from supervisor.cli import format_status
+
+    data: dict[str, Any] = {
+        "pid": 1,
+        "workers": [],
+        "resources": {},
+        "config": {"name": "ts4", "file": "/etc/gpuvisor/ts4", "source": "label",
+                   "node_label": {"key": "nvidia.com/device-plugin.config", "value": "ts4"}},
+        "cluster": {"enabled": True, "node": NODE, "started": True, "started_because": "a worker registered",
+                    "label": {"watch": {"error": "no answer", "failing_since": 1.0}},
+                    "node_health": {"condition": {"status": "True", "reason": "GpuLost"}, "written": False,
+                                    "error": "403 Forbidden"}},
+    }  # fmt: skip
+    text = format_status(data)
+    assert "config: ts4 (source: label); node label nvidia.com/device-plugin.config='ts4'" in text
+    assert f"cluster side for Node {NODE}: started (a worker registered)" in text
+    assert "node label watch failing since 1.0: no answer" in text
+    assert "Node condition GPUUnhealthy=True (GpuLost), not written yet" in text
+    assert "health on the Node failing: 403 Forbidden" in text
+    waiting = format_status(
+        {"pid": 1, "workers": [], "resources": {}, "config": {"awaiting_label": "no config"}}
+    )
+    assert "config: none chosen yet, waiting for the node label: no config" in waiting
