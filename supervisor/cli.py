@@ -300,7 +300,11 @@ def _config_lines(data: dict[str, Any]) -> list[str]:
     elif config.get("name") or config.get("file"):
         lines.append(
             f"config: {config.get('name') or config.get('file')} (source: {config.get('source')})"
-            + (f"; node label {label['key']}={label['value']!r}" if label and label.get("value") is not None else "")
+            + (
+                f"; node label {label['key']}={label['value']!r}"
+                if label and label.get("value") is not None
+                else ""
+            )
         )
     cluster = data.get("cluster") or {}
     if cluster.get("enabled"):
@@ -315,7 +319,9 @@ def _config_lines(data: dict[str, Any]) -> list[str]:
         condition = health.get("condition")
         if condition:
             written = "written" if health.get("written") else "not written yet"
-            lines.append(f"  Node condition GPUUnhealthy={condition['status']} ({condition['reason']}), {written}")
+            lines.append(
+                f"  Node condition GPUUnhealthy={condition['status']} ({condition['reason']}), {written}"
+            )
         if health.get("error"):
             lines.append(f"  health on the Node failing: {health['error']}")
     return lines

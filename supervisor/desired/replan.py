@@ -154,7 +154,9 @@ class Replanner:
             self.reconciler.config.node_label,
             value,
         )
-        return self.reload(f"node label {self.reconciler.config.node_label}={value} (kept from an earlier run)")
+        return self.reload(
+            f"node label {self.reconciler.config.node_label}={value} (kept from an earlier run)"
+        )
 
     def rediscover(self, trigger: str) -> bool:
         """Re-read the device set with the wanted config; cheap and silent when nothing changed."""
