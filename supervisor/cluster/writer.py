@@ -102,7 +102,7 @@ class NodeHealthWriter:
             if self.client.stopped:
                 break
             try:
-                self.sync()
+                wrote = self.sync()
             except Stopped:
                 break
             except ApiError as exc:
@@ -114,26 +114,32 @@ class NodeHealthWriter:
                 pause = self.retry.next()
             else:
                 self._works()
-                pause = MIN_INTERVAL_S  # new work waits this long: a storm is one write a second
+                # After a pass that called the server, new work waits this long: a storm is one
+                # write a second. A pass that had nothing to do leaves the next one free.
+                pause = MIN_INTERVAL_S if wrote else 0.0
             if self.client.stop_event.wait(pause):
                 break
             if self._pending():
                 self._wake.set()
 
-    def sync(self) -> None:
-        """One pass: the condition if it differs (or a resync is due), then the queued Events."""
+    def sync(self) -> bool:
+        """One pass: the condition if it differs (or a resync is due), then the queued Events.
+        Whether it called the API server."""
         with self._lock:
             wanted = self._wanted
+        called = False
         resync = time.monotonic() >= self._next_resync
         if wanted is not None and (wanted != self._written or resync):
             self._write_condition(wanted)
+            called = True
         if resync:
             self._next_resync = time.monotonic() + RESYNC_S
         while True:
             with self._lock:
                 if not self._events:
-                    return
+                    return called
                 event = self._events[0]
+            called = True
             result = self.recorder.emit(event.type, event.reason, event.message)
             self.on_count("event", result)
             with self._lock:
