@@ -44,6 +44,7 @@ from supervisor.desired.discovery import NvmlLink, StartupError
 from supervisor.desired.follow import Follow, worker_policy
 from supervisor.desired.reconcile import Reconciler
 from supervisor.desired.replan import Replanner
+from supervisor.health.book import ChangeBatch
 from supervisor.health.hub import HealthHub
 from supervisor.health.policy import HealthPolicy, PolicyError
 from supervisor.host.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
@@ -128,6 +129,7 @@ class Supervisor:
             clock=self.clock,
             epoch=uuid.uuid4().hex[:12],
             post=self.mailbox.post,
+            listeners=(self.on_health_decision,),
         )
 
     def _build_workers(self, config: Config) -> Follow:
@@ -160,6 +162,7 @@ class Supervisor:
             spawner=self.spawner,
             workers=self.workers,
             metrics=self.metrics,
+            after_plans=(self.on_plans_applied,),
         )
 
     def _build_desired_state(
@@ -188,7 +191,6 @@ class Supervisor:
             timers=self.timers,
             remember_label=self.rundir.remember_node_label,
         )
-        self.follow = follow
 
     def _build_outside(self, config: Config) -> None:
         """What reaches the supervisor from outside, or looks in: worker messages and CLI commands,
@@ -226,8 +228,6 @@ class Supervisor:
             post=self.mailbox.post,
             on_label=self.replan.node_label,
         )
-        self.hub.listeners.append(self.cluster.health_changed)
-        self.follow.after_plans.append(self.cluster.plans_changed)
         self.metrics.set_config(config.config_name, config.config_source)
         self.readiness = status.ReadinessCell()
         self.notifier = Notifier(self.environ)
@@ -409,6 +409,14 @@ class Supervisor:
             nothing_to_register=self.reconciler.node is not None and not self.reconciler.plans,
             awaiting_label=bool(self.config.awaiting_label),
         )
+
+    def on_health_decision(self, batch: ChangeBatch, line: str) -> None:
+        """The health hub decided a change of devices: the Node hears of it (when asked to)."""
+        self.cluster.health_changed(batch, line)
+
+    def on_plans_applied(self) -> None:
+        """New plans are in place: the Node's condition counts their devices."""
+        self.cluster.plans_changed()
 
     def drain_control(self) -> None:
         self.control.drain(self.events, partial(reply_to, self.commands))

@@ -3,11 +3,12 @@
 When the reconciler takes a config, the parts that read settings live take the new ones (the
 health policy and probe period, the CDI writer, the MPS daemons' settings, the worker spawner
 and the restart policy), and a config chosen anew (another named config, or from another
-source) is one log line and the `gpuvisor_config_info` series. When it has written new plan files, the rest follows in this order:
-the health book and its monitor (started with the first plans: one synchronous probe first, so
-a GPU already bad is Unhealthy in the first list the kubelet sees), the MPS daemons, the CDI
-spec (before the workers: none may hand out a CDI name the spec lacks) and the node labels.
-Only then does the reconciler start, update or stop workers.
+source) is one log line and the `gpuvisor_config_info` series. When it has written new plan
+files, the rest follows in this order: the health book and its monitor (started with the first
+plans: one synchronous probe first, so a GPU already bad is Unhealthy in the first list the
+kubelet sees), the MPS daemons, the CDI spec (before the workers: none may hand out a CDI name the spec lacks), the node labels, and
+the hooks in `after_plans` (the cluster side's Node condition). Only then does the reconciler
+start, update or stop workers.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Follow:
         spawner: WorkerSpawner,
         workers: WorkerSet,
         metrics: Metrics,
+        after_plans: tuple[Callable[[], None], ...] = (),
     ) -> None:
         self.nvml_module = nvml_module
         self.hub = hub
@@ -68,8 +70,8 @@ class Follow:
         self.workers = workers
         self.metrics = metrics
         # Called after each plan change once the followers are in step (the cluster side's
-        # condition follows the device count); set by whoever wires the supervisor.
-        self.after_plans: list[Callable[[], None]] = []
+        # condition follows the device count).
+        self.after_plans = after_plans
 
     def take_config(self, old: Config, new: Config) -> None:
         which = (new.config_name, new.config_source, new.config_file)

@@ -1,8 +1,9 @@
 """What the supervisor should run now: start, reload and rediscovery, each made into an outcome.
 
 A reload (SIGHUP, the config file changing, the `reload` command, a new value of the node's
-config label) re-reads the config and the device set; a rediscovery (every --rediscovery-interval seconds, and the simulator's `sim mig`)
-re-reads the device set with the wanted config. Each plans the node and makes one `Outcome`
+config label) re-reads the config and the device set; a rediscovery (every
+--rediscovery-interval seconds, and the simulator's `sim mig`) re-reads the device set with the
+wanted config. Each plans the node and makes one `Outcome`
 (supervisor/desired/reconcile.py): a `Desired` state, `Deferred` (NVML is not up yet),
 `Unchanged`, or a `Refusal` with its reason. The replanner keeps none of it: it hands the
 outcome to the reconciler, the one owner of the desired state, and reads the running state
@@ -19,7 +20,8 @@ config-manager (supervisor/config/named.py): the node's label as the cluster sid
 SIGHUP's; one that names no config is refused and the running config stays, as it stays on a
 node where NVIDIA's config-manager fails. A change in the directory re-applies when the chosen
 file's content (or the choice itself) changed. Until the label is read the choice is made as for
-a node without one; if that fails, nothing is planned until the label chooses a config.
+a node without one (or with the label an earlier run in this run dir kept: `recall_label`); if
+that fails, nothing is planned until the label chooses a config.
 """
 
 from __future__ import annotations

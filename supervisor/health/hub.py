@@ -58,6 +58,7 @@ class HealthHub:
         clock: Clock,
         epoch: str,
         post: Callable[[Callable[[], None]], None],
+        listeners: tuple[Callable[[ChangeBatch, str], None], ...] = (),
     ) -> None:
         self.endpoint = endpoint
         self.policy = policy
@@ -72,7 +73,7 @@ class HealthHub:
         self.events = EventLog()
         # Told of every batch that changed a device's health, with its log line's words (the
         # cluster side writes them on the Node); called on the main loop, after the workers.
-        self.listeners: list[Callable[[ChangeBatch, str], None]] = []
+        self.listeners = list(listeners)
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
