@@ -85,6 +85,7 @@ class ClusterSide:
         self.watch: ObjectWatch | None = None
         self.writer: NodeHealthWriter | None = None
         self.label: str | None = None  # the label's value as last seen, posted or not
+        self._absent = False  # the Node was not there the last time the watch looked
         self._early: deque[NodeEvent] = deque(maxlen=MAX_EARLY_EVENTS)
 
     @property
@@ -175,6 +176,14 @@ class ClusterSide:
         meta = node.get("metadata") if node is not None else None
         labels = meta.get("labels") if isinstance(meta, dict) else None
         value = str(labels.get(self.label_key, "")) if isinstance(labels, dict) else ""
+        if node is None and not self._absent:
+            log.warning(
+                "Node %s is not in the API server (deleted, or NODE_NAME is not this node's name): "
+                "it counts as a node without the label %s",
+                self.node,
+                self.label_key,
+            )
+        self._absent = node is None
         if value == self.label:
             return
         self.label = value
