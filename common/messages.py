@@ -18,7 +18,8 @@ kind, a kind sent on the wrong topic, a missing, extra or wrongly typed field al
 
 Health uses the "clone" pattern: a worker subscribes, asks for a `HealthSnapshot` of its
 resource at sequence S over control, then applies only deltas with seq > S (the worker's
-`worker.healthcopy.HealthApplier`).
+`worker.healthcopy.HealthApplier`). A `PlanUpdate` carries the snapshot of its new devices, so a
+reload needs no second round trip.
 One topic with one node-wide sequence, rather than a topic per resource, is a deliberate choice:
 every worker sees every sequence number, so a missing delta is always seen as a gap. Deltas carry
 device IDs only; a worker ignores IDs that are not in its plan. `HealthBeacon`s, published
@@ -383,14 +384,32 @@ class Shutdown(_Flat):
 
 
 @dataclass(frozen=True)
-class PlanUpdate(_Flat):
-    """Supervisor -> worker: the resource's plan changed; `plan_json` is `ResourcePlan.to_json()`."""
+class PlanUpdate:
+    """Supervisor -> worker: the resource's plan changed; `plan_json` is `ResourcePlan.to_json()`.
+
+    `snapshot` is the health of the new plan's devices, which the supervisor holds already: the
+    worker takes plan and health as one change (a new device ID is never listed Healthy by
+    default). None (no health book yet) makes the worker ask with a SnapshotRequest instead.
+    """
 
     KIND: ClassVar[str] = "plan-update"
     TOPIC: ClassVar[bytes] = CONTROL_TOPIC
-    _FIELDS = (("plan_json", _str),)
 
     plan_json: str
+    snapshot: HealthSnapshot | None = None
+
+    def to_payload(self) -> dict[str, Json]:
+        return {
+            "plan_json": self.plan_json,
+            "snapshot": None if self.snapshot is None else self.snapshot.to_payload(),
+        }
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Json]) -> PlanUpdate:
+        _only(p, ("plan_json", "snapshot"), "payload")
+        raw = _require(p, "snapshot", "")
+        snapshot = None if raw is None else HealthSnapshot.from_payload(raw, "snapshot")
+        return cls(plan_json=_str(p, "plan_json"), snapshot=snapshot)
 
 
 @dataclass(frozen=True)

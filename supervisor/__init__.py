@@ -6,6 +6,7 @@ area each. A subpackage imports `common/`, `supervisor.scheduler` and the subpac
 in this list, never one above it (tests/unit/test_structure.py checks this):
 
     desired   discovery, reload and rediscovery -> the wanted plans; the reconciler that owns them
+    cluster   what the API server holds for this node: its config label, health on the Node
     labels    GPU Feature Discovery's node labels (`gpuvisor labels`, and inside `gpuvisor run`)
     cdi       the CDI spec, kept in step with the plans
     mps       the MPS control daemons, tied to device health
@@ -16,6 +17,7 @@ in this list, never one above it (tests/unit/test_structure.py checks this):
     observe   metrics, the HTTP probes, readiness and the status document, the allocations view
     host      the run dir, the file watches (kubelet dir, config file), systemd notification
     node      the NVML adapter, node facts, planning (Node + Config -> resource plans)
+    kube      the one way to the API server: credentials, client, limiter, watch, Events
     config    flags, env vars and the config file, each setting declared once -> Config
 
 The worker process (`worker/`) is never imported here: what passes between the two roles is a

@@ -224,6 +224,7 @@ def format_status(data: dict[str, Any]) -> str:
         )
     if data.get("metrics_url"):
         lines.append(f"metrics: {data['metrics_url']}/metrics")
+    lines += _config_lines(data)
     cdi = data.get("cdi") or {}
     if cdi.get("source") or cdi.get("error"):
         lines.append(
@@ -291,6 +292,43 @@ def format_status(data: dict[str, Any]) -> str:
             rows.append((str(a["pod"]), str(a["container"]), str(a["resource"]), ",".join(a["devices"])))
         lines += _table(rows)
     return "\n".join(lines)
+
+
+def _config_lines(data: dict[str, Any]) -> list[str]:
+    """Which config runs and why, and the cluster side's state (when it is on)."""
+    lines = []
+    config = data.get("config") or {}
+    label = config.get("node_label")
+    if config.get("awaiting_label"):
+        lines.append(f"config: none chosen yet, waiting for the node label: {config['awaiting_label']}")
+    elif config.get("name") or config.get("file"):
+        lines.append(
+            f"config: {config.get('name') or config.get('file')} (source: {config.get('source')})"
+            + (
+                f"; node label {label['key']}={label['value']!r}"
+                if label and label.get("value") is not None
+                else ""
+            )
+        )
+    cluster = data.get("cluster") or {}
+    if cluster.get("enabled"):
+        state = f"started ({cluster.get('started_because')})" if cluster.get("started") else "not started yet"
+        lines.append(f"cluster side for Node {cluster.get('node')}: {state}")
+        if cluster.get("error"):
+            lines.append(f"  cannot start: {cluster['error']}")
+        watch = (cluster.get("label") or {}).get("watch") or {}
+        if watch.get("error"):
+            lines.append(f"  node label watch failing since {watch.get('failing_since')}: {watch['error']}")
+        health = cluster.get("node_health") or {}
+        condition = health.get("condition")
+        if condition:
+            written = "written" if health.get("written") else "not written yet"
+            lines.append(
+                f"  Node condition GPUUnhealthy={condition['status']} ({condition['reason']}), {written}"
+            )
+        if health.get("error"):
+            lines.append(f"  health on the Node failing: {health['error']}")
+    return lines
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:

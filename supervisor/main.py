@@ -11,7 +11,9 @@ that raises is logged with its cause and counted (`gpuvisor_housekeeping_errors_
 never ends the loop, which would take every resource of the node away.
 
 `Supervisor.__init__` is the list of parts (supervisor/__init__.py says what each package
-owns), each built once with its neighbours by keyword; none is patched afterwards.
+owns) in four groups, each built once with its neighbours by keyword; none is patched
+afterwards. The cluster side (the node's config label, health on the Node) starts from the loop
+once the kubelet path is up, and loads the API-server layer only then.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
 from common.messages import Json
 from common.procutil import Mailbox
 from supervisor.cdi.sync import CdiSync
+from supervisor.cluster.side import ClusterSide
 from supervisor.config import Config
 from supervisor.control.commands import CommandTarget, reply_to
 from supervisor.control.endpoint import ControlEndpoint
@@ -41,6 +44,7 @@ from supervisor.desired.discovery import NvmlLink, StartupError
 from supervisor.desired.follow import Follow, worker_policy
 from supervisor.desired.reconcile import Reconciler
 from supervisor.desired.replan import Replanner
+from supervisor.health.book import ChangeBatch
 from supervisor.health.hub import HealthHub
 from supervisor.health.policy import HealthPolicy, PolicyError
 from supervisor.host.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
@@ -75,6 +79,11 @@ def startup_policy(config: Config) -> HealthPolicy:
 
 
 class Supervisor:
+    """The loop and its parts. The constructor reads as the list of parts, built in four groups
+    (each its own method below, in the order the parts need each other): the loop's own tools,
+    the node (NVML and health), the workers and the parts that follow the plans, and the desired
+    state with everything that asks for a change or looks in from outside."""
+
     def __init__(
         self,
         config: Config,
@@ -85,22 +94,47 @@ class Supervisor:
     ) -> None:
         self.environ = dict(os.environ) if environ is None else environ
         self.clock = clock or SystemClock()
+        self._build_loop_tools(config)
+        self._build_node(config)
+        follow = self._build_workers(config)
+        self._build_desired_state(config, follow, argv_flags)
+        self._build_outside(config)
+        # The loop's own state.
+        self.signals: list[int] = []  # filled by the handlers, emptied by handle_signals()
+        self.stopping = False
+        self.started_at = self.clock.time()
+        self.last_loop = self.clock.monotonic()
+        self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
+        self._was_ready = False
+        self._poller: zmq.Poller | None = None
+        self._watched: tuple[object, int] = (None, -1)
+
+    def _build_loop_tools(self, config: Config) -> None:
+        """Metrics, the one scheduler, the mailbox other threads post to, the run dir and the
+        record of the sockets our workers may leave."""
         self.metrics = Metrics()
         self.timers = Scheduler(self.clock, on_error=self.metrics.housekeeping_error)
         self.mailbox = Mailbox(log, on_error=partial(self.metrics.housekeeping_error, "mailbox"))
         self.rundir = RunDir(config.run_dir)
         self.plugin_dir = os.path.dirname(os.path.abspath(config.kubelet_socket))
         self.sockets = WorkerSockets(self.plugin_dir, self.rundir.sockets_record)
+
+    def _build_node(self, config: Config) -> None:
+        """NVML (or the simulator) and the health hub that owns the health book and its PUB socket."""
         self.nvml = NvmlLink(config, self.environ, on_error=self.metrics.nvml_error)
-        post = self.mailbox.post
         self.hub = HealthHub(
             endpoint=self.rundir.health_endpoint,
             policy=startup_policy(config),
             metrics=self.metrics,
             clock=self.clock,
             epoch=uuid.uuid4().hex[:12],
-            post=post,
+            post=self.mailbox.post,
+            listeners=(self.on_health_decision,),
         )
+
+    def _build_workers(self, config: Config) -> Follow:
+        """The control socket, the worker processes and the parts that follow each plan: MPS
+        daemons, the CDI spec, the node labels file. Returns the followers, for the reconciler."""
         self.control = ControlEndpoint(
             endpoint=self.rundir.control_endpoint, count=self.metrics.control_message_dropped
         )
@@ -109,13 +143,17 @@ class Supervisor:
             spawner=self.spawner, policy=worker_policy(config), listeners=(self.on_worker_state,)
         )
         self.mps = MpsWiring(
-            config=config, environ=self.environ, nvml_module=self.nvml.module, hub=self.hub, post=post
+            config=config,
+            environ=self.environ,
+            nvml_module=self.nvml.module,
+            hub=self.hub,
+            post=self.mailbox.post,
         )
         self.cdi = CdiSync(config=config, timers=self.timers)
         self.labels = NodeLabels(
             nvml_module=self.nvml.module, simulated=self.nvml.simulator is not None, timers=self.timers
         )
-        follow = Follow(
+        return Follow(
             nvml_module=self.nvml.module,
             hub=self.hub,
             mps=self.mps,
@@ -123,12 +161,21 @@ class Supervisor:
             labels=self.labels,
             spawner=self.spawner,
             workers=self.workers,
+            metrics=self.metrics,
+            after_plans=(self.on_plans_applied,),
         )
+
+    def _build_desired_state(
+        self, config: Config, follow: Follow, argv_flags: argparse.Namespace | None
+    ) -> None:
+        """The reconciler (the one owner of the running config and plans) and the replanner that
+        turns a start, a reload or a rediscovery into what it should take."""
         self.reconciler = Reconciler(
             config=config,
             plan_files=self.rundir,
             workers=self.workers,
             tell=self.control.tell,
+            snapshot=self.hub.snapshot,
             follow=follow,
             timers=self.timers,
             on_pending=self.metrics.set_pending_reload,
@@ -139,13 +186,18 @@ class Supervisor:
             argv_flags=argv_flags,
             environ=self.environ,
             nvml=self.nvml,
-            keeper=self.reconciler,
+            reconciler=self.reconciler,
             mps=self.mps,
             timers=self.timers,
+            remember_label=self.rundir.remember_node_label,
         )
+
+    def _build_outside(self, config: Config) -> None:
+        """What reaches the supervisor from outside, or looks in: worker messages and CLI commands,
+        the file watches, the cluster side (the node's label, health on the Node), the probes."""
         self.events = WorkerEvents(
             workers=self.workers,
-            plans=self.reconciler,
+            reconciler=self.reconciler,
             control=self.control,
             hub=self.hub,
             metrics=self.metrics,
@@ -154,18 +206,29 @@ class Supervisor:
         self.commands = CommandTarget(
             status=self.status,
             replan=self.replan,
-            planned=self.reconciler,
+            reconciler=self.reconciler,
             health=self.hub,
             faults=self.nvml.simulator,
         )
         self.watches = Watches(
             plugin_dir=self.plugin_dir,
             config_file=config.config_file,
-            post=post,
+            config_dir=config.config_file_srcdir,
+            post=self.mailbox.post,
             on_kubelet=self.events.kubelet_created,
             on_deleted=self.events.file_deleted,
             on_config=self.replan.config_event,
         )
+        self.cluster = ClusterSide(
+            config=config,
+            environ=self.environ,
+            hub=self.hub,
+            metrics=self.metrics,
+            timers=self.timers,
+            post=self.mailbox.post,
+            on_label=self.replan.node_label,
+        )
+        self.metrics.set_config(config.config_name, config.config_source)
         self.readiness = status.ReadinessCell()
         self.notifier = Notifier(self.environ)
         self.http: ProbeServer | None = None
@@ -176,15 +239,6 @@ class Supervisor:
                 liveness=loop_liveness(lambda: self.last_loop),
                 readiness=self.readiness,
             )
-        # The loop's own state.
-        self.signals: list[int] = []  # filled by the handlers, emptied by handle_signals()
-        self.stopping = False
-        self.started_at = self.clock.time()
-        self.last_loop = self.clock.monotonic()
-        self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
-        self._was_ready = False
-        self._poller: zmq.Poller | None = None
-        self._watched: tuple[object, int] = (None, -1)
 
     @property
     def config(self) -> Config:
@@ -233,6 +287,10 @@ class Supervisor:
         removed = self.sockets.sweep_all()
         if removed:
             log.info("removed %d stale socket(s) of an earlier run: %s", len(removed), ", ".join(removed))
+        if self.config.config_file_srcdir:
+            label = self.rundir.recall_node_label()
+            if label is not None:
+                self.replan.recall_label(label)
 
     def _end_stale_workers(self) -> None:
         """Workers of an earlier life that never noticed their supervisor died (stopped, hung):
@@ -275,6 +333,7 @@ class Supervisor:
         self._step("timers", self.timers.run_due)
         self._step("health", self.hub.tick)
         self._step("readiness", self.check_ready)
+        self._step("cluster", self.start_cluster)
         ready = self.wait()
         if self.mailbox.fileno() in ready:
             self._step("mailbox", self.mailbox.drain)
@@ -343,6 +402,22 @@ class Supervisor:
             state = "ready" if answer.ready else "not-ready"
             log.info("ready" if answer.ready else "not ready", extra={"state": state})
 
+    def start_cluster(self) -> None:
+        """The cluster side starts once the kubelet path is up (see supervisor/cluster/side.py)."""
+        self.cluster.start_when(
+            registered=any(h.registered for h in self.workers.workers.values()),
+            nothing_to_register=self.reconciler.node is not None and not self.reconciler.plans,
+            awaiting_label=bool(self.config.awaiting_label),
+        )
+
+    def on_health_decision(self, batch: ChangeBatch, line: str) -> None:
+        """The health hub decided a change of devices: the Node hears of it (when asked to)."""
+        self.cluster.health_changed(batch, line)
+
+    def on_plans_applied(self) -> None:
+        """New plans are in place: the Node's condition counts their devices."""
+        self.cluster.plans_changed()
+
     def drain_control(self) -> None:
         self.control.drain(self.events, partial(reply_to, self.commands))
 
@@ -355,6 +430,7 @@ class Supervisor:
             mps_not_ready=self.mps.not_ready(),
             cdi_error=self.cdi.error,
             pending_reload=self.reconciler.pending_error,  # "" unless a reload is pending
+            no_config=self.config.awaiting_label,
         )
 
     def on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
@@ -408,6 +484,7 @@ class Supervisor:
                 "cdi": self.cdi.status(),
                 "labels": self.labels.status(),
                 "control": self.control.status(),
+                "cluster": self.cluster.status(),
             },
             self.replan.status(),
         )
@@ -415,6 +492,7 @@ class Supervisor:
     # ------------------------------------------------------------------ stop
     def shutdown(self) -> None:
         self.notifier.stopping()
+        self._step("stop cluster side", self.cluster.stop)  # API calls in flight end now
         log.info("stopping: %d workers", sum(1 for h in self.workers.workers.values() if h.proc is not None))
         self.workers.stop_and_wait("supervisor stopping", SHUTDOWN_GRACE_S)
         self.spawner.stop()

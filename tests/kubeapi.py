@@ -1,31 +1,51 @@
-"""A local HTTPS endpoint that answers as the Kubernetes API server's REST paths do, for NodeFeature tests.
+"""A fake Kubernetes API server for tests: the real one's contract where gpuvisor depends on it.
 
-No API server can run here (MACHINE-NOTES.md), so this serves the few documented paths the
-labeller uses, with the API server's rules for them (the API conventions' Status objects,
-`resourceVersion` optimistic concurrency, 201 on create, 404/409 reasons):
+No API server can run here (MACHINE-NOTES.md), so this serves the REST paths gpuvisor uses, over
+TLS with a certificate from its own test CA and a bearer token (so the client's kubeconfig path,
+CA data and token, is exercised), with the real server's rules for them:
 
-- `GET /api/v1/namespaces/{ns}/pods/{name}`
-- `GET|PUT /apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{ns}/nodefeatures/{name}`
-- `POST /apis/nfd.k8s-sigs.io/v1alpha1/namespaces/{ns}/nodefeatures`
+- Status objects for refusals (401, 403, 404, 405, 409, 410, 415, 422), and, as the real server's
+  mux does, a plain-text `404 page not found` for a path it does not serve at all: an unknown
+  path, or a CRD's path while the CRD is not installed (`crds`);
+- `resourceVersion`: one counter for every write; optimistic concurrency (a stale version sent
+  back is 409 Conflict); list answers carry the collection's version;
+- watch (`?watch=true`) of nodes: chunked JSON lines from a resourceVersion (or the current state
+  as ADDED events without one), `fieldSelector=metadata.name=...`, BOOKMARK events when asked
+  (`allowWatchBookmarks`, every `bookmark_s`), `timeoutSeconds`, and `410 Gone` for a version
+  older than the last compaction (`compact()`): as an HTTP 410 when the watch starts, as an ERROR
+  event in a stream that `expire_watches()` ends;
+- the `status` subresource of nodes, PATCHed with a strategic-merge patch that merges
+  `status.conditions` by `type` (other conditions untouched) or with a JSON merge patch;
+- core/v1 Events: created (validated: namespace rules for a cluster-scoped object, type, name,
+  timestamps), PATCHed (count, lastTimestamp), listed;
+- RBAC: with `allow` set, a request whose (verb, resource) is not in it gets the real 403 text;
+- NFD's NodeFeature (checked against NFD v0.19.0's CRD schema, `tests/data/`, as the structural
+  schema it is, so unknown fields fail too) and pods (read only);
+- every request is recorded with its user agent and field manager (the `fieldManager` parameter,
+  else the user agent up to its first "/", as the real server derives it).
 
-It speaks TLS with a certificate from its own test CA and wants a bearer token, as a real
-server does, so the client's kubeconfig path (CA data, token) is exercised. Every NodeFeature
-sent is checked against NFD's NodeFeature CRD schema (`tests/data/nfd-nodefeature-v1alpha1-schema.yaml`,
-transcribed from NFD v0.19.0) as a structural schema: unknown fields, which the API server would
-prune, are errors too, and so is metadata the API server would refuse. A request that breaks a
-rule is answered as the API server would (422 Invalid) and recorded in `errors`.
+And the failures a real server shows: a frozen server (`freeze()`: requests hang until `thaw()`),
+dropped watch connections (`drop_connections()`), an outage (`stop()` then `start()` on the same
+port), and one injected failure per method (`fail_next`). Refusals of what gpuvisor sent are
+recorded in `errors`, which a test expects empty.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import copy
 import datetime
 import ipaddress
 import json
 import re
+import socket
 import ssl
 import threading
+import time
+import urllib.parse
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,11 +59,20 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 SCHEMA_FILE = Path(__file__).parent / "data" / "nfd-nodefeature-v1alpha1-schema.yaml"
+NFD_GROUP = "nfd.k8s-sigs.io"
 NF_PATH = re.compile(r"^/apis/nfd\.k8s-sigs\.io/v1alpha1/namespaces/([^/]+)/nodefeatures(?:/([^/]+))?$")
 POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$")
+NODE_PATH = re.compile(r"^/api/v1/nodes(?:/([^/]+)(?:/(status))?)?$")
+EVENT_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/events(?:/([^/]+))?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 TOKEN = "gpuvisor-test-token"
+USER = "system:serviceaccount:gpuvisor:gpuvisor"
+STRATEGIC = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+MERGE_KEYS = {("status", "conditions"): "type", ("status", "addresses"): "type"}
+HISTORY = 1000  # watch events kept; older versions are compacted away
 
 
 def structural(schema: Any) -> Any:
@@ -74,11 +103,7 @@ def node_feature_problems(obj: Any, namespace: str, name: str | None) -> list[st
             f"apiVersion/kind {obj.get('apiVersion')}/{obj.get('kind')} is not nfd.k8s-sigs.io/v1alpha1/NodeFeature"
         )
     meta = obj.get("metadata") or {}
-    obj_name = meta.get("name", "")
-    if not isinstance(obj_name, str) or len(obj_name) > 253 or not DNS_SUBDOMAIN.match(obj_name):
-        problems.append(f"metadata.name {obj_name!r} is not a DNS-1123 subdomain")
-    if name is not None and obj_name != name:
-        problems.append(f"metadata.name {obj_name!r} does not match the URL's {name!r}")
+    problems += _name_problems(meta, name)
     if meta.get("namespace", namespace) != namespace:
         problems.append(
             f"metadata.namespace {meta.get('namespace')!r} does not match the URL's {namespace!r}"
@@ -100,26 +125,141 @@ def node_feature_problems(obj: Any, namespace: str, name: str | None) -> list[st
     return problems
 
 
+def _name_problems(meta: dict[str, Any], url_name: str | None) -> list[str]:
+    name = meta.get("name", "")
+    problems = []
+    if not isinstance(name, str) or len(name) > 253 or not DNS_SUBDOMAIN.match(name):
+        problems.append(f"metadata.name {name!r} is not a DNS-1123 subdomain")
+    if url_name is not None and name != url_name:
+        problems.append(f"metadata.name {name!r} does not match the URL's {url_name!r}")
+    return problems
+
+
+def event_problems(event: Any, namespace: str) -> list[str]:
+    """What the API server's core/v1 Event validation (ValidateEventCreate) would refuse."""
+    if not isinstance(event, dict):
+        return ["not an object"]
+    meta = event.get("metadata") or {}
+    problems = _name_problems(meta, None)
+    involved = event.get("involvedObject") or {}
+    if not involved.get("kind") or not involved.get("name"):
+        problems.append("involvedObject.kind and involvedObject.name are required")
+    if not involved.get("namespace") and namespace not in ("", "default"):
+        problems.append(
+            f"metadata.namespace {namespace!r}: does not match event.involvedObject.namespace "
+            "(a cluster-scoped object's events go to 'default')"
+        )
+    if involved.get("namespace") and involved["namespace"] != namespace:
+        problems.append("metadata.namespace does not match involvedObject.namespace")
+    if event.get("type") not in ("Normal", "Warning"):
+        problems.append(f"type {event.get('type')!r}: must be Normal or Warning")
+    for key in ("firstTimestamp", "lastTimestamp"):
+        if key in event and not (isinstance(event[key], str) and TIME.match(event[key])):
+            problems.append(f"{key} {event[key]!r} is not an RFC 3339 time")
+    if not isinstance(event.get("count", 1), int) or event.get("count", 1) < 1:
+        problems.append("count must be a positive integer")
+    if len(str(event.get("reason", ""))) > 128:
+        problems.append("reason is over 128 characters")
+    return problems
+
+
+def condition_problems(node: dict[str, Any]) -> list[str]:
+    """A Node's conditions as the API server decodes them: a type, a known status, RFC 3339 times."""
+    problems = []
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if not isinstance(cond, dict) or not cond.get("type"):
+            problems.append(f"condition {cond!r}: type is required")
+            continue
+        if cond.get("status") not in ("True", "False", "Unknown"):
+            problems.append(
+                f"condition {cond['type']}: status {cond.get('status')!r} is not True/False/Unknown"
+            )
+        for key in ("lastHeartbeatTime", "lastTransitionTime"):
+            value = cond.get(key)
+            if value is not None and not (isinstance(value, str) and TIME.match(value)):
+                problems.append(f"condition {cond['type']}: {key} {value!r} is not an RFC 3339 time")
+    return problems
+
+
+def strategic_merge(target: dict[str, Any], patch: dict[str, Any], path: tuple[str, ...] = ()) -> None:
+    """A strategic-merge patch for the fields gpuvisor sends: maps merge, null deletes, lists with a
+    merge key (a Node's conditions by `type`) merge element by element, other lists are replaced."""
+    for key, value in patch.items():
+        here = (*path, key)
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            strategic_merge(target[key], value, here)
+        elif isinstance(value, list) and here in MERGE_KEYS and isinstance(target.get(key), list):
+            merge_key = MERGE_KEYS[here]
+            merged = target[key]
+            for item in value:
+                existing = next(
+                    (e for e in merged if isinstance(e, dict) and e.get(merge_key) == item.get(merge_key)),
+                    None,
+                )
+                if existing is None:
+                    merged.append(copy.deepcopy(item))
+                else:
+                    strategic_merge(existing, item, here)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """RFC 7386 JSON merge patch: maps merge, null deletes, everything else (lists too) replaces."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            merge_patch(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 @dataclass
 class Request:
     method: str
     path: str
     body: Any
     content_type: str | None = None
+    query: dict[str, str] = field(default_factory=dict)
+    user_agent: str = ""
+    manager: str = ""  # the field manager the server would record for a write
 
 
 @dataclass
 class FakeApiServer:
-    """The endpoint's state: stored objects, pods, every request, every refusal, injected failures."""
+    """The server's state: objects, the watch history, every request and refusal, injected trouble."""
 
     node_features: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     fail_next: dict[str, tuple[int, str]] = field(default_factory=dict)  # method -> (code, reason)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    crds: set[str] = field(default_factory=lambda: {NFD_GROUP})  # API groups of installed CRDs
+    allow: set[tuple[str, str]] | None = None  # (verb, resource[/subresource]); None allows all
+    bookmark_s: float = 1.0
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    changed: threading.Condition = field(init=False)
     version: int = 0
+    compacted: int = 0  # watches from a version at or below this get 410 Gone
+    history: deque[tuple[int, str, dict[str, Any]]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    watch_epoch: int = 0  # expire_watches() moves it: streams of an older epoch end with 410
+    frozen: threading.Event = field(default_factory=threading.Event)
+    thawed: threading.Event = field(default_factory=threading.Event)
 
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
+        self.thawed.set()
+
+    # ------------------------------------------------------------------ objects
     def add_daemonset_pod(self, namespace: str, name: str) -> dict[str, Any]:
         pod = {
             "apiVersion": "v1",
@@ -138,13 +278,115 @@ class FakeApiServer:
         self.pods[(namespace, name)] = pod
         return pod
 
-    def calls(self, method: str | None = None) -> list[Request]:
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """A Node as the kubelet registers it, with the conditions it keeps (gpuvisor must leave them)."""
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "uid": str(uuid.uuid4()), "labels": dict(labels or {})},
+            "spec": {},
+            "status": {
+                "conditions": [
+                    {"type": t, "status": s, "reason": r, "message": m,
+                     "lastHeartbeatTime": now_rfc3339(), "lastTransitionTime": "2026-01-01T00:00:00Z"}
+                    for t, s, r, m in (
+                        ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                        ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+                    )
+                ],
+                "capacity": {"cpu": "64"},
+            },
+        }  # fmt: skip
         with self.lock:
-            return [r for r in self.requests if method is None or r.method == method]
+            self._store_node(name, node, "ADDED")
+        return node
+
+    def set_node_label(self, name: str, key: str, value: str | None) -> None:
+        """An operator's `kubectl label node`: a new version and a MODIFIED watch event."""
+        with self.lock:
+            node = copy.deepcopy(self.nodes[name])
+            labels = node["metadata"].setdefault("labels", {})
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+            self._store_node(name, node, "MODIFIED")
+
+    def touch_node(self, name: str) -> None:
+        """The kubelet's heartbeat: the Node changes (a new version) but not its labels."""
+        with self.lock:
+            node = copy.deepcopy(self.nodes[name])
+            node["status"]["conditions"][-1]["lastHeartbeatTime"] = now_rfc3339()
+            self._store_node(name, node, "MODIFIED")
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            node = self.nodes.pop(name)
+            self.version += 1
+            node = copy.deepcopy(node)
+            node["metadata"]["resourceVersion"] = str(self.version)
+            self.history.append((self.version, "DELETED", node))
+            self.changed.notify_all()
+
+    def condition(self, node: str, kind: str) -> dict[str, Any] | None:
+        with self.lock:
+            conds = self.nodes[node]["status"].get("conditions") or []
+            return copy.deepcopy(next((c for c in conds if c.get("type") == kind), None))
+
+    def node_events(self, node: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                copy.deepcopy(e)
+                for e in self.events.values()
+                if e.get("involvedObject", {}).get("kind") == "Node"
+                and e["involvedObject"].get("name") == node
+            ]
+
+    def calls(self, method: str | None = None, path: str | None = None) -> list[Request]:
+        with self.lock:
+            return [
+                r
+                for r in self.requests
+                if (method is None or r.method == method) and (path is None or r.path.startswith(path))
+            ]
+
+    # ------------------------------------------------------------------ trouble
+    def compact(self) -> None:
+        """etcd compaction: every version up to now is gone for a new watch (410 Gone)."""
+        with self.lock:
+            self.compacted = self.version
+
+    def expire_watches(self) -> None:
+        """The watch cache drops its watchers: each open stream ends with an ERROR 410 event."""
+        with self.lock:
+            self.compact()
+            self.watch_epoch += 1
+            self.changed.notify_all()
+
+    def freeze(self) -> None:
+        """Requests hang (accepted, never answered) until thaw()."""
+        self.thawed.clear()
+        self.frozen.set()
+
+    def thaw(self) -> None:
+        self.frozen.clear()
+        self.thawed.set()
+
+    # ------------------------------------------------------------------ internals
+    def _store_node(self, name: str, node: dict[str, Any], kind: str) -> dict[str, Any]:
+        self.version += 1
+        node["metadata"]["resourceVersion"] = str(self.version)
+        node["metadata"].setdefault("creationTimestamp", now_rfc3339())
+        self.nodes[name] = node
+        self.history.append((self.version, kind, copy.deepcopy(node)))
+        if len(self.history) == HISTORY:
+            self.compacted = max(self.compacted, self.history[0][0] - 1)
+        self.changed.notify_all()
+        return node
 
 
 def status(
-    code: int, reason: str, message: str, name: str = "", kind: str = "nodefeatures"
+    code: int, reason: str, message: str, name: str = "", kind: str = "nodefeatures", group: str | None = None
 ) -> dict[str, Any]:
     """A metav1.Status as the API server sends it with an error."""
     return {
@@ -154,17 +396,29 @@ def status(
         "status": "Failure",
         "message": message,
         "reason": reason,
-        "details": {"name": name, "group": "nfd.k8s-sigs.io" if kind == "nodefeatures" else "", "kind": kind},
+        "details": {"name": name, "group": (NFD_GROUP if kind == "nodefeatures" else "") if group is None else group,
+                    "kind": kind},
         "code": code,
-    }
+    }  # fmt: skip
 
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "fake-kube-apiserver"
+    protocol_version = "HTTP/1.1"
     state: FakeApiServer  # set on the subclass made per server
+    live: set[socket.socket]  # the connections being served, for drop_connections()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.live.add(self.connection)
+
+    def finish(self) -> None:
+        self.live.discard(self.connection)
+        with contextlib.suppress(OSError):  # a connection dropped by a test
+            super().finish()
 
     def _send(self, code: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -174,46 +428,320 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _plain_404(self) -> None:
+        """The real server's mux for a path nothing serves (an uninstalled CRD's included)."""
+        data = b"404 page not found\n"
+        self.send_response(404)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _handle(self, method: str) -> None:
         state = self.state
+        self.close_connection = True
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        body = json.loads(raw) if raw else None
-        path = self.path.split("?", 1)[0]
+        split = urllib.parse.urlsplit(self.path)
+        path = split.path
+        query = dict(urllib.parse.parse_qsl(split.query, keep_blank_values=True))
+        ua = self.headers.get("User-Agent", "")
+        manager = query.get("fieldManager") or ua.split("/", 1)[0]
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode(errors="replace")
         with state.lock:
-            state.requests.append(Request(method, path, body, self.headers.get("Content-Type")))
-            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                self._send(401, status(401, "Unauthorized", "Unauthorized"))
-                return
+            state.requests.append(
+                Request(method, path, body, self.headers.get("Content-Type"), query, ua, manager)
+            )
+        while state.frozen.is_set():  # a hung server: the request waits, unanswered
+            state.thawed.wait(0.2)
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            self._send(401, status(401, "Unauthorized", "Unauthorized"))
+            return
+        with state.lock:
             if method in state.fail_next:
                 code, reason = state.fail_next.pop(method)
                 self._send(code, status(code, reason, f"injected {reason}"))
                 return
-            # The API server takes a missing Content-Type as its first media type, JSON.
-            if (
-                method in ("POST", "PUT")
-                and self.headers.get("Content-Type", "application/json").split(";")[0] != "application/json"
-            ):
-                self._send(415, status(415, "UnsupportedMediaType", "expected application/json"))
-                return
-            pod = POD_PATH.match(path)
-            if pod and method == "GET":
-                found = state.pods.get((pod[1], pod[2]))
+        if (
+            method in ("POST", "PUT")
+            and (self.headers.get("Content-Type") or "application/json").split(";")[0] != "application/json"
+        ):
+            self._send(415, status(415, "UnsupportedMediaType", "expected application/json"))
+            return
+        if not isinstance(body, dict | None):
+            self._send(400, status(400, "BadRequest", "the body is not a JSON object"))
+            return
+        if (m := POD_PATH.match(path)) and method == "GET":
+            if self._allowed("get", "pods", m[1], m[2]):
+                found = state.pods.get((m[1], m[2]))
                 if found is None:
-                    self._send(404, status(404, "NotFound", f'pods "{pod[2]}" not found', pod[2], "pods"))
+                    self._send(404, status(404, "NotFound", f'pods "{m[2]}" not found', m[2], "pods"))
                 else:
                     self._send(200, found)
-                return
-            nf = NF_PATH.match(path)
-            if nf is None:
-                self._send(404, status(404, "NotFound", "the server could not find the requested resource"))
-                return
-            self._node_feature(method, nf[1], nf[2], body)
+            return
+        if (m := NODE_PATH.match(path)) is not None:
+            self._node(method, m[1], m[2], query, body)
+            return
+        if (m := EVENT_PATH.match(path)) is not None:
+            self._event(method, m[1], m[2], body)
+            return
+        nf = NF_PATH.match(path)
+        if nf is None or NFD_GROUP not in state.crds:
+            self._plain_404()
+            return
+        self._node_feature(method, nf[1], nf[2], body)
 
+    # ------------------------------------------------------------------ RBAC
+    def _allowed(self, verb: str, resource: str, namespace: str = "", name: str = "") -> bool:
+        allow = self.state.allow
+        if allow is None or (verb, resource) in allow:
+            return True
+        who = f'{resource.split("/")[0]} "{name}"' if name else resource.split("/")[0]
+        group = NFD_GROUP if resource.startswith("nodefeatures") else ""
+        scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+        message = f'{who} is forbidden: User "{USER}" cannot {verb} resource "{resource}" in API group "{group}" {scope}'
+        self._send(403, status(403, "Forbidden", message, name, resource.split("/")[0], group))
+        return False
+
+    # ------------------------------------------------------------------ nodes
+    def _node(self, method: str, name: str | None, sub: str | None, query: dict[str, str], body: Any) -> None:
+        state = self.state
+        if name is None:
+            if method != "GET":
+                self._send(
+                    405, status(405, "MethodNotAllowed", f"{method} is not allowed here", kind="nodes")
+                )
+                return
+            watching = query.get("watch") in ("true", "1")
+            if self._allowed("watch" if watching else "list", "nodes"):
+                (self._watch_nodes if watching else self._list_nodes)(query)
+            return
+        resource = "nodes/status" if sub else "nodes"
+        if method == "GET":
+            if not self._allowed("get", resource, name=name):
+                return
+            with state.lock:
+                node = copy.deepcopy(state.nodes.get(name))
+            if node is None:
+                self._send(404, status(404, "NotFound", f'nodes "{name}" not found', name, "nodes"))
+            else:
+                self._send(200, node)
+            return
+        if method != "PATCH":
+            self._send(405, status(405, "MethodNotAllowed", f"{method} is not allowed here", kind="nodes"))
+            return
+        if not self._allowed("patch", resource, name=name):
+            return
+        kind = (self.headers.get("Content-Type") or "").split(";")[0]
+        if kind not in (STRATEGIC, MERGE) or not isinstance(body, dict):
+            self._send(
+                415,
+                status(
+                    415, "UnsupportedMediaType", f"the patch type {kind!r} is not supported", kind="nodes"
+                ),
+            )
+            return
+        with state.lock:
+            current = state.nodes.get(name)
+            if current is None:
+                self._send(404, status(404, "NotFound", f'nodes "{name}" not found', name, "nodes"))
+                return
+            sent = (body.get("metadata") or {}).get("resourceVersion")
+            if sent is not None and sent != current["metadata"]["resourceVersion"]:
+                self._send(409, status(409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": '
+                                       "the object has been modified; please apply your changes to the latest version and try again",
+                                       name, "nodes"))  # fmt: skip
+                return
+            updated = copy.deepcopy(current)
+            # The status subresource takes only status (metadata.resourceVersion as a precondition);
+            # the main resource ignores status.
+            part = (
+                {"status": body.get("status") or {}}
+                if sub
+                else {k: v for k, v in body.items() if k != "status"}
+            )
+            (strategic_merge if kind == STRATEGIC else merge_patch)(updated, part)
+            problems = condition_problems(updated)
+            if problems:
+                state.errors.extend(problems)
+                self._send(422, status(422, "Invalid", "; ".join(problems), name, "nodes"))
+                return
+            stored = state._store_node(name, updated, "MODIFIED")
+            self._send(200, copy.deepcopy(stored))
+
+    def _selected(self, obj: dict[str, Any], query: dict[str, str]) -> bool:
+        selector = query.get("fieldSelector", "")
+        for term in filter(None, selector.split(",")):
+            key, _, value = term.partition("=")
+            if key == "metadata.name" and obj["metadata"]["name"] != value.lstrip("="):
+                return False
+        return True
+
+    def _list_nodes(self, query: dict[str, str]) -> None:
+        with self.state.lock:
+            items = [copy.deepcopy(n) for n in self.state.nodes.values() if self._selected(n, query)]
+            version = str(self.state.version)
+        self._send(
+            200,
+            {
+                "kind": "NodeList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": version},
+                "items": items,
+            },
+        )
+
+    def _chunk(self, event: dict[str, Any]) -> None:
+        data = json.dumps(event).encode() + b"\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _watch_nodes(self, query: dict[str, str]) -> None:
+        state = self.state
+        start = query.get("resourceVersion", "")
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        with state.lock:
+            if start not in ("", "0") and (not start.isdigit() or int(start) < state.compacted):
+                self._send(
+                    410,
+                    status(
+                        410, "Expired", f"too old resource version: {start} ({state.compacted})", kind="nodes"
+                    ),
+                )
+                return
+            epoch = state.watch_epoch
+            if start in ("", "0"):  # no version: the current state first, as ADDED events
+                pending = [
+                    ("ADDED", copy.deepcopy(n)) for n in state.nodes.values() if self._selected(n, query)
+                ]
+                seen = state.version
+            else:
+                pending, seen = [], int(start)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        deadline = time.monotonic() + timeout
+        next_bookmark = time.monotonic() + state.bookmark_s
+        try:
+            for kind, obj in pending:
+                self._chunk({"type": kind, "object": obj})
+            while time.monotonic() < deadline:
+                with state.lock:
+                    if state.watch_epoch != epoch:
+                        self._chunk(
+                            {
+                                "type": "ERROR",
+                                "object": status(
+                                    410,
+                                    "Expired",
+                                    "The resourceVersion for the provided watch is too old.",
+                                    kind="nodes",
+                                ),
+                            }
+                        )
+                        break
+                    events = [(v, k, o) for v, k, o in state.history if v > seen]
+                    if not events:
+                        state.changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+                        events = [(v, k, o) for v, k, o in state.history if v > seen]
+                    current = state.version
+                for version, kind, obj in events:
+                    seen = version
+                    if self._selected(obj, query):
+                        self._chunk({"type": kind, "object": copy.deepcopy(obj)})
+                if bookmarks and time.monotonic() >= next_bookmark:
+                    seen = max(seen, current)
+                    self._chunk({"type": "BOOKMARK", "object": {"kind": "Node", "apiVersion": "v1",
+                                                                "metadata": {"resourceVersion": str(seen)}}})  # fmt: skip
+                    next_bookmark = time.monotonic() + state.bookmark_s
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass  # the client went, or a test dropped the connection
+
+    # ------------------------------------------------------------------ events
+    def _event(self, method: str, namespace: str, name: str | None, body: Any) -> None:
+        state = self.state
+        verb = {"POST": "create", "PATCH": "patch", "GET": "get" if name else "list"}.get(method)
+        if verb is None or (method == "POST") == bool(name):
+            self._send(405, status(405, "MethodNotAllowed", f"{method} is not allowed here", kind="events"))
+            return
+        if not self._allowed(verb, "events", namespace, name or ""):
+            return
+        with state.lock:
+            if method == "GET":
+                if name:
+                    found = state.events.get((namespace, name))
+                    self._send(200, found) if found else self._send(
+                        404, status(404, "NotFound", f'events "{name}" not found', name, "events")
+                    )
+                else:
+                    items = [e for (ns, _), e in state.events.items() if ns == namespace]
+                    self._send(
+                        200,
+                        {
+                            "kind": "EventList",
+                            "metadata": {"resourceVersion": str(state.version)},
+                            "items": items,
+                        },
+                    )
+                return
+            if method == "POST":
+                problems = event_problems(body, namespace)
+                key = (namespace, (body or {}).get("metadata", {}).get("name", ""))
+                if not problems and key in state.events:
+                    self._send(
+                        409,
+                        status(409, "AlreadyExists", f'events "{key[1]}" already exists', key[1], "events"),
+                    )
+                    return
+                stored = copy.deepcopy(body)
+            else:
+                key = (namespace, name or "")
+                current = state.events.get(key)
+                if current is None:
+                    self._send(
+                        404, status(404, "NotFound", f'events "{name}" not found', name or "", "events")
+                    )
+                    return
+                kind = (self.headers.get("Content-Type") or "").split(";")[0]
+                if kind not in (STRATEGIC, MERGE):
+                    self._send(
+                        415,
+                        status(
+                            415,
+                            "UnsupportedMediaType",
+                            f"the patch type {kind!r} is not supported",
+                            kind="events",
+                        ),
+                    )
+                    return
+                stored = copy.deepcopy(current)
+                (strategic_merge if kind == STRATEGIC else merge_patch)(stored, body or {})
+                problems = event_problems(stored, namespace)
+            if problems:
+                state.errors.extend(problems)
+                self._send(422, status(422, "Invalid", "; ".join(problems), key[1], "events"))
+                return
+            state.version += 1
+            stored.setdefault("metadata", {})["namespace"] = namespace
+            stored["metadata"]["resourceVersion"] = str(state.version)
+            stored["metadata"].setdefault("uid", str(uuid.uuid4()))
+            state.events[key] = stored
+            self._send(201 if method == "POST" else 200, stored)
+
+    # ------------------------------------------------------------------ NodeFeature
     def _node_feature(self, method: str, namespace: str, name: str | None, body: Any) -> None:
         state = self.state
         key = (namespace, name or "")
         if method == "GET" and name:
+            if not self._allowed("get", "nodefeatures", namespace, name):
+                return
             found = state.node_features.get(key)
             if found is None:
                 self._send(
@@ -225,54 +753,59 @@ class _Handler(BaseHTTPRequestHandler):
         if method not in ("POST", "PUT") or (method == "POST") == bool(name):
             self._send(405, status(405, "MethodNotAllowed", f"{method} is not allowed here"))
             return
+        if not self._allowed(
+            "create" if method == "POST" else "update", "nodefeatures", namespace, name or ""
+        ):
+            return
         problems = node_feature_problems(body, namespace, name)
         if problems:
             state.errors.extend(problems)
             self._send(422, status(422, "Invalid", "; ".join(problems)))
             return
         obj_name = body["metadata"]["name"]
-        current = state.node_features.get((namespace, obj_name))
-        if method == "POST" and current is not None:
-            self._send(
-                409,
-                status(
-                    409,
-                    "AlreadyExists",
-                    f'nodefeatures.nfd.k8s-sigs.io "{obj_name}" already exists',
-                    obj_name,
-                ),
-            )
-            return
-        if method == "PUT":
-            if current is None:
-                self._send(
-                    404,
-                    status(404, "NotFound", f'nodefeatures.nfd.k8s-sigs.io "{obj_name}" not found', obj_name),
-                )
-                return
-            sent = body["metadata"].get("resourceVersion")
-            if sent != current["metadata"]["resourceVersion"]:
+        with state.lock:
+            current = state.node_features.get((namespace, obj_name))
+            if method == "POST" and current is not None:
                 self._send(
                     409,
                     status(
                         409,
-                        "Conflict",
-                        f"Operation cannot be fulfilled: the object has been modified (resourceVersion {sent!r})",
+                        "AlreadyExists",
+                        f'nodefeatures.nfd.k8s-sigs.io "{obj_name}" already exists',
                         obj_name,
                     ),
                 )
                 return
-        state.version += 1
-        stored = json.loads(json.dumps(body))
-        meta = stored["metadata"]
-        meta["namespace"] = namespace
-        meta["resourceVersion"] = str(state.version)
-        meta.setdefault("uid", current["metadata"]["uid"] if current else str(uuid.uuid4()))
-        meta.setdefault(
-            "creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        )
-        meta["generation"] = (current["metadata"].get("generation", 1) + 1) if current else 1
-        state.node_features[(namespace, obj_name)] = stored
+            if method == "PUT":
+                if current is None:
+                    self._send(
+                        404,
+                        status(
+                            404, "NotFound", f'nodefeatures.nfd.k8s-sigs.io "{obj_name}" not found', obj_name
+                        ),
+                    )
+                    return
+                sent = body["metadata"].get("resourceVersion")
+                if sent != current["metadata"]["resourceVersion"]:
+                    self._send(
+                        409,
+                        status(
+                            409,
+                            "Conflict",
+                            f"Operation cannot be fulfilled: the object has been modified (resourceVersion {sent!r})",
+                            obj_name,
+                        ),
+                    )
+                    return
+            state.version += 1
+            stored = json.loads(json.dumps(body))
+            meta = stored["metadata"]
+            meta["namespace"] = namespace
+            meta["resourceVersion"] = str(state.version)
+            meta.setdefault("uid", current["metadata"]["uid"] if current else str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", now_rfc3339())
+            meta["generation"] = (current["metadata"].get("generation", 1) + 1) if current else 1
+            state.node_features[(namespace, obj_name)] = stored
         self._send(201 if method == "POST" else 200, stored)
 
     def do_GET(self) -> None:
@@ -283,6 +816,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         self._handle("PUT")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
 
 
 def _certificates(directory: Path) -> tuple[bytes, Path, Path]:
@@ -320,25 +856,65 @@ def _certificates(directory: Path) -> tuple[bytes, Path, Path]:
     return ca.public_bytes(serialization.Encoding.PEM), cert_file, key_file
 
 
-class RunningApiServer:
-    """The endpoint on 127.0.0.1 (a free port) in a thread, and a kubeconfig that trusts it."""
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
 
-    def __init__(self, directory: Path) -> None:
-        self.state = FakeApiServer()
-        ca_pem, cert_file, key_file = _certificates(directory)
-        handler = type("Handler", (_Handler,), {"state": self.state})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(cert_file, key_file)
-        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}"
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer (a stop, a test cutting connections) is no error."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class RunningApiServer:
+    """The fake on 127.0.0.1 (a free port, kept across stop()/start()) in a thread, and a kubeconfig
+    that trusts it."""
+
+    def __init__(self, directory: Path, state: FakeApiServer | None = None) -> None:
+        self.state = state or FakeApiServer()
+        ca_pem, self._cert_file, self._key_file = _certificates(directory)
+        self.live: set[socket.socket] = set()
+        self.port = 0
+        self.httpd: _Server | None = None
+        self.thread: threading.Thread | None = None
+        self.start()
+        self.url = f"https://127.0.0.1:{self.port}"
         self.ca_data = base64.b64encode(ca_pem).decode()
         self.kubeconfig = directory / "kubeconfig"
         self.kubeconfig.write_text(self.kubeconfig_text(self.ca_data))
+
+    def start(self) -> None:
+        """Serve (again, on the same port after stop())."""
+        handler = type("Handler", (_Handler,), {"state": self.state, "live": self.live})
+        httpd = _Server(("127.0.0.1", self.port), handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self._cert_file, self._key_file)
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        self.port = httpd.server_address[1]
+        self.httpd = httpd
         self.thread = threading.Thread(
-            target=self.httpd.serve_forever, args=(0.05,), name="fake-apiserver", daemon=True
+            target=httpd.serve_forever, args=(0.05,), name="fake-apiserver", daemon=True
         )
         self.thread.start()
+
+    def stop(self) -> None:
+        """An outage: no more connections are accepted and the open ones (watches) are cut."""
+        if self.httpd is not None:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+            self.thread = None
+        self.drop_connections()
+
+    def drop_connections(self) -> None:
+        """Cut every connection being served (a watch stream ends mid-way, as when a server restarts)."""
+        for conn in list(self.live):
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(conn, socket.SHUT_RDWR)
 
     def kubeconfig_text(self, ca_data: str, token: str = TOKEN) -> str:
         return yaml.safe_dump({
@@ -351,6 +927,5 @@ class RunningApiServer:
         })  # fmt: skip
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
+        self.state.thaw()
+        self.stop()

@@ -33,6 +33,7 @@ from common.messages import (
     DeviceHealth,
     HealthBeacon,
     HealthDelta,
+    HealthSnapshot,
     Heartbeat,
     Hello,
     Message,
@@ -279,7 +280,7 @@ class Worker:
         elif isinstance(message, Shutdown):
             self.stopping = True
         elif isinstance(message, PlanUpdate):
-            self._update_plan(message.plan_json)
+            self._update_plan(message.plan_json, message.snapshot)
 
     def _apply_result(self, result: ApplyResult) -> None:
         if result.outcome is ApplyOutcome.APPLIED:
@@ -309,7 +310,7 @@ class Worker:
             bad = sorted(d for d, h in items if not h.healthy)
             log.info("device health changed; unhealthy now: %s", ", ".join(bad) or "none")
 
-    def _update_plan(self, plan_json: str) -> None:
+    def _update_plan(self, plan_json: str, snapshot: HealthSnapshot | None) -> None:
         try:
             plan = ResourcePlan.from_json(plan_json)
         except (ValueError, KeyError, TypeError) as exc:
@@ -318,11 +319,18 @@ class Worker:
         if plan.resource != self.plan.resource:
             log.error("refused a plan update for another resource (%s)", plan.resource)
             return
-        # The book keeps the old list until the snapshot of the new devices arrives: a new ID
-        # has no health yet and would be listed Healthy by default, possibly wrongly. The
-        # applier tracks the new IDs now, so it buffers deltas until that snapshot.
+        # The book keeps the old list until the health of the new devices is known: a new ID has
+        # no health yet and would be listed Healthy by default, possibly wrongly. The supervisor
+        # sends that health with the plan; the applier tracks the new IDs from now on, so the plan
+        # and its snapshot go in as one change, and deltas that follow apply on top.
         self._pending_plan = plan
         self.applier.set_device_ids(d.id for d in plan.devices)
+        if snapshot is not None and snapshot.resource == plan.resource:
+            result = self.applier.apply_snapshot(snapshot)
+            if result.outcome is ApplyOutcome.APPLIED:
+                self._sync_book(replace=True, plan=plan)
+                return
+        # No snapshot came with it (the supervisor had no health book): ask for one.
         self._ask_snapshot()
         log.info("plan update received (%d devices): waiting for their health snapshot", len(plan.devices))
 

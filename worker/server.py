@@ -38,7 +38,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 
@@ -67,6 +67,10 @@ LINGER_S = 0.2
 RPC_THREADS = 8  # a kubelet holds one stream and makes a few unary calls at a time
 MAX_STREAMS_PER_SERVER = 3  # the kubelet's stream and two more; the other 5 threads stay for unary calls
 MAX_RPCS = 64  # in flight and queued, per server: more get RESOURCE_EXHAUSTED from gRPC itself
+# After an in-place plan update, the kubelet may still admit a pod from the list it had a moment
+# before (the new list is on its way down the stream): for this long such IDs are still answered
+# (see PluginService._previous_allows).
+PLAN_GRACE_S = 30.0
 ERROR_DETAIL_BUDGET = 4000  # characters of a gRPC error message on the wire (clients cap trailers at 8 KiB)
 
 
@@ -196,6 +200,9 @@ class PluginService:
         self._allocator = Allocator(book.plan)
         self._preferred = PreferredPolicy(book.plan)
         self._plan_seen = book.plan
+        # The plan before the last in-place update, its allocator, and until when its IDs are
+        # still answered (monotonic); None when there was no update or it may not be used.
+        self._previous: tuple[ResourcePlan, Allocator, float] | None = None
         self.server: PluginServer | None = None  # the newest server started
         # Called (from a gRPC thread) when the kubelet ends one of a server's streams.
         self.on_stream_cancelled = on_stream_cancelled
@@ -219,12 +226,33 @@ class PluginService:
     def _policies(self) -> tuple[Allocator, PreferredPolicy]:
         plan = self.book.plan
         if plan is not self._plan_seen:  # a reload swapped the plan: rebuild the lookup tables once
+            old, old_allocator = self._plan_seen, self._allocator
+            self._previous = None
+            if old.allocate == plan.allocate and "mps" not in (old.sharing, plan.sharing):
+                self._previous = (old, old_allocator, time.monotonic() + PLAN_GRACE_S)
             # Not strict: a required IMEX channel missing now refuses Allocate (it says why)
             # rather than failing the RPC that noticed the new plan.
             self._allocator = Allocator(plan, strict_imex=False)
             self._preferred = PreferredPolicy(plan)
             self._plan_seen = plan
         return self._allocator, self._preferred
+
+    def _previous_allows(self, ids: Sequence[str]) -> Allocator | None:
+        """The previous plan's allocator when these IDs may still be answered by it: within
+        PLAN_GRACE_S of an in-place update that changed only the device list (same Allocate
+        settings, no MPS on either side: a label flip or SIGHUP between time-slicing replica
+        counts), every ID is one of the previous plan's, and each one's GPU or MIG device is still
+        in the new plan. The answer is the one the worker gave for those IDs a moment before, for
+        hardware that is still there."""
+        previous = self._previous
+        if previous is None or time.monotonic() > previous[2] or not ids:
+            return None
+        old, allocator, _until = previous
+        old_ids = {d.id: d.uuid for d in old.devices}
+        backing = {d.uuid for d in self._plan_seen.devices}
+        if all(i in old_ids and old_ids[i] in backing for i in ids):
+            return allocator
+        return None
 
     def GetDevicePluginOptions(
         self, request: pb.Empty, context: grpc.ServicerContext
@@ -341,8 +369,9 @@ class PluginService:
         allocator, _ = self._policies()
         responses = []
         for creq in request.container_requests:
+            ids = list(creq.devices_ids)
             try:
-                result = allocator.allocate(list(creq.devices_ids))
+                result = self._allocate(allocator, ids)
             except AllocationError as exc:
                 detail = error_detail(str(exc))
                 log.warning("Allocate refused: %s", detail)
@@ -350,6 +379,26 @@ class PluginService:
             responses.append(to_pb(result))
         self._observe("Allocate", time.perf_counter() - start)
         return pb.AllocateResponse(container_responses=responses)
+
+    def _allocate(self, allocator: Allocator, ids: list[str]) -> ContainerResponse:
+        """The current plan's answer, or for IDs of the plan just replaced, that plan's (see
+        `_previous_allows`); the current plan's error when neither can answer."""
+        try:
+            return allocator.allocate(ids)
+        except AllocationError as exc:
+            previous = self._previous_allows(ids)
+            if previous is None:
+                raise
+            try:
+                result = previous.allocate(ids)
+            except AllocationError:
+                raise exc from None
+        log.info(
+            "Allocate of %s answered by the previous plan: the kubelet's list was a moment behind the plan update",
+            ",".join(ids),
+        )
+        self._count("previous_plan_allocations")
+        return result
 
     def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext

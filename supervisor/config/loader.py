@@ -15,6 +15,7 @@ bad input is one ConfigError; nothing else escapes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from supervisor.config import nvidia
 from supervisor.config.errors import ConfigError, Invalid, kind, show
 from supervisor.config.flags import FLAG_FORMS, IGNORED_ARGS, decode_text
 from supervisor.config.model import Config
+from supervisor.config.named import SOURCE_FILE, SOURCE_NONE, ChoiceError, choose_config
 from supervisor.config.sections import parse_health, parse_resources, parse_sharing
 from supervisor.config.settings import SETTINGS, SETTINGS_BY_NAME, Setting
 from supervisor.config.yamlfile import read_config_file
@@ -151,7 +153,31 @@ def _own_unknown(own: Mapping[str, Any], unknown: list[str]) -> None:
 
 
 def _check_whole(config_values: Mapping[str, Any], strategy: str, source: str) -> None:
-    """main.go validateFlags, for what spans several settings."""
+    """main.go validateFlags (and config-manager's), for what spans several settings."""
+    if config_values["config_file_srcdir"]:
+        # config-manager's validateFlags (main.go:228-242), for the inputs gpuvisor takes from it.
+        if not config_values["node_name"]:
+            raise ConfigError(
+                "--config-file-srcdir",
+                "",
+                "invalid <node-name>: must not be empty string: set NODE_NAME "
+                "(the downward API's spec.nodeName) or --node-name, the Node whose label chooses the config",
+            )
+        if not config_values["node_label"]:
+            raise ConfigError("--config-file-srcdir", "", "invalid <node-label>: must not be empty string")
+        if config_values["config_file"]:
+            raise ConfigError(
+                "--config-file-srcdir",
+                "",
+                "--config-file (CONFIG_FILE) is set too: the node label "
+                "chooses the config file from the directory, so set one or the other",
+            )
+    if config_values["node_health"] and not config_values["node_name"]:
+        raise ConfigError(
+            "--node-health",
+            "",
+            "needs the node name: set NODE_NAME (the downward API's spec.nodeName) or --node-name",
+        )
     if strategy != "mps":
         return
     if config_values["mig_strategy"] == "mixed":
@@ -184,16 +210,44 @@ def _notices(given: Given, values: Mapping[str, Any]) -> list[str]:
     return notices
 
 
-def load_config(flags: FlagsArg, environ: Mapping[str, str]) -> Config:
+def load_config(flags: FlagsArg, environ: Mapping[str, str], node_label: str | None = None) -> Config:
     """Resolve the config from parsed flags (an argparse Namespace from `add_run_arguments`'s
     parser, or a mapping of setting name to value), the environment and the file it names.
 
-    Call it again to reload: the file is re-read each time. Raises ConfigError.
+    With --config-file-srcdir the file is the named config the node's label chooses
+    (supervisor/config/named.py): `node_label` is the label's value ("" when the node has none),
+    or None while it is not known yet; then, if no config can be chosen without it, the result
+    is a config with no file whose `awaiting_label` says why (nothing is planned until the label
+    is read). Call it again to reload: the file is re-read each time. Raises ConfigError.
     """
     given = read_given(flags)
-    path, _ = resolve_setting(SETTINGS_BY_NAME["config_file"], given, environ, {}, {}, "")
-    data: object = read_config_file(path) if path else None
-    return config_from_data(data, flags=flags, environ=environ, source=path or "<no config file>")
+
+    def setting(name: str) -> Any:
+        return resolve_setting(SETTINGS_BY_NAME[name], given, environ, {}, {}, "")[0]
+
+    srcdir = setting("config_file_srcdir")
+    if not srcdir:
+        path = setting("config_file")
+        data: object = read_config_file(path) if path else None
+        config = config_from_data(data, flags=flags, environ=environ, source=path or "<no config file>")
+        return dataclasses.replace(config, config_source=SOURCE_FILE if path else SOURCE_NONE)
+    try:
+        choice = choose_config(
+            srcdir, node_label or "", setting("default_config"), setting("fallback_strategies")
+        )
+    except ChoiceError as exc:
+        if node_label is None:
+            config = config_from_data(None, flags=flags, environ=environ, source="<no config chosen yet>")
+            return dataclasses.replace(config, awaiting_label=str(exc))
+        where = (
+            f"node label {setting('node_label')}={node_label}" if node_label else f"{srcdir} (no node label)"
+        )
+        raise ConfigError(where, "", str(exc)) from None
+    data = read_config_file(choice.path) if choice.path else None
+    config = config_from_data(data, flags=flags, environ=environ, source=choice.path or "<the empty config>")
+    return dataclasses.replace(
+        config, config_file=choice.path, config_name=choice.name, config_source=choice.source
+    )
 
 
 def config_from_data(

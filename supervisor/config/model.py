@@ -15,7 +15,17 @@ from functools import lru_cache
 from typing import Any
 
 # Fields of Config that are not settings.
-SECTION_FIELDS = ("resources", "sharing", "health", "sources", "unknown_keys", "notices")
+SECTION_FIELDS = (
+    "resources",
+    "sharing",
+    "health",
+    "sources",
+    "unknown_keys",
+    "notices",
+    "config_name",
+    "config_source",
+    "awaiting_label",
+)
 
 
 @lru_cache(maxsize=256)
@@ -107,6 +117,12 @@ class Config:
     config_file: str
     cdi_feature_flags: tuple[str, ...]
     cdi_disable_hooks: tuple[str, ...]
+    node_name: str
+    node_label: str
+    config_file_srcdir: str
+    default_config: str
+    fallback_strategies: tuple[str, ...]
+    kubeconfig: str
     simulate: str | None
     run_dir: str
     metrics_address: str
@@ -125,6 +141,7 @@ class Config:
     zygote: bool
     probe_interval: float
     labels_output_file: str
+    node_health: bool
     disable_healthchecks: tuple[str, ...]
     enable_healthchecks: tuple[str, ...]
     resources: ResourcesConfig = ResourcesConfig()
@@ -133,6 +150,13 @@ class Config:
     sources: tuple[tuple[str, str], ...] = ()  # (setting name, "flag --x" | "env X" | "file …" | "default")
     unknown_keys: tuple[str, ...] = ()  # file keys that were ignored, e.g. "flags.gfd.color"
     notices: tuple[str, ...] = ()  # inputs taken as NVIDIA takes them, worth a warning
+    # Which config file this is (supervisor/config/named.py): its name ("" unless it is one of the
+    # named configs of --config-file-srcdir) and where the
+    # choice came from (file, none, label, default, fallback-*); with --config-file-srcdir and no
+    # config to be had without the node's label, why (the supervisor then plans nothing yet).
+    config_name: str = ""
+    config_source: str = "none"
+    awaiting_label: str = ""
 
     def describe(self) -> dict[str, Any]:
         """The merged config as JSON-able data, for logging once at start."""
@@ -148,6 +172,11 @@ class Config:
             },
             "unknownKeys": list(self.unknown_keys),
             "notices": list(self.notices),
+            "config": {
+                "name": self.config_name,
+                "source": self.config_source,
+                "awaiting": self.awaiting_label,
+            },
         }
 
 

@@ -28,6 +28,7 @@ from typing import Any, Final
 from supervisor.config import golang
 from supervisor.config.errors import Invalid, kind, show
 from supervisor.config.limits import MAX_SECONDS, MAX_START_RETRIES, MAX_STRING_LENGTH
+from supervisor.config.named import DEFAULT_NODE_LABEL
 
 MIG_STRATEGIES: Final = ("none", "single", "mixed")
 DEVICE_LIST_STRATEGIES: Final = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
@@ -291,6 +292,23 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "NVIDIA's CDI spec generator feature flags: accepted; gpuvisor's own CDI spec has no such features."),
     _s("cdi_disable_hooks", ("--cdi-disable-hooks",), ("CDI_DISABLE_HOOKS",), None, "strings", (), string_tuple,
        "OCI hooks NVIDIA's CDI spec generator leaves out: accepted; gpuvisor's own CDI spec has no hooks."),
+    # NVIDIA's config-manager v0.20.0 (cmd/config-manager/main.go:135-210): its sidecar's inputs,
+    # taken by the supervisor itself, which chooses the node's config by its label.
+    _s("node_name", ("--node-name",), ("NODE_NAME",), None, "string", "", any_string,
+       "This node's name (the downward API's spec.nodeName): the Node whose label chooses the config "
+       "and on which --node-health writes."),
+    _s("node_label", ("--node-label",), ("NODE_LABEL",), None, "string", DEFAULT_NODE_LABEL, any_string,
+       "The node label whose value names the config to run (with --config-file-srcdir)."),
+    _s("config_file_srcdir", ("--config-file-srcdir",), ("CONFIG_FILE_SRCDIR",), None, "string", "", any_string,
+       "Directory of named config files (a ConfigMap mounted as a directory); the node label picks one, "
+       "by config-manager's rules. Empty: off (--config-file, if any, is the config)."),
+    _s("default_config", ("--default-config",), ("DEFAULT_CONFIG",), None, "string", "", any_string,
+       "The named config to run when the node has no label (or an empty one)."),
+    _s("fallback_strategies", ("--fallback-strategies",), ("FALLBACK_STRATEGIES",), None, "strings", (),
+       string_tuple, "Without a label or default config, tried in order: named (the config called default), "
+       "single (the only config), empty (no config file)."),
+    _s("kubeconfig", ("--kubeconfig",), ("KUBECONFIG",), None, "string", "", any_string,
+       "kubeconfig for the API server (one path); empty: the pod's service account."),
     # gpuvisor's own (the file section `gpuvisor:` is ignored by NVIDIA's plugin)
     _s("simulate", ("--simulate",), ("GPUVISOR_SIMULATE",), "gpuvisor.simulate", "string", None, own_optional,
        "Run on the NVML simulator: a built-in profile name or a node YAML path; absent uses real NVML.",
@@ -347,6 +365,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _s("labels_output_file", ("--labels-output-file",), ("GPUVISOR_LABELS_OUTPUT_FILE",), "gpuvisor.labelsOutputFile",
        "string", "", own_string, "Keep GPU Feature Discovery's node labels in this features.d file, rewritten as "
        "soon as the devices or the config change (an extension; empty: off).", default_doc="(off)", gpuvisor=True),
+    _s("node_health", ("--node-health",), ("GPUVISOR_NODE_HEALTH",), "gpuvisor.nodeHealth", "bool", False,
+       go_bool_text, "Write GPU health on this Node: the GPUUnhealthy condition and an Event per device taken out "
+       "or brought back (an extension; needs --node-name and RBAC).", gpuvisor=True),
     _s("disable_healthchecks", (), ("DP_DISABLE_HEALTHCHECKS",), None, "string", (), token_list,
        "NVIDIA's health-check switch: all, xids, or a comma list of XIDs to ignore.", gpuvisor=True),
     _s("enable_healthchecks", (), ("DP_ENABLE_HEALTHCHECKS",), None, "string", (), token_list,

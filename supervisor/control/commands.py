@@ -54,8 +54,8 @@ class Replanning(Protocol):
     def rediscover(self, trigger: str) -> bool: ...
 
 
-class Planned(Protocol):
-    """Who keeps the plans (supervisor.desired.reconcile.Reconciler)."""
+class Reconciler(Protocol):
+    """What commands read of the plans' owner (supervisor.desired.reconcile.Reconciler)."""
 
     @property
     def plans(self) -> Mapping[str, object]: ...
@@ -73,7 +73,7 @@ class CommandTarget:
 
     status: Callable[[], dict[str, Json]]
     replan: Replanning
-    planned: Planned
+    reconciler: Reconciler
     health: Resettable
     faults: FaultInjector | None  # the simulator's fault injection, or None on real NVML
 
@@ -148,10 +148,10 @@ def run_command(target: CommandTarget, name: str, args: dict[str, Json]) -> dict
         return target.status()
     if name == "reload":
         ok = target.replan.reload("control command")
-        return {"applied": ok, "plans": list[Json](sorted(target.planned.plans))}
+        return {"applied": ok, "plans": list[Json](sorted(target.reconciler.plans))}
     if name == "rediscover":
         ok = target.replan.rediscover("control command")
-        return {"applied": ok, "plans": list[Json](sorted(target.planned.plans))}
+        return {"applied": ok, "plans": list[Json](sorted(target.reconciler.plans))}
     if name == "sim":
         return _sim(target, args)
     raise CommandError(f"unknown command {name!r}")

@@ -37,7 +37,7 @@ from enum import Enum
 from typing import Protocol
 
 from common.backoff import Backoff
-from common.messages import Json, PlanUpdate
+from common.messages import HealthSnapshot, Json, PlanUpdate
 from common.model import Node, ResourcePlan
 from supervisor.config import Config
 from supervisor.scheduler import Scheduler
@@ -158,6 +158,7 @@ class Reconciler:
         plan_files: PlanFiles,
         workers: WorkerSet,
         tell: Callable[[str, PlanUpdate], bool],
+        snapshot: Callable[[str], HealthSnapshot | None],
         follow: Followers,
         timers: Scheduler,
         on_pending: Callable[[bool], None] = lambda pending: None,
@@ -166,7 +167,8 @@ class Reconciler:
     ) -> None:
         self.plan_files = plan_files
         self.workers = workers
-        self.tell = tell
+        self.tell = tell  # to a resource's worker (the control endpoint)
+        self.snapshot = snapshot  # a resource's health now (the health hub), sent with its plan
         self.follow = follow
         self.timers = timers
         self.on_pending = on_pending
@@ -239,13 +241,12 @@ class Reconciler:
         self.worker_plan[resource] = self.plan_json.get(resource, "")
 
     def catch_up(self, resource: str) -> None:
-        """Send the current plan to the resource's worker if it has an older one."""
+        """Send the current plan to the resource's worker if it has an older one, with the health
+        of its devices (the followers brought the health book in step with the plan already)."""
         text = self.plan_json.get(resource, "")
-        if (
-            text
-            and self.worker_plan.get(resource) != text
-            and self.tell(resource, PlanUpdate(plan_json=text))
-        ):
+        if not text or self.worker_plan.get(resource) == text:
+            return
+        if self.tell(resource, PlanUpdate(plan_json=text, snapshot=self.snapshot(resource))):
             self.worker_plan[resource] = text
 
     # ------------------------------------------------------------------ internals

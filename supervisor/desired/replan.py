@@ -1,8 +1,9 @@
 """What the supervisor should run now: start, reload and rediscovery, each made into an outcome.
 
-A reload (SIGHUP, the config file changing, the `reload` command) re-reads the config and the
-device set; a rediscovery (every --rediscovery-interval seconds, and the simulator's `sim mig`)
-re-reads the device set with the wanted config. Each plans the node and makes one `Outcome`
+A reload (SIGHUP, the config file changing, the `reload` command, a new value of the node's
+config label) re-reads the config and the device set; a rediscovery (every
+--rediscovery-interval seconds, and the simulator's `sim mig`) re-reads the device set with the
+wanted config. Each plans the node and makes one `Outcome`
 (supervisor/desired/reconcile.py): a `Desired` state, `Deferred` (NVML is not up yet),
 `Unchanged`, or a `Refusal` with its reason. The replanner keeps none of it: it hands the
 outcome to the reconciler, the one owner of the desired state, and reads the running state
@@ -12,6 +13,15 @@ Settings a running supervisor cannot take over (the sockets, the run dir, the si
 metrics address, the log setup) keep their running values, with a line saying a restart is
 needed. The config file is watched through its directory (supervisor/host/watches.py); a burst
 of events is debounced and a change is judged by the file's content.
+
+With the named configs of `--config-file-srcdir`, which file is the config follows NVIDIA's
+config-manager (supervisor/config/named.py): the node's label as the cluster side last read it
+(`node_label`), else the default config, else the fallbacks. A new label value is a reload like
+SIGHUP's; one that names no config is refused and the running config stays, as it stays on a
+node where NVIDIA's config-manager fails. A change in the directory re-applies when the chosen
+file's content (or the choice itself) changed. Until the label is read the choice is made as for
+a node without one (or with the label an earlier run in this run dir kept: `recall_label`); if
+that fails, nothing is planned until the label chooses a config.
 """
 
 from __future__ import annotations
@@ -20,15 +30,15 @@ import argparse
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping
 
 from common.exitcodes import EXIT_CONFIG_ERROR
 from common.messages import Json
 from common.model import Node
 from supervisor.config import Config, ConfigError, load_config
+from supervisor.config.named import ChoiceError, choose_config
 from supervisor.desired.discovery import NvmlLink, StartupError
-from supervisor.desired.reconcile import Deferred, Desired, Outcome, Refusal, Unchanged
+from supervisor.desired.reconcile import Deferred, Desired, Outcome, Reconciler, Refusal, Unchanged
 from supervisor.health.policy import HealthPolicy, PolicyError
 from supervisor.mps.layout import MpsError
 from supervisor.mps.wiring import MpsWiring
@@ -46,6 +56,7 @@ RESTART_ONLY = (
     "log_format",
     "log_level",
     "fail_on_init_error",
+    "node_health",
 )
 
 
@@ -58,24 +69,6 @@ def file_fingerprint(path: str) -> str:
         return f"unreadable: {exc.strerror}"
 
 
-class Keeper(Protocol):
-    """The owner of the desired state (supervisor.desired.reconcile.Reconciler)."""
-
-    @property
-    def config(self) -> Config: ...
-
-    @property
-    def node(self) -> Node | None: ...
-
-    @property
-    def pending(self) -> Desired | None: ...
-
-    @property
-    def wanted_config(self) -> Config: ...
-
-    def take(self, outcome: Outcome) -> bool: ...
-
-
 class Replanner:
     def __init__(
         self,
@@ -83,27 +76,37 @@ class Replanner:
         argv_flags: argparse.Namespace | None,
         environ: Mapping[str, str],
         nvml: NvmlLink,
-        keeper: Keeper,
+        reconciler: Reconciler,
         mps: MpsWiring,
         timers: Scheduler,
+        remember_label: Callable[[str], None] = lambda value: None,
     ) -> None:
         self.argv_flags = argv_flags
         self.environ = environ
         self.nvml = nvml
-        self.keeper = keeper
+        self.reconciler = reconciler
         self.mps = mps
         self.timers = timers
         self.reloads = 0
         self.rediscoveries = 0
-        config_file = keeper.config.config_file
-        self.config_fp = file_fingerprint(config_file) if config_file else ""
+        self.label: str | None = None  # the node's config label as last read (None: not yet)
+        self.remember_label = remember_label  # kept for a restart in the same run dir
+        self.config_fp = self._source_fingerprint()
 
     # ------------------------------------------------------------------ triggers
     def start(self, node: Node) -> bool:
-        """The first plans, for the node NVML just showed, handed to the keeper (rediscovery armed
+        """The first plans, for the node NVML just showed, handed to the reconciler (rediscovery armed
         as after any new config): a config that cannot be planned ends the process as a bad
         config does at start (exit 78), rather than running with nothing."""
-        config = self.keeper.config
+        config = self.reconciler.config
+        if config.awaiting_label:
+            log.warning(
+                "discovered %d GPUs; nothing is planned until the node label %s chooses a config: %s",
+                len(node.gpus),
+                config.node_label,
+                config.awaiting_label,
+            )
+            return False
         try:
             plans = plan_resources(node, config)
             self.mps.validate(config, plans)
@@ -124,12 +127,45 @@ class Replanner:
         self.reloads += 1
         return self._hand_over(self._reload(trigger, fingerprint))
 
+    def node_label(self, value: str) -> bool:
+        """The node's config label as the API server has it now ("" when it has none): a new value
+        is applied through a reload; the same value again changes nothing."""
+        if value == self.label:
+            return True
+        first, self.label = self.label is None, value
+        try:
+            self.remember_label(value)
+        except OSError as exc:  # a full run dir: only a restart's first choice is affected
+            log.warning("cannot keep the node label for a restart: %s", exc)
+        key = self.reconciler.config.node_label
+        log.info(
+            "node label %s is %s%s",
+            key,
+            repr(value) if value else "not set",
+            " (read for the first time)" if first else "",
+            extra={"trigger": "node-label"},
+        )
+        return self.reload(f"node label {key}={value}" if value else f"node label {key} not set")
+
+    def recall_label(self, value: str) -> bool:
+        """At start, before NVML: the label an earlier run in this run dir read (a container
+        restart). Its config is the one planned first; the watch confirms or changes it."""
+        self.label = value
+        log.info(
+            "node label %s=%r, as an earlier run read it: starting with its config",
+            self.reconciler.config.node_label,
+            value,
+        )
+        return self.reload(
+            f"node label {self.reconciler.config.node_label}={value} (kept from an earlier run)"
+        )
+
     def rediscover(self, trigger: str) -> bool:
         """Re-read the device set with the wanted config; cheap and silent when nothing changed."""
         if not self.nvml.up:
             return False
         self.rediscoveries += 1
-        return self._hand_over(self._replan(self.keeper.wanted_config, trigger, "rediscovery"))
+        return self._hand_over(self._replan(self.reconciler.wanted_config, trigger, "rediscovery"))
 
     def schedule_rediscovery(self, config: Config) -> None:
         interval = config.rediscovery_interval
@@ -147,21 +183,19 @@ class Replanner:
 
     # ------------------------------------------------------------------ internals
     def _hand_over(self, outcome: Outcome) -> bool:
-        """The keeper takes the outcome. A new config (taken or waiting) re-arms the rediscovery
+        """The reconciler takes the outcome. A new config (taken or waiting) re-arms the rediscovery
         timer at its interval, even if taking it failed; a refusal leaves the timer as it is."""
         try:
-            return self.keeper.take(outcome)
+            return self.reconciler.take(outcome)
         finally:
             if isinstance(outcome, (Desired, Deferred)):
-                self.schedule_rediscovery(self.keeper.wanted_config)
+                self.schedule_rediscovery(self.reconciler.wanted_config)
 
     def _reload(self, trigger: str, fingerprint: str | None) -> Outcome:
-        running = self.keeper.config
-        if running.config_file:
-            # What is read now has been seen, taken or refused: the file watch need not repeat it.
-            self.config_fp = fingerprint or file_fingerprint(running.config_file)
+        # What is read now has been seen, taken or refused: the file watch need not repeat it.
+        self.config_fp = fingerprint or self._source_fingerprint()
         try:
-            config = self._live_part(load_config(self.argv_flags, self.environ))
+            config = self._live_part(load_config(self.argv_flags, self.environ, self.label))
             HealthPolicy.from_config(config)  # refused here, not half-applied later
         except (ConfigError, PolicyError) as exc:
             return Refusal("reload", str(exc), trigger)
@@ -172,20 +206,34 @@ class Replanner:
         return self._replan(config, trigger, "reload")
 
     def _check_config_file(self) -> None:
-        path = self.keeper.config.config_file
-        fingerprint = file_fingerprint(path)
+        fingerprint = self._source_fingerprint()
         if fingerprint != self.config_fp:  # else an event that changed nothing we read
             self.reload("config file changed", fingerprint)
 
+    def _source_fingerprint(self) -> str:
+        """What the config would be read from now: the chosen file (with the named configs, the
+        choice itself too) and its content, cheap to compare."""
+        config = self.reconciler.config
+        if not config.config_file_srcdir:
+            return file_fingerprint(config.config_file) if config.config_file else ""
+        try:
+            choice = choose_config(
+                config.config_file_srcdir, self.label or "", config.default_config, config.fallback_strategies
+            )
+        except ChoiceError as exc:
+            return f"no config: {exc}"
+        content = file_fingerprint(choice.path) if choice.path else ""
+        return f"{choice.name}|{choice.source}|{content}"
+
     def _replan(self, config: Config, trigger: str, what: str) -> Outcome:
-        running, node_now = self.keeper.config, self.keeper.node
+        running, node_now = self.reconciler.config, self.reconciler.node
         # Armed first: whatever happens below, periodic rediscovery goes on.
-        self.schedule_rediscovery(self.keeper.wanted_config)
+        self.schedule_rediscovery(self.reconciler.wanted_config)
         try:
             node = self.nvml.rediscover(node_now)
         except Exception as exc:  # NVML trouble during rediscovery: keep what runs
             return Refusal(what, f"discovery failed: {exc}", trigger)
-        if node == node_now and config == running and self.keeper.pending is None:
+        if node == node_now and config == running and self.reconciler.pending is None:
             return Unchanged(what, trigger)  # the common case of a periodic rediscovery
         try:
             plans = plan_resources(node, config)
@@ -196,7 +244,7 @@ class Replanner:
 
     def _live_part(self, config: Config) -> Config:
         """`config` with the settings a running supervisor cannot change held at their values."""
-        running = self.keeper.config
+        running = self.reconciler.config
         held = {
             name: getattr(running, name)
             for name in RESTART_ONLY
@@ -207,4 +255,17 @@ class Replanner:
         return dataclasses.replace(config, **held) if held else config
 
     def status(self) -> dict[str, Json]:
-        return {"reloads": self.reloads, "rediscoveries": self.rediscoveries}
+        config = self.reconciler.config
+        return {
+            "reloads": self.reloads,
+            "rediscoveries": self.rediscoveries,
+            "config": {
+                "name": config.config_name or None,
+                "file": config.config_file or None,
+                "source": config.config_source,
+                "awaiting_label": config.awaiting_label or None,
+                "node_label": None
+                if not config.config_file_srcdir
+                else {"key": config.node_label, "value": self.label},
+            },
+        }

@@ -121,6 +121,7 @@ class ChangeBatch:
     gpu_uuid: str | None = None
     xid: int | None = None
     action: Action | None = None
+    raised: str = ""  # the condition this call raised ("xid:79", "lost", "mps:<resource>", ...), if any
 
     def __len__(self) -> int:
         return len(self.changes)
@@ -257,7 +258,9 @@ class HealthBook:
         reason = f"{self._policy.reason_for_xid(xid)} [{action.value}]"
         self._raise(gpu_uuid, gi, ci, f"xid:{xid}", recovery, reason, now)
         changes = self._recompute({gpu_uuid}, now)
-        return self._finish(changes, now, f"XID {xid} on {where}: {action.value}", gpu_uuid, xid, action)
+        return self._finish(
+            changes, now, f"XID {xid} on {where}: {action.value}", gpu_uuid, xid, action, f"xid:{xid}"
+        )
 
     def apply_ecc(
         self, gpu_uuid: str, kind: EccKind | str, gi: int | None = None, ci: int | None = None, *, now: float
@@ -275,7 +278,13 @@ class HealthBook:
         self._raise(gpu_uuid, gi, ci, f"ecc:{ecc.value}", recovery, reason, now)
         changes = self._recompute({gpu_uuid}, now)
         return self._finish(
-            changes, now, f"{ecc.value} ECC error on {where}: {action.value}", gpu_uuid, None, action
+            changes,
+            now,
+            f"{ecc.value} ECC error on {where}: {action.value}",
+            gpu_uuid,
+            None,
+            action,
+            f"ecc:{ecc.value}",
         )
 
     def mark_lost(self, gpu_uuid: str, now: float, reason: str = "") -> ChangeBatch:
@@ -285,7 +294,9 @@ class HealthBook:
             return self._finish([], now, f"GPU {gpu_uuid} lost: backs no device", gpu_uuid)
         text = f"GPU lost: {reason}" if reason else "GPU lost"
         self._raise(gpu_uuid, None, None, _LOST, Recovery.UNTIL_FOUND, text, now)
-        return self._finish(self._recompute({gpu_uuid}, now), now, f"GPU {gpu_uuid} lost", gpu_uuid)
+        return self._finish(
+            self._recompute({gpu_uuid}, now), now, f"GPU {gpu_uuid} lost", gpu_uuid, raised=_LOST
+        )
 
     def mark_found(self, gpu_uuid: str, now: float) -> ChangeBatch:
         """The GPU answers again. If it was lost, that and its until-reset faults are over."""
@@ -312,7 +323,7 @@ class HealthBook:
             text = f"health probe failed: {reason}" if reason else "health probe failed"
             self._raise(gpu_uuid, None, None, _PROBE, Recovery.UNTIL_PROBE_PASSES, text, now)
             return self._finish(
-                self._recompute({gpu_uuid}, now), now, f"probe of {gpu_uuid} failed", gpu_uuid
+                self._recompute({gpu_uuid}, now), now, f"probe of {gpu_uuid} failed", gpu_uuid, raised=_PROBE
             )
         self._probe_ok_op[gpu_uuid] = self._op
         self._clear(gpu_uuid, lambda c: c.recovery is Recovery.UNTIL_PROBE_PASSES)
@@ -341,7 +352,7 @@ class HealthBook:
         text = f"health events unavailable: {reason}" if reason else "health events unavailable"
         for gpu in self._by_gpu:
             self._raise(gpu, None, None, _EVENT_WAIT, Recovery.TRANSIENT, text, now)
-        return self._finish(self._recompute(set(self._by_gpu), now), now, text)
+        return self._finish(self._recompute(set(self._by_gpu), now), now, text, raised=_EVENT_WAIT)
 
     def mark_external(self, gpu_uuids: Iterable[str], name: str, reason: str, now: float) -> ChangeBatch:
         """Raise (or refresh) the external condition `name` on these GPUs; GPUs that back no
@@ -350,7 +361,7 @@ class HealthBook:
         gpus = {g for g in gpu_uuids if g in self._by_gpu}
         for gpu in sorted(gpus):
             self._raise(gpu, None, None, name, Recovery.EXTERNAL, reason, now)
-        return self._finish(self._recompute(gpus, now), now, f"{name}: {reason}")
+        return self._finish(self._recompute(gpus, now), now, f"{name}: {reason}", raised=name)
 
     def clear_external(self, name: str, now: float, gpu_uuids: Iterable[str] | None = None) -> ChangeBatch:
         """End the external condition `name` wherever it holds (or only on `gpu_uuids`)."""
@@ -495,7 +506,8 @@ class HealthBook:
         gpu_uuid: str | None = None,
         xid: int | None = None,
         action: Action | None = None,
+        raised: str = "",
     ) -> ChangeBatch:
         if changes:
             self._seq += 1
-        return ChangeBatch(self._seq, now, cause, tuple(changes), gpu_uuid, xid, action)
+        return ChangeBatch(self._seq, now, cause, tuple(changes), gpu_uuid, xid, action, raised)

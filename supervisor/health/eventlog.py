@@ -66,6 +66,17 @@ class HealthEvent:
         return text
 
 
+def event_line(event: HealthEvent, changed: int, resources: tuple[str, ...]) -> str:
+    """The words of an event's line (also the message of the Node Event that tells of it)."""
+    if changed:
+        outcome = f" -> {changed} device(s) Unhealthy in {', '.join(resources)}"
+    elif event.unhealthy:
+        outcome = " (no device changed: already Unhealthy, or the GPU backs none)"
+    else:
+        outcome = ""
+    return f"health event: {event.what} on {event.where}: {event.decision}{outcome}"
+
+
 @dataclass
 class _Window:
     event: HealthEvent
@@ -100,13 +111,7 @@ class EventLog:
             self._overflow += 1
             self.held += 1
             return
-        if changed:
-            outcome = f" -> {changed} device(s) Unhealthy in {', '.join(resources)}"
-        elif event.unhealthy:
-            outcome = " (no device changed: already Unhealthy, or the GPU backs none)"
-        else:
-            outcome = ""
-        self._line(event, f"health event: {event.what} on {event.where}: {event.decision}{outcome}")
+        self._line(event, event_line(event, changed, resources))
         if window is None:
             self._windows[event.key] = _Window(event, now)
 

@@ -24,7 +24,7 @@ import zmq
 from common.messages import MAX_MESSAGE_BYTES, HealthBeacon, HealthSnapshot, Json, encode
 from common.model import Node, ResourcePlan
 from supervisor.health.book import ChangeBatch, HealthBook
-from supervisor.health.eventlog import EventLog, HealthEvent
+from supervisor.health.eventlog import EventLog, HealthEvent, event_line
 from supervisor.health.findings import Ecc, Finding, Unattributed, Xid, apply_finding
 from supervisor.health.monitor import HealthMonitor
 from supervisor.health.policy import Action, HealthPolicy
@@ -32,6 +32,20 @@ from supervisor.observe.metrics import Metrics
 from supervisor.scheduler import Clock
 
 log = logging.getLogger("gpuvisor.supervisor")
+
+
+def batch_line(batch: ChangeBatch) -> str:
+    """The log line of a change batch that no NVML event's line covers (probes, recoveries, ...)."""
+    healthy = all(c.healthy for c in batch.changes)
+    return "health {}: {} on {} -> {} device(s) {} in {}{}".format(
+        batch.cause,
+        f"XID {batch.xid}" if batch.xid is not None else "condition",
+        batch.gpu_uuid or "all GPUs",
+        len(batch.changes),
+        "Healthy" if healthy else "Unhealthy",
+        ", ".join(batch.resources),
+        f" (action {batch.action.value})" if batch.action is not None else "",
+    )
 
 
 class HealthHub:
@@ -44,6 +58,7 @@ class HealthHub:
         clock: Clock,
         epoch: str,
         post: Callable[[Callable[[], None]], None],
+        listeners: tuple[Callable[[ChangeBatch, str], None], ...] = (),
     ) -> None:
         self.endpoint = endpoint
         self.policy = policy
@@ -56,6 +71,9 @@ class HealthHub:
         self.monitor: HealthMonitor | None = None
         self.pub: zmq.Socket[bytes] | None = None
         self.events = EventLog()
+        # Told of every batch that changed a device's health, with its log line's words (the
+        # cluster side writes them on the Node); called on the main loop, after the workers.
+        self.listeners = list(listeners)
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -105,7 +123,8 @@ class HealthHub:
             return
         batch = apply_finding(self.book, finding, self.clock.time())
         event = self._event(finding, batch)
-        self.publish(batch, logged=event is not None)  # the workers first, the log after
+        line = event_line(event, len(batch), batch.resources) if event is not None else None
+        self.publish(batch, line=line)  # the workers first, the log after
         if event is not None:  # an NVML event: its own line says what was decided
             self.events.record(event, len(batch), batch.resources, self.clock.monotonic())
 
@@ -145,25 +164,20 @@ class HealthHub:
         if self.book is not None:
             self.publish(self.book.tick(self.clock.time()))
 
-    def publish(self, batch: ChangeBatch, *, logged: bool = False) -> None:
-        """Log one change batch as one line (unless its event's line did), count it, and publish
-        it to the workers."""
+    def publish(self, batch: ChangeBatch, *, line: str | None = None, decision: bool = True) -> None:
+        """Log one change batch as one line (`line`: its event's, which the event log writes),
+        count it, publish it to the workers, then tell the listeners when it is a health decision
+        (not `decision`: new plans, whose devices just appear)."""
         # Ignored XIDs count too (an empty batch that names its XID).
         self.metrics.health_batch(((c.resource, c.device_id, c.healthy) for c in batch.changes), batch.xid)
         if not batch:
             return
-        healthy = all(c.healthy for c in batch.changes)
-        if not logged:
+        if line is None:
+            line = batch_line(batch)
             log.log(
-                logging.INFO if healthy else logging.WARNING,
-                "health %s: %s on %s -> %d device(s) %s in %s%s",
-                batch.cause,
-                f"XID {batch.xid}" if batch.xid is not None else "condition",
-                batch.gpu_uuid or "all GPUs",
-                len(batch.changes),
-                "Healthy" if healthy else "Unhealthy",
-                ", ".join(batch.resources),
-                f" (action {batch.action.value})" if batch.action is not None else "",
+                logging.INFO if all(c.healthy for c in batch.changes) else logging.WARNING,
+                "%s",
+                line,
                 extra={
                     "device": batch.gpu_uuid,
                     "xid": batch.xid,
@@ -173,6 +187,9 @@ class HealthHub:
         if self.pub is not None:
             self.pub.send_multipart(encode(batch.to_delta(self.epoch), seq=batch.seq))
         self.update_gauges(batch.resources)
+        if decision:
+            for listener in self.listeners:
+                listener(batch, line)
 
     def beacon(self) -> None:
         if self.book is not None and self.pub is not None:
@@ -189,7 +206,7 @@ class HealthHub:
     def set_plans(self, plans: Mapping[str, ResourcePlan]) -> None:
         """The plans changed; the caller updates the device gauges once it has applied them all."""
         if self.book is not None:
-            self.publish(self.book.set_plans(plans, self.clock.time()))
+            self.publish(self.book.set_plans(plans, self.clock.time()), decision=False)
 
     def set_node(self, node: Node) -> None:
         if node == self.node:

@@ -29,6 +29,7 @@ log = logging.getLogger("gpuvisor.supervisor")
 
 TEMP_PREFIX = ".gv-"  # temp files of atomic writes: `.gv-<name>.<pid>.tmp`
 RECORD_MAX_BYTES = 1 << 20  # the socket record of an earlier life: more is not ours
+LABEL_RECORD_MAX_BYTES = 4096  # a label value is at most 63 characters: more is not ours
 
 
 class RunDirError(Exception):
@@ -52,6 +53,7 @@ class RunDir:
         self.control_path = os.path.join(self.path, "control.sock")
         self.health_path = os.path.join(self.path, "health.sock")
         self.sockets_record = os.path.join(self.path, "sockets.json")
+        self.node_label_record = os.path.join(self.path, "node-label.json")
 
     @property
     def control_endpoint(self) -> str:
@@ -93,6 +95,23 @@ class RunDir:
                 remove_temp_files(directory)
         except OSError as exc:
             raise RunDirError(f"cannot prepare {exc.filename or self.path}: {exc.strerror}") from None
+
+    def remember_node_label(self, value: str) -> None:
+        """Keep the node's config label for a restart in the same run dir (a container restart
+        in the same pod): it starts with that label's config, as NVIDIA's plugin finds the file
+        its config-manager last linked, instead of the default's until the label is read again."""
+        write_atomic(self.node_label_record, json.dumps({"label": value}))
+
+    def recall_node_label(self) -> str | None:
+        """The label an earlier run kept, or None (none kept, or not a record of ours)."""
+        try:
+            with open(self.node_label_record, "rb") as fh:
+                raw = fh.read(LABEL_RECORD_MAX_BYTES + 1)
+            data = json.loads(raw) if len(raw) <= LABEL_RECORD_MAX_BYTES else None
+        except (OSError, ValueError):
+            return None
+        value = data.get("label") if isinstance(data, dict) else None
+        return value if isinstance(value, str) else None
 
     def plan_path(self, resource: str) -> str:
         return os.path.join(self.plans_dir, f"{resource.replace('/', '_')}.json")

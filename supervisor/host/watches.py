@@ -1,4 +1,5 @@
-"""Filesystem watches: the kubelet's plugin dir, and the directory of the config file.
+"""Filesystem watches: the kubelet's plugin dir, and the directory of the config file (or of the
+named configs, `--config-file-srcdir`).
 
 Watchdog (inotify) observers call back from their own thread; `Watches` only posts the handlers'
 calls to the supervisor's main loop (`post`), which acts on them, so nothing here touches
@@ -10,7 +11,8 @@ that over `..data` (the file itself is a symlink `config.yaml -> ..data/config.y
 file's inode never changes and an inotify watch on it would see nothing. Editors that save by
 rename do much the same. Events on the file's name and on the ConfigMap's `..`-named entries are
 reported; the supervisor debounces a burst and compares the file's content, so spurious events
-cost one read.
+cost one read. The named configs' directory reports every change: a config added or removed
+can change which one the node's label chooses.
 """
 
 from __future__ import annotations
@@ -75,27 +77,28 @@ class _ConfigEventHandler(FileSystemEventHandler):
     directory (a log, an editor's swap file) are not the config's business: a steady stream of
     them must not keep a debounced check from ever running."""
 
-    def __init__(self, name: str, on_event: Callable[[], None]) -> None:
-        self._name = name
+    def __init__(self, name: str | None, on_event: Callable[[], None]) -> None:
+        self._name = name  # None: every entry of the directory counts (the named configs)
         self._on_event = on_event
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return  # reads (ours included) change nothing
         names = {_basename(event.src_path), _basename(getattr(event, "dest_path", "") or "")}
-        if self._name in names or any(n.startswith("..") for n in names):
+        if self._name is None or self._name in names or any(n.startswith("..") for n in names):
             self._on_event()
 
 
 class ConfigWatch:
-    """Calls `on_event()` for every change in the config file's directory (see the module doc).
+    """Calls `on_event()` for every change in the config file's directory (see the module doc),
+    or, with `name` None, for every change in `directory` (the named configs).
 
     Raises OSError at `start()` when the directory cannot be watched (it does not exist).
     """
 
-    def __init__(self, config_file: str, on_event: Callable[[], None]) -> None:
-        self.directory = os.path.dirname(os.path.abspath(config_file))
-        self._handler = _ConfigEventHandler(os.path.basename(config_file), on_event)
+    def __init__(self, directory: str, name: str | None, on_event: Callable[[], None]) -> None:
+        self.directory = os.path.abspath(directory)
+        self._handler = _ConfigEventHandler(name, on_event)
         self._observer = Observer()
         self._observer.daemon = True
 
@@ -122,6 +125,7 @@ class Watches:
         *,
         plugin_dir: str,
         config_file: str,
+        config_dir: str = "",
         post: Callable[[Callable[[], None]], None],
         on_kubelet: Callable[[], None],
         on_deleted: Callable[[str], None],
@@ -129,6 +133,7 @@ class Watches:
     ) -> None:
         self.plugin_dir = plugin_dir
         self.config_file = config_file
+        self.config_dir = config_dir  # the named configs (--config-file-srcdir), watched whole
         self.post = post  # runs a call on the main loop (these watches call from their own thread)
         self.on_kubelet = on_kubelet
         self.on_deleted = on_deleted
@@ -151,13 +156,16 @@ class Watches:
                 self.plugin_dir,
                 exc,
             )
-        if self.config_file:
+        if self.config_dir or self.config_file:
+            where = self.config_dir or self.config_file
+            directory = self.config_dir or os.path.dirname(os.path.abspath(self.config_file))
+            name = None if self.config_dir else os.path.basename(self.config_file)
             try:
-                self.config = ConfigWatch(self.config_file, lambda: self.post(self.on_config))
+                self.config = ConfigWatch(directory, name, lambda: self.post(self.on_config))
                 self.config.start()
             except OSError as exc:
                 self.config = None
-                log.warning("cannot watch the config file %s (%s): reload with SIGHUP", self.config_file, exc)
+                log.warning("cannot watch the config file %s (%s): reload with SIGHUP", where, exc)
 
     def stop(self) -> None:
         for watch in (self.kubelet, self.config):

@@ -7,7 +7,7 @@ reads, or an NFD NodeFeature object). The pieces, one job each:
 - `rules`: the label rules, a pure function `compute_labels(facts, LabelConfig, ...)`;
 - `host`: what is read from the node (NVML facts, machine type, vGPU scan), with GFD's fallbacks;
 - `output`: `LabelFile`, the atomic, write-only-on-change features.d file;
-- `nodefeature`: `NodeFeaturePublisher`, the NodeFeature object through the Kubernetes API;
+- `nodefeature`: `NodeFeaturePublisher`, the NodeFeature object through the API-server layer;
 - `settings`: the flags, env vars and file keys, declared once;
 - `daemon`: the process loop (interval, SIGHUP reload, SIGTERM stop);
 - `sync`: the labels inside `gpuvisor run` (`--labels-output-file`), rewritten as the plans change.
@@ -15,8 +15,9 @@ reads, or an NFD NodeFeature object). The pieces, one job each:
 A process that already holds NVML (the supervisor) needs only the library part:
 `facts_from_nvml(Nvml(module))` (supervisor.node.facts), then `compute_labels(...)` and `LabelFile(path).write_if_changed(...)`.
 
-May import: `common/`, `supervisor.config`, `supervisor.node`, `supervisor.host`, and
-`supervisor.sim` only inside a function, for `gpuvisor labels --simulate`.
+May import: `common/`, `supervisor.config`, `supervisor.node`, `supervisor.host`,
+`supervisor.kube` (only when the NodeFeature output is used), and `supervisor.sim` only inside a
+function, for `gpuvisor labels --simulate`.
 """
 
 from __future__ import annotations

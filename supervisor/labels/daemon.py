@@ -8,11 +8,12 @@ with an infinite interval, with stdout or with the NodeFeature API) so that NFD 
 labeller keeps current.
 
 Where it differs from GFD, on purpose: a failure after the first labelling (NVML, the API
-server, the disk) is logged and the last labels stay in place until the next interval, instead of
-exiting and taking the labels away; a reload keeps the old file until the new labels replace it;
+server, the disk) is logged, saying whether the last labels are still published, and retried at
+the next interval, instead of exiting and taking the labels away; a reload keeps the old file until the new labels replace it;
 a bad config at reload is refused (logged) and the running one stays; the features.d file is
 rewritten only when the labels change; a failed NVML init is retried every interval with
---fail-on-init-error=false. Signal handlers only set a flag and wake the loop.
+--fail-on-init-error=false. Signal handlers only set a flag and wake the loop; a stop also
+aborts an API call in flight, so SIGTERM ends the process at once even against a frozen server.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from supervisor.config import ConfigError
 from supervisor.labels.host import SYSFS, NvmlUnavailable, label_node, read_node_facts
-from supervisor.labels.nodefeature import ApiError, NodeFeaturePublisher
+from supervisor.labels.nodefeature import NodeFeaturePublisher, PublishConfigError, PublishError
 from supervisor.labels.output import LabelFile, OutputError
 from supervisor.labels.rules import LabelError
 from supervisor.labels.settings import LabelSettings, load_label_settings
@@ -40,7 +41,7 @@ EXIT_LABEL_ERROR = 1  # GFD's status for any failure
 MAX_WAIT_STEP_S = 3600.0
 
 # What one labelling can fail with: each carries a one-line reason.
-FAILURES = (LabelError, NvmlUnavailable, NvmlCallError, OutputError, ApiError)
+FAILURES = (LabelError, NvmlUnavailable, NvmlCallError, OutputError, PublishError)
 
 
 class Labeller:
@@ -82,6 +83,8 @@ class Labeller:
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         self._stop_signal = signum
         self._wake.set()
+        if self.publisher is not None:
+            self.publisher.abort()  # an API call in flight (a frozen server) ends now
 
     # ------------------------------------------------------------ the loop
 
@@ -90,6 +93,9 @@ class Labeller:
         self.apply(self.settings)
         while True:
             ok = self.label_once()
+            if self._stop_signal is not None:  # stopped during the pass (its API call was cut short)
+                self.stop()
+                return EXIT_OK
             if not ok and self.passes == 1:
                 return EXIT_LABEL_ERROR
             if self.settings.oneshot:
@@ -124,6 +130,8 @@ class Labeller:
         self.timestamp = None if settings.no_timestamp else int(self._clock())
         if settings.use_node_feature_api:
             self.file = None
+            if self.publisher is not None:
+                self.publisher.close()
             self.publisher = NodeFeaturePublisher(
                 node_name=settings.node_name,
                 namespace=settings.namespace,
@@ -133,6 +141,8 @@ class Labeller:
                 burst=settings.kube_api_burst,
             )
         else:
+            if self.publisher is not None:
+                self.publisher.close()
             self.publisher = None
             self.file = LabelFile(settings.output_file)
 
@@ -141,7 +151,7 @@ class Labeller:
         try:
             settings = self._reload_settings()
             self.apply(settings)
-        except (ConfigError, ApiError, ValueError, OSError) as exc:
+        except (ConfigError, PublishConfigError, ValueError, OSError) as exc:
             log.error("reload refused, keeping the running config: %s", exc)
             return
         log.info("config reloaded")
@@ -167,18 +177,29 @@ class Labeller:
                 log.warning("no labels generated from any source")
             changed = self.publish(labels)
         except FAILURES as exc:
+            if self._stop_signal is not None:
+                return False  # a stop cut the call short: nothing failed
             if self.passes == 1 or self.settings.oneshot:
                 log.error("labelling failed: %s", exc)
             else:
-                log.error(
-                    "labelling failed: %s (the last labels stay in place; next try in one interval)", exc
-                )
+                log.error("labelling failed: %s (%s; next try in one interval)", exc, self._what_stays())
             return False
         if changed:
             log.info("labels written: %d", len(labels))
         else:
             log.debug("labels unchanged: %d", len(labels))
         return True
+
+    def _what_stays(self) -> str:
+        """What the node's labels are now, as far as known: said, never assumed."""
+        if self.publisher is None:
+            return "the last labels stay in place"  # the file is only ever replaced whole
+        published = self.publisher.published
+        if published is True:
+            return "the NodeFeature object keeps the last labels"
+        if published is False:
+            return "no NodeFeature object is published until this is fixed"
+        return "the NodeFeature object, if the API server still holds it, keeps the last labels"
 
     def publish(self, labels: Mapping[str, str]) -> bool:
         if self.publisher is not None:
@@ -190,6 +211,8 @@ class Labeller:
         """A clean stop: remove the features.d file where GFD does (main.go, run's deferred cleanup)."""
         s = self.settings
         log.info("received signal %s, shutting down", self._stop_signal)
+        if self.publisher is not None:
+            self.publisher.close()
         if self.file is None or s.oneshot or s.sleep_interval is None or not s.output_file:
             return
         try:
@@ -232,6 +255,6 @@ def main(flags: Any, environ: Mapping[str, str]) -> int:
         labeller = Labeller(settings, lambda: load_label_settings(flags, environ))
         labeller.install_signal_handlers()
         return labeller.run()
-    except (ConfigError, ApiError) as exc:
+    except (ConfigError, PublishConfigError) as exc:
         print(f"gpuvisor labels: {exc}", file=sys.stderr)
         return EXIT_CONFIG_ERROR

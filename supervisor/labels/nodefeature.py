@@ -1,4 +1,4 @@
-"""GFD's other output: the labels as an NFD `NodeFeature` object, through the Kubernetes API.
+"""GFD's other output: the labels as an NFD `NodeFeature` object, through the API server.
 
 The object is what GFD v0.20.0 writes (internal/lm/output.go): `nfd.k8s-sigs.io/v1alpha1`
 `NodeFeature` named `nvidia-features-for-<node>` in the pod's namespace, labelled
@@ -7,22 +7,30 @@ pod itself, with `spec.labels` the label set and `spec.features` empty. Each out
 object and creates it when missing, replaces it only when its labels, owner references or spec
 differ, and otherwise sends nothing more.
 
-The client is the Kubernetes project's Python client (`kubernetes` on PyPI), imported only when
-this output is used, so `gpuvisor run` does not pay for it. Its configuration comes from
-`--kubeconfig` or, when that is empty, the pod's service account, as client-go's does; the
-client has no rate limiter of its own, so `--kube-api-qps` / `--kube-api-burst` drive a token
-bucket here with client-go's rules (0 means the defaults 5 and 10; a negative QPS, no limit).
+The calls go through gpuvisor's API-server layer (supervisor/kube), built on first use from
+`--kubeconfig` or the pod's service account and rate-limited by `--kube-api-qps` /
+`--kube-api-burst` with client-go's rules. What that layer fixes here, found against a real
+kube-apiserver v1.34: a frozen server no longer holds a pass (and a SIGTERM) for a minute
+(`abort()` ends the call in flight; there are no hidden retries); a missing NFD CRD is named as
+such (the server's plain-text `404 page not found`), with no create attempted; requests name
+gpuvisor as user agent and field manager. A failure says whether the labels are still published
+(`PublishError.published`), so the labeller never claims "the last labels stay in place" for an
+object that is gone.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
-import threading
-import time
-from collections.abc import Callable, Mapping
-from typing import Any
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from supervisor.kube.limiter import DEFAULT_BURST, DEFAULT_QPS
+
+if TYPE_CHECKING:
+    from supervisor.kube.client import KubeClient
+    from supervisor.kube.errors import ApiError
 
 log = logging.getLogger("gpuvisor.labels")
 
@@ -32,46 +40,19 @@ PLURAL = "nodefeatures"
 KIND = "NodeFeature"
 NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"  # NFD's NodeFeatureObjNodeNameLabel
 NAME_PREFIX = "nvidia-features-for"
-DEFAULT_QPS = 5.0  # client-go rest.DefaultQPS / DefaultBurst
-DEFAULT_BURST = 10
-REQUEST_TIMEOUT = (10.0, 30.0)  # connect, read: seconds
 
 
-class ApiError(Exception):
-    """A call to the API server failed, or the client could not be configured."""
+class PublishConfigError(ValueError):
+    """The NodeFeature output cannot work with these settings (no node name, no namespace)."""
 
 
-class TokenBucket:
-    """client-go's flowcontrol token bucket: `qps` tokens a second, at most `burst` saved up."""
+class PublishError(Exception):
+    """One publication failed. `published` is what the API server holds now, as far as known:
+    True the last labels, False none (the object or its CRD is gone), None unknown."""
 
-    def __init__(
-        self,
-        qps: float,
-        burst: int,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.qps = DEFAULT_QPS if qps == 0 else qps
-        self.burst = max(1, DEFAULT_BURST if burst == 0 else burst)
-        self._clock = clock
-        self._sleep = sleep
-        self._tokens = float(self.burst)
-        self._stamp = clock()
-        self._lock = threading.Lock()
-
-    def acquire(self) -> float:
-        """Take a token, sleeping until one is there; returns the seconds waited."""
-        if self.qps < 0:
-            return 0.0
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) * self.qps)
-            self._stamp = now
-            self._tokens -= 1.0
-            wait = 0.0 if self._tokens >= 0 else -self._tokens / self.qps
-        if wait > 0:
-            self._sleep(wait)
-        return wait
+    def __init__(self, text: str, published: bool | None) -> None:
+        super().__init__(text)
+        self.published = published
 
 
 def node_feature_name(node_name: str) -> str:
@@ -129,53 +110,80 @@ class NodeFeaturePublisher:
         kubeconfig: str = "",
         qps: float = DEFAULT_QPS,
         burst: int = DEFAULT_BURST,
-        api_client: Any = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         if not node_name:
-            raise ApiError("the NodeFeature API needs the node name: set NODE_NAME (or --node-name)")
+            raise PublishConfigError(
+                "the NodeFeature API needs the node name: set NODE_NAME (or --node-name)"
+            )
         if not namespace:
-            raise ApiError("the NodeFeature API needs a namespace: set NAMESPACE (or --namespace)")
+            raise PublishConfigError("the NodeFeature API needs a namespace: set NAMESPACE (or --namespace)")
         self.node_name = node_name
         self.namespace = namespace
         self.pod_name = pod_name
         self.kubeconfig = kubeconfig
-        self.limiter = TokenBucket(qps, burst)
-        self._client = api_client  # a kubernetes.client.ApiClient; built on first use when None
+        self.qps = qps
+        self.burst = burst
+        self.environ = dict(os.environ) if environ is None else environ
+        self.client: KubeClient | None = None  # built on first use
         self.owners: list[dict[str, Any]] | None = None  # resolved on first use, then kept
+        self.published: bool | None = None  # after the last call: are our labels on the server?
 
     @property
     def name(self) -> str:
         return node_feature_name(self.node_name)
 
-    def publish(self, labels: Mapping[str, str]) -> str:
-        """Make the object carry `labels`: "created", "updated" or "unchanged". Raises ApiError."""
-        from kubernetes.client.exceptions import ApiException
+    @property
+    def path(self) -> str:
+        return f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}"
 
-        api = self._custom_objects()
+    def abort(self) -> None:
+        """End the call in flight now (a stop): it raises PublishError. Safe from a signal handler."""
+        if self.client is not None:
+            self.client.abort()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def publish(self, labels: Mapping[str, str]) -> str:
+        """Make the object carry `labels`: "created", "updated" or "unchanged". Raises PublishError."""
+        from supervisor.kube.errors import ApiError, KubeError
+
+        try:
+            return self._publish(labels)
+        except ApiError as exc:
+            raise PublishError(self._explain(exc), self.published) from None
+        except KubeError as exc:  # the credentials, or a stop
+            raise PublishError(
+                f"NodeFeature object {self.namespace}/{self.name}: {exc}", self.published
+            ) from None
+
+    def _publish(self, labels: Mapping[str, str]) -> str:
+        from supervisor.kube.errors import ApiError
+
+        client = self._client()
         if self.owners is None:
             self.owners = self._owner_references()
         wanted = node_feature_object(self.node_name, self.namespace, labels, self.owners)
+        where = f"NodeFeature object {self.namespace}/{self.name}"
         try:
-            self.limiter.acquire()
-            current = api.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, _request_timeout=REQUEST_TIMEOUT
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise ApiError(
-                    f"failed to get NodeFeature object {self.namespace}/{self.name}: {_describe(exc)}"
-                ) from None
+            current = client.get(f"{self.path}/{self.name}", what=f"failed to get {where}")
+        except ApiError as exc:
+            if exc.no_such_api:
+                self.published = False  # no CRD, no object: nothing of ours is published
+            if not exc.not_found:
+                raise
             current = None
-        except Exception as exc:  # urllib3 connection and TLS errors
-            raise ApiError(f"failed to get NodeFeature object {self.namespace}/{self.name}: {exc}") from None
         if current is None:
-            self._send(
-                api.create_namespaced_custom_object, "create", GROUP, VERSION, self.namespace, PLURAL, wanted
-            )
-            log.info(
-                "created NodeFeature object %s/%s with %d labels", self.namespace, self.name, len(labels)
-            )
+            self.published = False  # the object is gone (deleted, or never made): make it
+            client.request("POST", self.path, what=f"failed to create {where}", body=wanted)
+            self.published = True
+            log.info("created %s with %d labels", where, len(labels))
             return "created"
+        if not isinstance(current, dict):
+            raise ApiError(f"failed to get {where}", 200, "BadObject", "the answer is not an object")
+        self.published = True  # the object is there; whether its labels are ours is checked next
         updated = copy.deepcopy(current)
         metadata = updated.setdefault("metadata", {})
         metadata["labels"] = {NODE_NAME_LABEL: self.node_name}
@@ -190,64 +198,43 @@ class NodeFeaturePublisher:
             and _owners_view(before.get("ownerReferences")) == _owners_view(metadata.get("ownerReferences"))
             and _spec_view(current.get("spec")) == _spec_view(updated["spec"])
         ):
-            log.debug("no changes in NodeFeature object %s/%s", self.namespace, self.name)
+            log.debug("no changes in %s", where)
             return "unchanged"
-        self._send(
-            api.replace_namespaced_custom_object,
-            "update",
-            GROUP,
-            VERSION,
-            self.namespace,
-            PLURAL,
-            self.name,
-            updated,
-        )
-        log.info("updated NodeFeature object %s/%s: %d labels", self.namespace, self.name, len(labels))
+        client.request("PUT", f"{self.path}/{self.name}", what=f"failed to update {where}", body=updated)
+        log.info("updated %s: %d labels", where, len(labels))
         return "updated"
 
-    def _send(self, call: Callable[..., Any], what: str, *args: Any) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        self.limiter.acquire()
-        try:
-            call(*args, _request_timeout=REQUEST_TIMEOUT, _content_type="application/json")
-        except ApiException as exc:
-            raise ApiError(
-                f"failed to {what} NodeFeature object {self.namespace}/{self.name}: {_describe(exc)}"
-            ) from None
-        except Exception as exc:
-            raise ApiError(
-                f"failed to {what} NodeFeature object {self.namespace}/{self.name}: {exc}"
-            ) from None
+    def _explain(self, exc: ApiError) -> str:
+        if exc.no_such_api:
+            return (
+                f"{exc.what}: the API server does not serve {GROUP}/{VERSION} {PLURAL} "
+                f"({exc.status} {exc.message or exc.reason}): is node-feature-discovery's NodeFeature CRD installed?"
+            )
+        return exc.describe()
 
     def _owner_references(self) -> list[dict[str, Any]]:
         """The pod's DaemonSet (as controller) and the pod (getOwnerReferences); none when the pod
         name is unknown, the pod has no DaemonSet owner or the lookup fails (logged, as GFD does)."""
+        from supervisor.kube.errors import ApiError
+
         if not self.pod_name:
             log.info("pod name not given (POD_NAME): the NodeFeature object gets no owner references")
             return []
-        from kubernetes import client
-
-        self.limiter.acquire()
         try:
-            pod = client.CoreV1Api(self._api_client()).read_namespaced_pod(
-                self.pod_name, self.namespace, _request_timeout=REQUEST_TIMEOUT
+            pod = self._client().get(
+                f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}",
+                what=f"failed to get pod {self.namespace}/{self.pod_name}",
             )
-        except Exception as exc:
-            detail = _describe(exc) if hasattr(exc, "status") else str(exc)
-            log.warning(
-                "failed to resolve owner references: failed to get pod %s/%s: %s",
-                self.namespace,
-                self.pod_name,
-                detail,
-            )
+        except ApiError as exc:
+            log.warning("failed to resolve owner references: %s", exc.describe())
             return []
-        meta = pod.metadata
+        meta = pod.get("metadata") if isinstance(pod, dict) else None
+        refs = meta.get("ownerReferences") if isinstance(meta, dict) else None
         owner = next(
-            (o for o in (meta.owner_references if meta is not None else None) or [] if o.kind == "DaemonSet"),
+            (o for o in refs or [] if isinstance(o, dict) and o.get("kind") == "DaemonSet"),
             None,
         )
-        if owner is None or meta is None:
+        if owner is None or not isinstance(meta, dict):
             log.info(
                 "pod %s is not owned by a DaemonSet: the NodeFeature object gets no owner references",
                 self.pod_name,
@@ -255,50 +242,24 @@ class NodeFeaturePublisher:
             return []
         return [
             {
-                "apiVersion": owner.api_version,
-                "kind": owner.kind,
-                "name": owner.name,
-                "uid": owner.uid,
+                "apiVersion": owner.get("apiVersion"),
+                "kind": owner.get("kind"),
+                "name": owner.get("name"),
+                "uid": owner.get("uid"),
                 "controller": True,
             },
-            {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid},
+            {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"), "uid": meta.get("uid")},
         ]
 
-    def _custom_objects(self) -> Any:
-        from kubernetes import client
+    def _client(self) -> KubeClient:
+        if self.client is None:
+            from supervisor.kube.client import KubeClient
+            from supervisor.kube.credentials import load_credentials
 
-        return client.CustomObjectsApi(self._api_client())
-
-    def _api_client(self) -> Any:
-        if self._client is None:
-            self._client = api_client_for(self.kubeconfig)
-        return self._client
-
-
-def api_client_for(kubeconfig: str) -> Any:
-    """A `kubernetes.client.ApiClient` from a kubeconfig file, or in-cluster when `kubeconfig` is empty."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except (config.ConfigException, OSError, ValueError, TypeError) as exc:
-        where = (
-            f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account (no --kubeconfig)"
-        )
-        raise ApiError(f"cannot configure the Kubernetes client from {where}: {exc}") from None
-    return client.ApiClient(configuration)
-
-
-def _describe(exc: Any) -> str:
-    """An ApiException as one line: the status code, and the API server's own message if it sent one."""
-    message = ""
-    try:
-        body = json.loads(exc.body) if exc.body else {}
-        message = str(body.get("message", "")) if isinstance(body, dict) else ""
-    except (TypeError, ValueError):
-        pass
-    return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+            self.client = KubeClient(
+                load_credentials(self.kubeconfig, self.environ),
+                component="labels",
+                qps=self.qps,
+                burst=self.burst,
+            )
+        return self.client

@@ -258,6 +258,33 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # The cluster side (supervisor/cluster): the API server's answers, the Node watch, what
+        # is written on the Node, and which named config runs.
+        self.api_requests = Counter(
+            "gpuvisor_api_requests",
+            "Requests to the Kubernetes API server, by verb and HTTP code (0: no answer).",
+            ["verb", "code"],
+            registry=r,
+        )
+        self.api_watch_events = Counter(
+            "gpuvisor_api_watch",
+            "The Node watch: lists, watches started, 410 Gone re-lists and failures (each retried with backoff).",
+            ["event"],
+            registry=r,
+        )
+        self.node_health_writes = Counter(
+            "gpuvisor_node_health_writes",
+            "GPU health on the Node: condition writes and Events by result, and failed passes (retried).",
+            ["what", "result"],
+            registry=r,
+        )
+        self.config_info = Gauge(
+            "gpuvisor_config_info",
+            "The config that runs (1): its name among the named configs and where the choice came from.",
+            ["name", "source"],
+            registry=r,
+        )
+        self._config_labels: tuple[str, str] | None = None
         self._workers = _WorkerCollector()
         r.register(self._workers)
         ProcessCollector(namespace="gpuvisor", registry=r)  # the supervisor's own CPU and memory
@@ -384,6 +411,24 @@ class Metrics:
 
     def control_message_dropped(self, reason: str) -> None:
         self.control_dropped.labels(reason).inc()
+
+    # ------------------------------------------------------------------ the cluster side
+    def api_request(self, verb: str, code: int) -> None:
+        """Called from the API client's threads (prometheus_client counters are thread-safe)."""
+        self.api_requests.labels(verb, str(code)).inc()
+
+    def api_watch(self, event: str) -> None:
+        self.api_watch_events.labels(event).inc()
+
+    def node_health_write(self, what: str, result: str) -> None:
+        self.node_health_writes.labels(what, result).inc()
+
+    def set_config(self, name: str, source: str) -> None:
+        """The config that runs now: one series, moved when it changes."""
+        if self._config_labels is not None and self._config_labels != (name, source):
+            _remove(self.config_info, *self._config_labels)
+        self._config_labels = (name, source)
+        self.config_info.labels(name, source).set(1)
 
 
 def _remove(metric: Gauge, *labels: str) -> None:

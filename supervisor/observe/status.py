@@ -49,11 +49,14 @@ def readiness(
     mps_not_ready: str,
     cdi_error: str | None,
     pending_reload: str = "",
+    no_config: str = "",
 ) -> Readiness:
     """Ready, and the one-line reason."""
     if not nvml_up:
         return Readiness(False, f"not ready: NVML is not up ({nvml_error or 'starting'})")
     planned = sorted(planned)
+    if no_config and not planned:
+        return Readiness(False, f"not ready: no config chosen yet, waiting for the node label ({no_config})")
     ok, text = worker_readiness(planned, workers)
     if not ok:
         if pending_reload and not planned:

@@ -44,8 +44,8 @@ class Routes(Protocol):
         ...
 
 
-class PlanKeeper(Protocol):
-    """Who keeps the plans the workers run (supervisor.desired.reconcile.Reconciler)."""
+class Reconciler(Protocol):
+    """What worker events need of the plans' owner (supervisor.desired.reconcile.Reconciler)."""
 
     @property
     def plans(self) -> Mapping[str, ResourcePlan]: ...
@@ -79,14 +79,14 @@ class WorkerEvents:
         self,
         *,
         workers: WorkerSet,
-        plans: PlanKeeper,
+        reconciler: Reconciler,
         control: Routes,
         hub: HealthHub,
         metrics: Metrics,
         clock: Clock,
     ) -> None:
         self.workers = workers
-        self.plans = plans
+        self.reconciler = reconciler
         self.control = control
         self.hub = hub
         self.metrics = metrics
@@ -107,7 +107,7 @@ class WorkerEvents:
         return Binding(hello.resource, hello.pid)
 
     def on_bound(self, binding: Binding) -> None:
-        self.plans.catch_up(binding.resource)
+        self.reconciler.catch_up(binding.resource)
 
     def on_heartbeat(self, beat: Heartbeat) -> None:
         handle = self.workers.heartbeat(
@@ -133,7 +133,7 @@ class WorkerEvents:
 
     def snapshot_for(self, resource: str) -> HealthSnapshot | None:
         # A resource a reload just removed has no snapshot: its worker is being stopped.
-        return self.hub.snapshot(resource) if resource in self.plans.plans else None
+        return self.hub.snapshot(resource) if resource in self.reconciler.plans else None
 
     # ------------------------------------------------------------------ lifecycle listener
     def on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
@@ -144,7 +144,7 @@ class WorkerEvents:
             # A new process: its predecessor's route speaks for nobody now, and it reads the
             # plan file as it is now.
             self._unbind(handle.resource)
-            self.plans.worker_started(handle.resource)
+            self.reconciler.worker_started(handle.resource)
         elif new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
             self._unbind(handle.resource)  # nobody is there to talk to
             if new is WState.STOPPED and not handle.wanted:

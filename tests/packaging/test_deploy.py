@@ -146,9 +146,16 @@ def test_objects_live_in_their_own_namespace(kustomization: str) -> None:
     assert _one(docs, "Namespace")["metadata"]["name"] == NAMESPACE
     kinds = sorted(doc["kind"] for doc in docs)
     daemonsets = 2 if kustomization == "overlays/labels" else 1  # the labeller's own DaemonSet
-    assert kinds == ["ConfigMap", *["DaemonSet"] * daemonsets, "Namespace", "ServiceAccount"]
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        *["DaemonSet"] * daemonsets,
+        "Namespace",
+        "ServiceAccount",
+    ]
     for doc in docs:
-        if doc["kind"] != "Namespace":
+        if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
             assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
     assert manifests.daemonset(docs, "gpuvisor")["metadata"]["name"] == "gpuvisor"
     assert _one(docs, "ConfigMap")["metadata"]["name"] == "gpuvisor-config"
@@ -205,9 +212,31 @@ def test_container_runs_with_least_privilege(kustomization: str) -> None:
     assert "privileged" not in ctx
     pod = _pod_spec(docs)
     assert "hostNetwork" not in pod and "hostPID" not in pod
-    assert pod["automountServiceAccountToken"] is False
-    assert _one(docs, "ServiceAccount")["automountServiceAccountToken"] is False
     assert pod["serviceAccountName"] == "gpuvisor"
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_the_token_grants_health_on_the_node_and_nothing_more(kustomization: str) -> None:
+    """Node health is on (GPUVISOR_NODE_HEALTH, NODE_NAME from the downward API); the token's
+    ClusterRole allows reading Nodes, patching nodes/status and writing Events, bound to the SA."""
+    docs = _render(kustomization)
+    env = manifests.env_of(_container(docs))
+    assert (env["GPUVISOR_NODE_HEALTH"], env["NODE_NAME"]) == ("true", "fieldRef:spec.nodeName")
+    assert _pod_spec(docs)["automountServiceAccountToken"] is True
+    assert _one(docs, "ServiceAccount")["automountServiceAccountToken"] is True
+    rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in _one(docs, "ClusterRole")["rules"]}
+    assert rules == {
+        (("nodes",), ("get",)),
+        (("nodes/status",), ("patch",)),
+        (("events",), ("create", "patch")),
+    }
+    binding = _one(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuvisor", "namespace": NAMESPACE}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "gpuvisor",
+    }
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,8 @@ FEATURES_D = "/etc/kubernetes/node-feature-discovery/features.d"
 # --- values files, as NVIDIA's documentation writes them -----------------------------------------
 
 # README "Multiple Config File Example": two configs and config.default.
+NODE = "gpu-node-1"
+
 CONFIG0 = """\
 version: v1
 flags:
@@ -189,24 +191,31 @@ def _canon(items: list[Any]) -> list[str]:
     return sorted(json.dumps(item, sort_keys=True) for item in items)
 
 
-def _loaded_config(docs: list[dict[str, Any]], daemonset: dict[str, Any], tmp_path: Path) -> Any:
-    """gpuvisor's own loader run under the container's env, its ConfigMap's files in tmp_path."""
+def _loaded_config(
+    docs: list[dict[str, Any]], daemonset: dict[str, Any], tmp_path: Path, node_label: str | None = ""
+) -> Any:
+    """gpuvisor's own loader run under the container's env, its ConfigMap's files in tmp_path, on
+    a node whose label nvidia.com/device-plugin.config is `node_label` ("": none)."""
     from supervisor.config import load_config
 
-    config = load_config(None, _container_env(docs, daemonset, tmp_path))
+    config = load_config(None, _container_env(docs, daemonset, tmp_path), node_label=node_label)
     assert config.unknown_keys == ()
     return config
 
 
 def _container_env(docs: list[dict[str, Any]], daemonset: dict[str, Any], tmp_path: Path) -> dict[str, str]:
-    """The container's env (fieldRefs left out), its ConfigMap's files written to tmp_path."""
-    env = {k: v for k, v in _env(daemonset).items() if not v.startswith("fieldRef:")}
+    """The container's env on node NODE (the downward API's spec.nodeName; other fieldRefs left
+    out), its ConfigMap's files written to tmp_path."""
+    env = {k: NODE if v == "fieldRef:spec.nodeName" else v for k, v in _env(daemonset).items()}
+    env = {k: v for k, v in env.items() if not v.startswith("fieldRef:")}
     mounts = _mounts(daemonset)
     if CONFIG_DIR in mounts:
         config_map = manifests.find(docs, "ConfigMap", mounts[CONFIG_DIR][1]["configMap"]["name"])
         for key, text in config_map["data"].items():
             (tmp_path / key).write_text(text)
-        env["CONFIG_FILE"] = env["CONFIG_FILE"].replace(CONFIG_DIR, str(tmp_path))
+        for name in ("CONFIG_FILE", "CONFIG_FILE_SRCDIR"):
+            if name in env:
+                env[name] = env[name].replace(CONFIG_DIR, str(tmp_path))
     return env
 
 
@@ -278,6 +287,8 @@ def test_default_install_is_the_kustomize_base() -> None:
     base = yaml.safe_load(BASE_DAEMONSET.read_text())
     docs = _render({})
     assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == [
+        ("ClusterRole", "gpuvisor"),  # health on the Node, as rbac.yaml grants it
+        ("ClusterRoleBinding", "gpuvisor"),
         ("DaemonSet", "gpuvisor"),
         ("ServiceAccount", "gpuvisor"),
     ]
@@ -315,7 +326,11 @@ def test_default_install_is_the_kustomize_base() -> None:
     )
     for key in ("hostNetwork", "hostIPC", "hostPID", "runtimeClassName"):
         assert key not in manifests.pod(chart), key
-    assert manifests.find(docs, "ServiceAccount", "gpuvisor")["automountServiceAccountToken"] is False
+    assert manifests.find(docs, "ServiceAccount", "gpuvisor")["automountServiceAccountToken"] is True
+    kustomize_rules = next(iter(yaml.safe_load_all((BASE_DAEMONSET.parent / "rbac.yaml").read_text())))[
+        "rules"
+    ]
+    assert manifests.find(docs, "ClusterRole", "gpuvisor")["rules"] == kustomize_rules
 
 
 def test_image_is_gpuvisor_at_the_app_version_unless_set() -> None:
@@ -421,7 +436,7 @@ def test_values_file_means_what_it_means_for_nvidia(name: str, check: str, tmp_p
     config = _loaded_config(docs, plugin, tmp_path)
     env, host_paths = _env(plugin), _host_paths(plugin)
     if check == "time-slicing":
-        assert env["CONFIG_FILE"] == f"{CONFIG_DIR}/config"  # the only config ("single" fallback)
+        assert config.config_name == "config"  # the only config ("single" fallback)
         assert config.sharing.strategy == "time-slicing"
         assert [(r.name, r.replicas) for r in config.sharing.resources] == [("nvidia.com/gpu", 10)]
     elif check == "mps":
@@ -447,13 +462,16 @@ def test_values_file_means_what_it_means_for_nvidia(name: str, check: str, tmp_p
         assert manifests.pod(plugin)["runtimeClassName"] == "nvidia"
         assert not _mounts(plugin)["/var/run/cdi"][0].get("readOnly", False)
     else:
-        assert env["CONFIG_FILE"] == f"{CONFIG_DIR}/config0"
+        assert (config.config_name, config.config_source) == ("config0", "default")
         assert config.mig_strategy == "none"
         assert config.device_list_strategy == ("envvar",)
         assert set(manifests.find(docs, "ConfigMap", "gpuvisor-configs")["data"]) == {"config0", "config1"}
-        # config1 (mixed) never runs, so it grants nothing.
-        assert _capabilities_added(plugin) == []
-        assert "NVIDIA_MIG_MONITOR_DEVICES" not in env
+        # A node labelled nvidia.com/device-plugin.config=config1 runs the mixed strategy, so the
+        # pods get what MIG needs, as NVIDIA's chart grants it for any config of the map.
+        labelled = _loaded_config(docs, plugin, tmp_path, node_label="config1")
+        assert (labelled.config_name, labelled.mig_strategy) == ("config1", "mixed")
+        assert _capabilities_added(plugin) == ["SYS_ADMIN"]
+        assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
 
 
 def test_config_map_is_kept_verbatim_and_mounted_for_live_reload() -> None:
@@ -482,30 +500,69 @@ def test_config_map_is_kept_verbatim_and_mounted_for_live_reload() -> None:
     ],
 )
 def test_config_choice_follows_nvidias_config_manager_without_a_node_label(
-    keys: list[str], default: str | None, fallbacks: list[str] | None, chosen: str
+    keys: list[str], default: str | None, fallbacks: list[str] | None, chosen: str, tmp_path: Path
 ) -> None:
-    """config.default, then the fallbacks in order, as cmd/config-manager/main.go:359-392 chooses for an unlabelled node."""
+    """config.default, then the fallbacks in order, as cmd/config-manager/main.go:359-392 chooses for
+    an unlabelled node: the plugin gets config-manager's inputs and makes that choice itself; the
+    labeller runs the chosen file."""
     config: dict[str, Any] = {"map": {key: "version: v1\n" for key in keys}}
     if default is not None:
         config["default"] = default
     if fallbacks is not None:
         config["fallbackStrategies"] = fallbacks
     docs = _render({"config": config, "gfd": {"enabled": True}})
-    for daemonset in (_plugin(docs), _labeller(docs)):
-        env = _env(daemonset)
-        if chosen:
-            assert env["CONFIG_FILE"] == f"{CONFIG_DIR}/{chosen}"
-            assert _mounts(daemonset)[CONFIG_DIR][1]["configMap"]["name"] == "gpuvisor-configs"
-        else:
-            assert "CONFIG_FILE" not in env and CONFIG_DIR not in _mounts(daemonset)
+    plugin, labeller = _plugin(docs), _labeller(docs)
+    env = _env(plugin)
+    assert env["CONFIG_FILE_SRCDIR"] == CONFIG_DIR and "CONFIG_FILE" not in env
+    assert env["DEFAULT_CONFIG"] == (default or "")
+    assert env["FALLBACK_STRATEGIES"] == ",".join(fallbacks or ["named", "single"])
+    assert (env["NODE_LABEL"], env["NODE_NAME"]) == (
+        "nvidia.com/device-plugin.config",
+        "fieldRef:spec.nodeName",
+    )
+    assert _mounts(plugin)[CONFIG_DIR][1]["configMap"]["name"] == "gpuvisor-configs"
+    assert _loaded_config(docs, plugin, tmp_path).config_name == chosen
+    if chosen:
+        assert _env(labeller)["CONFIG_FILE"] == f"{CONFIG_DIR}/{chosen}"
+    else:
+        assert "CONFIG_FILE" not in _env(labeller) and CONFIG_DIR not in _mounts(labeller)
+
+
+def test_the_plugin_may_read_nodes_only_where_it_chooses_by_label() -> None:
+    """With configs the plugin watches its Node (get/list/watch nodes, NVIDIA's verbs); with health on
+    the Node it patches nodes/status and writes Events; with neither it has no token and no RBAC."""
+
+    def rules(values: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]] | None:
+        docs = _render(values)
+        roles = [d for d in docs if d["kind"] == "ClusterRole"]
+        token = manifests.pod(_plugin(docs))["automountServiceAccountToken"]
+        assert token is bool(roles)
+        assert manifests.find(docs, "ServiceAccount", "gpuvisor")["automountServiceAccountToken"] is token
+        return [(r["resources"][0], tuple(r["verbs"])) for r in roles[0]["rules"]] if roles else None
+
+    configs = {"config": {"map": {"default": "version: v1\n", "ts": "version: v1\n"}}}
+    off = {"gpuvisor": {"nodeHealth": False}}
+    assert rules(off) is None
+    assert rules(configs | off) == [("nodes", ("get", "list", "watch"))]
+    assert rules(configs) == [
+        ("nodes", ("get", "list", "watch")),
+        ("nodes/status", ("patch",)),
+        ("events", ("create", "patch")),
+    ]
+    assert "GPUVISOR_NODE_HEALTH" not in _env(_plugin(_render(off)))
 
 
 def test_external_config_map_is_mounted_with_its_default() -> None:
-    """config.name + config.default: that ConfigMap's key, and every feature it might enable is granted."""
+    """config.name + config.default: that ConfigMap, its default for unlabelled nodes, and every
+    feature it might enable is granted; without config.default the plugin still chooses per node."""
     docs = _render({"config": {"name": "nvidia-plugin-configs", "default": "config0"}})
     plugin = _plugin(docs)
     assert not [d for d in docs if d["kind"] == "ConfigMap"]
-    assert _env(plugin)["CONFIG_FILE"] == f"{CONFIG_DIR}/config0"
+    assert (_env(plugin)["CONFIG_FILE_SRCDIR"], _env(plugin)["DEFAULT_CONFIG"]) == (CONFIG_DIR, "config0")
+    assert (
+        _env(_plugin(_render({"config": {"name": "nvidia-plugin-configs"}})))["CONFIG_FILE_SRCDIR"]
+        == CONFIG_DIR
+    )
     assert _mounts(plugin)[CONFIG_DIR][1]["configMap"] == {"name": "nvidia-plugin-configs"}
     # Its contents are unknown at render time: MIG, MPS and CDI are all possible (NVIDIA's chart
     # likewise assumes MIG for an external ConfigMap: _helpers.tpl:146).
@@ -546,7 +603,11 @@ def test_external_config_map_is_mounted_with_its_default() -> None:
             'unknown strategy "nearest"',
         ),
         # gpuvisor's own.
-        ({"config": {"name": "x"}}, NAMESPACE, 'config.name "x" without config.default'),
+        (
+            {"config": {"name": "x"}, "gfd": {"enabled": True}},
+            NAMESPACE,
+            'config.name "x" without config.default',
+        ),
         ({"config": {"map": {"a": {"version": "v1"}}}}, NAMESPACE, "config.map.a must be a string"),
         ({"config": {"map": {"a": "version: [v1"}}}, NAMESPACE, "config.map.a is not a YAML mapping"),
         ({"config": {"map": {"my config": "version: v1"}}}, NAMESPACE, 'key "my config" is not a valid'),
@@ -570,11 +631,12 @@ def test_render_refuses_with_one_clear_line(values: dict[str, Any], namespace: s
 
 
 def test_several_configs_error_says_why_and_how() -> None:
-    """The no-default error names the fallbacks tried and that the node label is not read (no silent choice)."""
+    """The no-default error (NVIDIA's chart refuses the same map) names the fallbacks tried and the
+    unlabelled nodes it is about."""
     error = _refusal({"config": {"map": {"a": "version: v1", "b": "version: v1"}}})
     assert "set config.default" in error
     assert "[named, single]" in error
-    assert "nvidia.com/device-plugin.config" in error
+    assert "without the label nvidia.com/device-plugin.config" in error
 
 
 def test_allow_default_namespace_lifts_the_refusal() -> None:
@@ -685,7 +747,9 @@ def test_name_and_namespace_overrides() -> None:
     docs = _render({"fullnameOverride": "nvdp", "namespaceOverride": "other", "gfd": {"enabled": True}})
     names = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
     assert ("DaemonSet", "nvdp") in names and ("DaemonSet", "nvdp-gpu-feature-discovery") in names
-    assert {d["metadata"]["namespace"] for d in docs} == {"other"}
+    assert {d["metadata"].get("namespace") for d in docs if not d["kind"].startswith("Cluster")} == {"other"}
+    binding = manifests.find(docs, "ClusterRoleBinding", "nvdp")
+    assert binding["subjects"][0]["namespace"] == "other" and ("ClusterRole", "nvdp") in names
     docs = _render({"nameOverride": "nvidia-device-plugin"})
     plugin = manifests.find(docs, "DaemonSet", "gpuvisor-nvidia-device-plugin")
     assert plugin["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "nvidia-device-plugin"
@@ -794,7 +858,11 @@ def test_labeller_uses_the_node_feature_api_by_default() -> None:
         "name": role["metadata"]["name"],
     }
     assert FEATURES_D not in _mounts(labeller)
-    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    # The labeller's rights are namespaced; the only ClusterRole is the plugin's (health on the Node).
+    assert [d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")] == [
+        "gpuvisor",
+        "gpuvisor",
+    ]
 
 
 def test_labeller_writes_features_d_without_the_api() -> None:
@@ -867,13 +935,16 @@ def test_service_monitor_scrapes_the_plugins_metrics_port() -> None:
 # --- NOTES: what the chart does instead of NVIDIA's sidecar and subchart -------------------------
 
 
-def test_notes_say_which_config_runs_and_what_is_not_done() -> None:
-    """NOTES name the config run on every node, that the node label is not read, and that NFD is not installed."""
+def test_notes_say_how_a_node_chooses_its_config() -> None:
+    """NOTES say how a node chooses its config (its label, else the default), that health is on
+    the Node, and that NFD is not installed."""
     notes = _notes(_values("several-configs") | {"gfd": {"enabled": True}})
-    assert 'key "config0" of ConfigMap gpuvisor-configs, on every node' in notes
-    assert "nvidia.com/device-plugin.config is\n  NOT read" in notes
+    assert "Configs: ConfigMap gpuvisor-configs (config0, config1)." in notes
+    assert "nvidia.com/device-plugin.config=NAME" in notes
+    assert 'A node without the label runs "config0".' in notes
+    assert "condition GPUUnhealthy" in notes
     assert "does not install node-feature-discovery" in notes
-    assert "NOT read" not in _notes(_values("time-slicing"))
+    assert "GPUUnhealthy" not in _notes({"gpuvisor": {"nodeHealth": False}})
 
 
 # --- the README's example -------------------------------------------------------------------------
@@ -886,12 +957,14 @@ def _readme_helm_yaml_blocks() -> list[str]:
     return [block.split("```", 1)[0] for block in section.split("```yaml\n")[1:]]
 
 
-def test_readme_per_node_group_release_renders_as_described(tmp_path: Path) -> None:
-    """The README's MIG release runs its config only on nodes with the config label, with MIG's privileges."""
+def test_readme_per_node_configs_render_as_described(tmp_path: Path) -> None:
+    """The README's example: unlabelled nodes run `default`, a node labelled mig-mixed the mixed
+    strategy and one labelled ts4 four time-slicing replicas; MIG's privileges are granted."""
     [block] = _readme_helm_yaml_blocks()
     docs = _render(yaml.safe_load(block))
     plugin = _plugin(docs)
-    assert manifests.pod(plugin)["nodeSelector"] == {"nvidia.com/device-plugin.config": "mig-mixed"}
-    assert _env(plugin)["CONFIG_FILE"] == f"{CONFIG_DIR}/mig-mixed"
-    assert _loaded_config(docs, plugin, tmp_path).mig_strategy == "mixed"
+    assert _loaded_config(docs, plugin, tmp_path).config_name == "default"
+    assert _loaded_config(docs, plugin, tmp_path, node_label="mig-mixed").mig_strategy == "mixed"
+    sliced = _loaded_config(docs, plugin, tmp_path, node_label="ts4").sharing
+    assert [(r.name, r.replicas) for r in sliced.resources] == [("nvidia.com/gpu", 4)]
     assert _capabilities_added(plugin) == ["SYS_ADMIN"]

@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -251,8 +251,9 @@ def test_worker_drops_a_malformed_message_and_keeps_applying(tmp_path: Path) -> 
 
 
 def test_plan_update_lists_new_devices_only_with_their_snapshot_health(tmp_path: Path) -> None:
-    """An in-place PlanUpdate keeps the old list until the requested snapshot; the first list with
-    the new IDs already shows a new ID the snapshot marks unhealthy as Unhealthy."""
+    """An in-place PlanUpdate without a snapshot (the supervisor had no health book) keeps the old
+    list until the requested snapshot; the first list with the new IDs already shows a new ID the
+    snapshot marks unhealthy as Unhealthy."""
     from common.messages import PlanUpdate, SnapshotRequest, decode
     from worker.main import Worker, parse_args
 
@@ -306,6 +307,62 @@ def test_plan_update_lists_new_devices_only_with_their_snapshot_health(tmp_path:
         expected = {d.id: (UNHEALTHY if d.id == bad else HEALTHY) for d in full.devices}
         assert {d.ID: d.health for d in listing.devices} == expected
         assert worker.book.plan == full and worker.plan == full
+    finally:
+        for sock in (tx, rx, supervisor, dealer):
+            sock.close(0)
+        worker.mailbox.close()
+
+
+def test_plan_update_with_its_snapshot_swaps_in_one_step_without_asking(tmp_path: Path) -> None:
+    """A PlanUpdate carrying the new devices' health (what the supervisor sends): the worker lists
+    the new IDs with that health in one swap and sends no SnapshotRequest."""
+    from common.messages import PlanUpdate
+    from worker.main import Worker, parse_args
+
+    full = plan_resources(_discover("pcie-l4"), load_config({}, {}))[GPU]
+    old = dataclasses.replace(full, devices=full.devices[:2])
+    bad = full.devices[3].id
+    args = parse_args(
+        ["--resource", GPU, "--plan", "unused", "--kubelet-socket", str(tmp_path / "kubelet.sock")]
+    )
+    worker = Worker(args, old)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    tx, rx = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    supervisor, dealer = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        tx.bind("inproc://health-e2e-plan-snapshot")
+        rx.connect("inproc://health-e2e-plan-snapshot")
+        supervisor.bind("inproc://health-e2e-plan-snapshot-control")
+        dealer.connect("inproc://health-e2e-plan-snapshot-control")
+        worker.dealer = dealer
+        tx.send_multipart(
+            encode(SnapshotReply(HealthSnapshot(seq=1, resource=GPU, devices=(), epoch="e")), seq=1)
+        )
+
+        def drained(check: Callable[[], bool]) -> Callable[[], bool]:
+            def step() -> bool:
+                worker._drain(rx)
+                return check()
+
+            return step
+
+        assert wait_until(drained(lambda: worker.applier.seq == 1), 10)
+        version, _ = worker.book.current()
+        devices = tuple(
+            DeviceHealth(
+                device_id=d.id, healthy=d.id != bad, reason="XID 48" if d.id == bad else "", since=1.0
+            )
+            for d in full.devices
+        )
+        update = PlanUpdate(full.to_json(), HealthSnapshot(seq=3, resource=GPU, devices=devices, epoch="e"))
+        tx.send_multipart(encode(update, seq=2))
+        assert wait_until(drained(lambda: worker.plan == full), 10)
+        new_version, listing = worker.book.current()
+        assert new_version == version + 1
+        assert {d.ID: d.health for d in listing.devices} == {
+            d.id: (UNHEALTHY if d.id == bad else HEALTHY) for d in full.devices
+        }
+        assert worker.applier.seq == 3 and supervisor.poll(200) == 0  # nothing asked
     finally:
         for sock in (tx, rx, supervisor, dealer):
             sock.close(0)

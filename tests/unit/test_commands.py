@@ -61,7 +61,7 @@ class Parts:
 
 def target(parts: Parts, *, simulated: bool = True) -> CommandTarget:
     return CommandTarget(
-        status=parts.status, replan=parts, planned=parts, health=parts, faults=parts if simulated else None
+        status=parts.status, replan=parts, reconciler=parts, health=parts, faults=parts if simulated else None
     )
 
 

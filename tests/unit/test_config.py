@@ -65,6 +65,9 @@ def test_every_setting_is_a_config_field() -> None:
         "sources",
         "unknown_keys",
         "notices",
+        "config_name",
+        "config_source",
+        "awaiting_label",
     }
 
 

@@ -216,9 +216,9 @@ def test_the_workers_hear_of_a_change_before_its_line_is_logged() -> None:
     order: list[str] = []
     publish, record = hub.publish, hub.events.record
 
-    def publishing(batch: ChangeBatch, *, logged: bool = False) -> None:
+    def publishing(batch: ChangeBatch, *, line: str | None = None, decision: bool = True) -> None:
         order.append("publish")
-        publish(batch, logged=logged)
+        publish(batch, line=line, decision=decision)
 
     def logging_(*args: Any) -> None:
         order.append("log")

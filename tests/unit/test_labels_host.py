@@ -20,7 +20,6 @@ from supervisor.labels.host import (
     scan_vgpu,
     vendor_capability,
 )
-from supervisor.labels.nodefeature import TokenBucket
 from supervisor.labels.output import LabelFile, OutputError
 from supervisor.labels.rules import LabelConfig, LabelError, VgpuDevice, compute_labels
 from supervisor.node.facts import PCI_CLASS_3D, PCI_CLASS_VGA, facts_from_nvml, read_pci_class, sysfs_pci_name
@@ -271,25 +270,3 @@ def test_label_file_errors_and_stdout(tmp_path: Path) -> None:
     f = LabelFile(str(path))
     f.write_if_changed({"a": "1"})
     assert f.remove() and not path.exists() and not f.remove()
-
-
-# --- the API rate limiter ---------------------------------------------------------------------------
-
-
-def test_token_bucket_follows_client_gos_rules() -> None:
-    """Burst requests go at once, then one per 1/qps; qps 0 is client-go's 5/10; negative is unlimited."""
-    now = [0.0]
-    waits: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        now[0] += seconds
-
-    bucket = TokenBucket(2.0, 3, clock=lambda: now[0], sleep=sleep)
-    assert [bucket.acquire() for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert bucket.acquire() == pytest.approx(0.5)
-    assert bucket.acquire() == pytest.approx(0.5)
-    defaults = TokenBucket(0, 0)
-    assert (defaults.qps, defaults.burst) == (5.0, 10)
-    unlimited = TokenBucket(-1, 1, sleep=sleep)
-    assert [unlimited.acquire() for _ in range(50)] == [0.0] * 50

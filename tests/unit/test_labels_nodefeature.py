@@ -2,18 +2,30 @@
 
 The endpoint (`tests/kubeapi.py`) serves the documented REST paths over TLS with a bearer token,
 and checks every object sent against NFD v0.19.0's NodeFeature CRD schema; the labeller reaches
-it with the Kubernetes project's Python client through a kubeconfig, as on a cluster. What GFD
-v0.20.0 sends is in internal/lm/output.go:115-218.
+it through gpuvisor's API-server layer (supervisor/kube) and a kubeconfig, as on a cluster. What
+GFD v0.20.0 sends is in internal/lm/output.go:115-218. The last tests pin what a real
+kube-apiserver v1.34 showed wrong in the old client: a frozen server held a pass (and a stop),
+a missing CRD was reported as a bare 404 after a create attempt, and the user agent was the
+Python client's.
 """
 
 from __future__ import annotations
 
 import http
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from supervisor.labels.nodefeature import ApiError, NodeFeaturePublisher, api_client_for, node_feature_object
+from supervisor.kube.credentials import load_credentials
+from supervisor.kube.errors import CredentialsError
+from supervisor.labels.nodefeature import (
+    NodeFeaturePublisher,
+    PublishConfigError,
+    PublishError,
+    node_feature_object,
+)
 from tests.kubeapi import RunningApiServer, node_feature_problems
 
 NS, NODE, POD = "gpuvisor", "gpu-node-1", "gpuvisor-labels-x7k2p"
@@ -125,17 +137,17 @@ def test_no_owner_references_when_they_cannot_be_resolved(api: RunningApiServer,
 def test_api_errors_are_one_line(
     api: RunningApiServer, method: str, code: int, reason: str, what: str
 ) -> None:
-    """A refused call is an ApiError naming the object, the status and the server's message."""
+    """A refused call is a PublishError naming the object, the status and the server's message."""
     api.state.add_daemonset_pod(NS, POD)
     pub = publisher(api)
     pub.owners = []  # owners resolved already: the injected failure hits the NodeFeature call
     api.state.fail_next[method] = (code, reason)
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(PublishError) as err:
         pub.publish(LABELS)
-    phrase = http.HTTPStatus(code).phrase
+    assert http.HTTPStatus(code)
     assert (
         str(err.value)
-        == f"failed to {what} NodeFeature object {NS}/{NAME}: {code} {phrase}: injected {reason}"
+        == f"failed to {what} NodeFeature object {NS}/{NAME}: {code} {reason}: injected {reason}"
     )
 
 
@@ -144,7 +156,7 @@ def test_conflict_on_update_is_an_error(api: RunningApiServer) -> None:
     pub = publisher(api, pod="")
     pub.publish(LABELS)
     api.state.fail_next["PUT"] = (409, "Conflict")
-    with pytest.raises(ApiError, match=r"failed to update NodeFeature object .*: 409 Conflict"):
+    with pytest.raises(PublishError, match=r"failed to update NodeFeature object .*: 409 Conflict"):
         pub.publish({**LABELS, "nvidia.com/gpu.count": "7"})
 
 
@@ -156,21 +168,26 @@ def test_untrusted_server_certificate_is_refused(api: RunningApiServer, tmp_path
         config = tmp_path / "wrong-ca"
         config.write_text(api.kubeconfig_text(other.ca_data))  # api's address, the other server's CA
         pub = NodeFeaturePublisher(node_name=NODE, namespace=NS, kubeconfig=str(config))
-        with pytest.raises(ApiError, match="failed to get NodeFeature object"):
+        with pytest.raises(
+            PublishError, match=r"failed to get NodeFeature object .*CERTIFICATE_VERIFY_FAILED"
+        ):
             pub.publish(LABELS)
         assert api.state.calls() == []  # the handshake failed before any request
     finally:
         other.close()
 
 
-def test_client_configuration_errors_are_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No kubeconfig and not in a pod, or an unreadable kubeconfig: an ApiError saying which source failed."""
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(ApiError, match="in-cluster service account"):
-        api_client_for("")
-    with pytest.raises(ApiError, match=f"kubeconfig {tmp_path / 'missing'}"):
-        api_client_for(str(tmp_path / "missing"))
-    with pytest.raises(ApiError, match="node name"):
+def test_client_configuration_errors_are_clear(tmp_path: Path) -> None:
+    """No kubeconfig and not in a pod, or an unreadable kubeconfig: an error saying which source
+    failed; at the first publish it is a PublishError; no node name is refused at once."""
+    with pytest.raises(CredentialsError, match="not in a pod: KUBERNETES_SERVICE_HOST"):
+        load_credentials("", {})
+    with pytest.raises(CredentialsError, match=f"kubeconfig {tmp_path / 'missing'}: cannot read file"):
+        load_credentials(str(tmp_path / "missing"), {})
+    pub = NodeFeaturePublisher(node_name=NODE, namespace=NS, kubeconfig=str(tmp_path / "missing"))
+    with pytest.raises(PublishError, match="cannot read file"):
+        pub.publish(LABELS)
+    with pytest.raises(PublishConfigError, match="node name"):
         NodeFeaturePublisher(node_name="", namespace=NS)
 
 
@@ -186,3 +203,53 @@ def test_the_schema_check_can_fail() -> None:
     no_spec = {k: v for k, v in good.items() if k != "spec"}
     assert any("'spec' is a required property" in p for p in node_feature_problems(no_spec, NS, None))
     assert node_feature_problems(node_feature_object("Bad_Node", NS, LABELS, []), NS, None)
+
+
+def test_a_missing_crd_is_named_and_nothing_is_created(api: RunningApiServer) -> None:
+    """Without NFD's CRD the real server answers the GET with a plain-text `404 page not found`:
+    the error says the CRD is not installed, no create is tried, and nothing counts as published."""
+    api.state.crds.clear()
+    pub = publisher(api, pod="")
+    with pytest.raises(PublishError, match="is node-feature-discovery's NodeFeature CRD installed") as err:
+        pub.publish(LABELS)
+    assert "404 page not found" in str(err.value)
+    assert err.value.published is False
+    assert api.state.calls("POST") == []
+
+
+def test_an_object_deleted_with_its_crd_is_no_longer_called_published(api: RunningApiServer) -> None:
+    """Published, then the CRD (and with it the object) is deleted: the next failure says the labels
+    are gone (published False), not that they stay in place."""
+    pub = publisher(api, pod="")
+    pub.publish(LABELS)
+    assert pub.published is True
+    api.state.crds.clear()
+    api.state.node_features.clear()
+    with pytest.raises(PublishError) as err:
+        pub.publish(LABELS)
+    assert err.value.published is False
+
+
+def test_requests_name_gpuvisor_as_user_agent_and_field_manager(api: RunningApiServer) -> None:
+    """Every request carries gpuvisor's user agent; writes name gpuvisor as field manager."""
+    api.state.add_daemonset_pod(NS, POD)
+    publisher(api).publish(LABELS)
+    calls = api.state.calls()
+    assert calls and all(
+        r.user_agent.startswith("gpuvisor/") and r.user_agent.endswith(" labels") for r in calls
+    )
+    assert [r.query.get("fieldManager") for r in api.state.calls("POST")] == ["gpuvisor"]
+    assert {r.manager for r in calls} == {"gpuvisor"}
+
+
+def test_a_frozen_server_holds_a_publish_only_until_abort(api: RunningApiServer) -> None:
+    """Against a server that accepts and never answers, abort() (a stop) ends the call at once:
+    no read timeout, no retries."""
+    pub = publisher(api, pod="")
+    pub.publish(LABELS)
+    api.state.freeze()
+    started = time.monotonic()
+    threading.Timer(0.3, pub.abort).start()
+    with pytest.raises(PublishError, match="stopped"):
+        pub.publish({**LABELS, "nvidia.com/gpu.count": "7"})
+    assert time.monotonic() - started < 3.0

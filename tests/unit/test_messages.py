@@ -60,6 +60,9 @@ EXAMPLES: list[Message] = [
     Reregister(reason="kubelet.sock created"),
     Shutdown(),
     PlanUpdate(plan_json='{"resource":"nvidia.com/gpu","devices":[]}'),
+    PlanUpdate(
+        plan_json="{}", snapshot=HealthSnapshot(seq=4, resource="nvidia.com/gpu", devices=(BAD,), epoch="e1")
+    ),
     Command(name="sim-xid", args={"gpu": 0, "xid": 79, "nested": {"a": [1, 2, None]}}),
     Reply(ok=False, error="no GPU with index 9", data={}),
     Reply(ok=True, data={"workers": [{"resource": "nvidia.com/gpu", "state": "RUNNING"}]}),

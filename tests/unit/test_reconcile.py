@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from common.messages import PlanUpdate
+from common.messages import DeviceHealth, HealthSnapshot, PlanUpdate
 from common.model import Node
 from supervisor.config import Config, config_from_data
 from supervisor.desired.reconcile import (
@@ -81,10 +81,17 @@ class Setup:
             plan_files=self.rundir,
             workers=self.workers,
             tell=self.tell,
+            snapshot=self.snapshot,
             follow=self.hooks,
             timers=self.timers,
             on_pending=self.pending_flags.append,
         )
+
+    def snapshot(self, resource: str) -> HealthSnapshot:
+        """The health hub's answer: every device of the current plan, one of them Unhealthy."""
+        ids = [d.id for d in self.rec.plans[resource].devices]
+        devices = tuple(DeviceHealth(i, n != 0, "" if n else "XID 48", 1.0) for n, i in enumerate(ids))
+        return HealthSnapshot(seq=7, resource=resource, devices=devices, epoch="e")
 
     def tell(self, resource: str, update: PlanUpdate) -> bool:
         if resource not in self.reachable:
@@ -245,6 +252,22 @@ def test_a_worker_that_said_hello_late_catches_up_on_the_plan() -> None:
     s.rec.catch_up(GPU)
     s.rec.catch_up(GPU)  # only once: the worker has it now
     assert len(s.told) == 1
+
+
+def test_a_plan_update_carries_the_health_of_its_devices() -> None:
+    """The worker gets the new plan and the health snapshot of exactly its devices in one message,
+    so it never asks for the snapshot the supervisor already holds."""
+    s = Setup()
+    node = nodes.pcie_l4()
+    s.rec.want(desired(node))
+    s.workers.tick(s.clock.now)
+    s.rec.worker_started(GPU)
+    s.reachable.add(GPU)
+    s.rec.want(desired(node, sliced(2)))
+    ((resource, update),) = s.told
+    assert resource == GPU and update.snapshot is not None
+    assert [d.device_id for d in update.snapshot.devices] == [d.id for d in s.rec.plans[GPU].devices]
+    assert update.plan_json == s.rec.plan_json[GPU]
 
 
 def test_a_failed_adopt_still_starts_the_workers_and_is_retried() -> None:

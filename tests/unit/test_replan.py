@@ -25,14 +25,15 @@ SLICED = (
 
 
 class Setup:
-    def __init__(self, tmp: Path, text: str = "version: v1\n", **env: str) -> None:
+    def __init__(self, tmp: Path, text: str = "version: v1\n", *, named: bool = False, **env: str) -> None:
         self.file = tmp / "config.yaml"
         self.file.write_text(text)
-        self.environ = {"GPUVISOR_SIMULATE": "pcie-l4", "CONFIG_FILE": str(self.file), **env}
+        own = {} if named else {"CONFIG_FILE": str(self.file)}  # named: env names the configs' dir
+        self.environ = {"GPUVISOR_SIMULATE": "pcie-l4", **own, **env}
         self.clock = FakeClock()
         self.timers = Scheduler(self.clock)
         self.metrics = Metrics(version="test")
-        config = sim_config(CONFIG_FILE=str(self.file), **env)
+        config = sim_config(**own, **env)
         self.adopted: list[Config] = []
         self.nvml = NvmlLink(config, self.environ)
         hub = bookless_hub(self.metrics, self.clock)
@@ -42,6 +43,7 @@ class Setup:
             plan_files=self.rundir,
             workers=WorkerSet(spawner=FakeSpawner()),
             tell=lambda r, u: False,
+            snapshot=hub.snapshot,
             follow=self,
             timers=self.timers,
             on_refused=self.metrics.reload_refused,
@@ -51,7 +53,7 @@ class Setup:
             argv_flags=None,
             environ=self.environ,
             nvml=self.nvml,
-            keeper=self.reconciler,
+            reconciler=self.reconciler,
             mps=mps,
             timers=self.timers,
         )
@@ -217,3 +219,65 @@ def test_a_reload_refused_as_it_loads_does_not_push_back_rediscovery(tmp_path: P
     s.file.write_text("version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 1}]}}\n")
     assert not s.replan.reload("SIGHUP")
     assert s.timers.when("rediscovery") == due
+
+
+# --- the node's config chosen by its label -------------------------------------------------------
+
+
+def named(tmp_path: Path, **env: str) -> Setup:
+    """A node whose configs are the named files of a directory: `plain` and `sliced`."""
+    srcdir = tmp_path / "configs"
+    srcdir.mkdir()
+    (srcdir / "plain").write_text("version: v1\n")
+    (srcdir / "sliced").write_text(SLICED)
+    return Setup(tmp_path, named=True, CONFIG_FILE_SRCDIR=str(srcdir), NODE_NAME="gpu-1", **env)
+
+
+def test_a_label_change_is_a_reload_into_the_named_config(tmp_path: Path) -> None:
+    """Default `plain`; the label names `sliced`: replicas, in place; the label removed: `plain` again."""
+    s = named(tmp_path, DEFAULT_CONFIG="plain")
+    s.bring_up()
+    assert (s.config.config_name, s.config.config_source) == ("plain", "default")
+    assert s.replan.node_label("sliced")
+    assert (s.config.config_name, s.config.config_source) == ("sliced", "label")
+    assert "::1" in s.reconciler.plan_json[GPU]
+    reloads = s.replan.reloads
+    assert s.replan.node_label("sliced") and s.replan.reloads == reloads  # the same value: nothing
+    assert s.replan.node_label("")
+    assert (s.config.config_name, "::1" in s.reconciler.plan_json[GPU]) == ("plain", False)
+
+
+def test_a_label_naming_no_config_is_refused_and_the_running_one_stays(tmp_path: Path) -> None:
+    """A typo in the label: refused with config-manager's words, the running config keeps serving."""
+    s = named(tmp_path, DEFAULT_CONFIG="plain")
+    s.bring_up()
+    before = s.reconciler.plan_json[GPU]
+    assert not s.replan.node_label("slcied")
+    refused = str(s.reconciler.status()["refused"])
+    assert "specified config slcied does not exist" in refused and "node label" in refused
+    assert s.reconciler.plan_json[GPU] == before and s.config.config_name == "plain"
+
+
+def test_without_a_usable_default_nothing_is_planned_until_the_label(tmp_path: Path) -> None:
+    """Two configs, no default, fallbacks that fail: nothing is planned at start; the label's config
+    applies once it is read."""
+    s = named(tmp_path, FALLBACK_STRATEGIES="named,single")
+    assert s.config.awaiting_label
+    node, _ = s.nvml.attempt(fail_on_init_error=True)
+    assert node is not None
+    assert not s.replan.start(node) and s.reconciler.plans == {}
+    assert s.replan.node_label("sliced")
+    assert "::1" in s.reconciler.plan_json[GPU] and not s.config.awaiting_label
+
+
+def test_a_config_added_to_the_directory_applies_when_the_label_names_it(tmp_path: Path) -> None:
+    """The label names a config the ConfigMap lacks (refused); when the file appears, the directory
+    watch's check applies it without another label change."""
+    s = named(tmp_path, DEFAULT_CONFIG="plain")
+    s.bring_up()
+    assert not s.replan.node_label("later")
+    (tmp_path / "configs" / "later").write_text(SLICED)
+    s.replan.config_event()
+    s.clock.advance(CONFIG_DEBOUNCE_S)
+    s.timers.run_due()
+    assert s.config.config_name == "later" and "::1" in s.reconciler.plan_json[GPU]

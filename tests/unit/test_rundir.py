@@ -259,3 +259,17 @@ def test_prepare_removes_temp_files_a_killed_supervisor_left(tmp_path: Path) -> 
         Path(rd.plans_dir, name).write_text("x")
     rd.prepare()
     assert sorted(os.listdir(rd.plans_dir)) == ["notes.tmp", "nvidia.com_gpu.json"]
+
+
+def test_the_node_label_is_kept_for_a_restart_and_anything_else_is_ignored(tmp_path: Path) -> None:
+    """A label value written is read back by the next run; a missing, oversized or foreign record is None."""
+    rundir = RunDir(str(tmp_path / "run"))
+    rundir.prepare()
+    assert rundir.recall_node_label() is None
+    rundir.remember_node_label("ts4")
+    assert RunDir(rundir.path).recall_node_label() == "ts4"
+    rundir.remember_node_label("")
+    assert rundir.recall_node_label() == ""
+    for text in ("[1]", '{"label": 4}', "not json", '{"label": "' + "x" * 5000 + '"}'):
+        Path(rundir.node_label_record).write_text(text)
+        assert rundir.recall_node_label() is None, text

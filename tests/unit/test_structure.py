@@ -276,3 +276,24 @@ def test_the_process_roles_never_import_each_other() -> None:
             ):
                 wrong.append(f"{module} -> {dep}")
     assert wrong == []
+
+
+def test_the_api_server_layer_is_not_loaded_at_start() -> None:
+    """No module `gpuvisor` imports at start (supervisor.main, supervisor.cli, and what they import
+    at module level) reaches supervisor.kube: the cluster side and the NodeFeature output import it
+    inside functions, when a feature that needs it starts."""
+    known = dict(modules())
+    names = frozenset(known)
+    eager = {m: {d for d in imports(p, m, names, lazy=False) if d in known} for m, p in known.items()}
+    seen: set[str] = set()
+    todo = ["supervisor.main", "supervisor.cli"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(eager.get(module, ()))
+            parts = module.split(".")
+            todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # a package's __init__ runs too
+    assert "supervisor.cluster.side" in seen  # the check looks where it should
+    assert sorted(m for m in seen if m == "supervisor.kube" or m.startswith("supervisor.kube.")) == []
+    assert "supervisor.cluster.writer" not in seen

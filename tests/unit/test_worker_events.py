@@ -28,8 +28,8 @@ class FakeControl:
         self.unbound.append(resource)
 
 
-class FakePlans:
-    """A plan keeper with no plans: every resource here is on its way out."""
+class FakeReconciler:
+    """A reconciler with no plans: every resource here is on its way out."""
 
     def __init__(self) -> None:
         self.plans: dict[str, ResourcePlan] = {}
@@ -53,7 +53,7 @@ class Setup:
         hub = bookless_hub(self.metrics, self.clock)
         self.events = WorkerEvents(
             workers=self.workers,
-            plans=FakePlans(),
+            reconciler=FakeReconciler(),
             control=self.control,
             hub=hub,
             metrics=self.metrics,

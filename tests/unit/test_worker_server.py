@@ -396,3 +396,74 @@ def test_allocate_with_huge_unknown_ids_gets_invalid_argument(tmpdir_short: str)
     finally:
         channel.close()
         server.stop()
+
+
+def _allocate(server: PluginServer, ids: list[str]) -> dict[str, str]:
+    """Allocate `ids` over a real channel: the response's envs, or {"error": details}."""
+    channel = grpc.insecure_channel(unix_target(server.path))
+    try:
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+        response = DevicePluginClient(channel).Allocate(request, timeout=10)
+        return dict(response.container_responses[0].envs)
+    except grpc.RpcError as exc:
+        return {"error": exc.details() or ""}
+    finally:
+        channel.close()
+
+
+def test_ids_of_the_plan_just_replaced_are_answered_for_a_grace_period(
+    tmpdir_short: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an in-place update 1 -> 2 time-slicing replicas, an Allocate of a plain ID from the
+    kubelet's list of a moment before is answered (same GPU, same answer); an ID whose GPU left the
+    plan is not; after PLAN_GRACE_S neither is."""
+    import worker.server as server_module
+
+    plain = gpu_plan()
+    sliced = plan_resources(
+        nodes.dgx_h100(),
+        config_from_data(
+            {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": GPU, "replicas": 2}]}}}
+        ),
+    )[GPU]
+    book = DeviceBook(plain)
+    server = PluginServer(PluginService(book), tmpdir_short)
+    server.start()
+    try:
+        first, last = plain.devices[0], plain.devices[-1]
+        assert _allocate(server, [first.id]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}
+        without_last = dataclasses.replace(
+            sliced, devices=tuple(d for d in sliced.devices if d.uuid != last.uuid)
+        )
+        book.set_plan(without_last)
+        assert _allocate(server, [first.id]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}
+        assert "unknown device" in _allocate(server, [last.id])["error"]  # its GPU is gone
+        assert _allocate(server, [f"{first.uuid}::1"]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}
+        book.set_plan(plain)
+        assert _allocate(server, [first.id]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}  # the plan's own
+        monkeypatch.setattr(server_module, "PLAN_GRACE_S", -1.0)
+        book.set_plan(sliced)  # an update whose grace is over at once
+        assert "unknown device" in _allocate(server, [first.id])["error"]
+    finally:
+        server.stop()
+
+
+def test_the_previous_plan_is_not_used_when_more_than_the_list_changed(tmpdir_short: str) -> None:
+    """An update that changes how Allocate answers (here the device-ID strategy) answers no ID of
+    the previous plan: its answer would no longer be right."""
+    plain = gpu_plan()
+    by_index = plan_resources(
+        nodes.dgx_h100(),
+        config_from_data({"version": "v1", "flags": {"plugin": {"deviceIDStrategy": "index"}}}),
+    )[GPU]
+    renamed = dataclasses.replace(
+        by_index, devices=tuple(dataclasses.replace(d, id=d.id + "-x") for d in by_index.devices)
+    )
+    book = DeviceBook(plain)
+    server = PluginServer(PluginService(book), tmpdir_short)
+    server.start()
+    try:
+        book.set_plan(renamed)
+        assert "unknown device" in _allocate(server, [plain.devices[0].id])["error"]
+    finally:
+        server.stop()

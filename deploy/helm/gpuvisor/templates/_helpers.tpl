@@ -3,9 +3,12 @@ Shared definitions. The chart's decisions are made here once, as data (dicts tur
 and back), and the object templates only lay them out:
   gpuvisor.validate       every render-time refusal, included at the top of every object template
                           so that the first problem is reported whatever order Helm renders in;
-  gpuvisor.configChoice   which ConfigMap and which key of it gpuvisor runs on every node;
+  gpuvisor.configChoice   which ConfigMap holds the configs, and which key a node without the
+                          label nvidia.com/device-plugin.config runs (the labeller runs it);
   gpuvisor.features       whether MIG, MPS, CDI or volume-mounts may be in use, which decides
-                          capabilities, host paths and host namespaces (least privilege otherwise).
+                          capabilities, host paths and host namespaces (least privilege otherwise);
+  gpuvisor.apiAccess      what the plugin asks of the API server (the node's label, health on the
+                          Node), which decides its token and RBAC.
 */ -}}
 
 {{- define "gpuvisor.name" -}}
@@ -79,13 +82,14 @@ labeller's DaemonSets select only their own pods (NVIDIA's two DaemonSets share 
 {{- end -}}
 
 {{- /*
-The config gpuvisor runs, as JSON {"configMap": NAME or "", "key": KEY or ""}; key "" means no
-config file. NVIDIA's config-manager picks a key per node (the node label
+The configs, as JSON {"configMap": NAME or "", "key": KEY or ""}. The plugin gets the whole
+ConfigMap and picks a key per node itself, with NVIDIA's config-manager rules (the node label
 nvidia.com/device-plugin.config, else config.default, else the fallbacks in order:
-cmd/config-manager/main.go:335-393); gpuvisor has no config-manager, so the chart makes the
-label-less choice once, for every node, and refuses to render when it cannot be made.
-With config.name the keys are read from the live ConfigMap (`lookup`, on install and upgrade);
-offline (helm template) they are unknown, so only config.default or a leading "empty" can choose.
+cmd/config-manager/main.go:335-393). `key` is the choice for a node without the label ("" for no
+config file), which the chart makes once: NVIDIA's chart refuses a map where none can be made
+(templates/validation.yml), and the labeller runs that key. With config.name the keys are read
+from the live ConfigMap (`lookup`, on install and upgrade); offline (helm template) they are
+unknown, so only config.default or a leading "empty" can choose, which only the labeller needs.
 */ -}}
 {{- define "gpuvisor.configChoice" -}}
 {{- $config := .Values.config -}}
@@ -118,7 +122,10 @@ offline (helm template) they are unknown, so only config.default or a leading "e
     {{- range $strategy := $config.fallbackStrategies -}}
       {{- if not $found -}}
         {{- if and (not $known) (has $strategy (list "named" "single")) -}}
-          {{- fail (printf "gpuvisor chart: config.name %q without config.default: the fallback %q needs the ConfigMap's keys, which cannot be read here (helm template, or the ConfigMap does not exist yet); set config.default to the key gpuvisor should run" (toString $config.name) $strategy) -}}
+          {{- if $.Values.gfd.enabled -}}
+            {{- fail (printf "gpuvisor chart: config.name %q without config.default: the labeller (gfd.enabled) runs the config of a node without a label, and the fallback %q needs the ConfigMap's keys, which cannot be read here (helm template, or the ConfigMap does not exist yet); set config.default" (toString $config.name) $strategy) -}}
+          {{- end -}}
+          {{- $found = true -}}
         {{- end -}}
         {{- if eq $strategy "named" -}}
           {{- if has "default" $keys -}}
@@ -138,7 +145,7 @@ offline (helm template) they are unknown, so only config.default or a leading "e
       {{- end -}}
     {{- end -}}
     {{- if not $found -}}
-      {{- fail (printf "gpuvisor chart: %s holds %d configs (%s) and none is the default: set config.default to one of them, or name one `default` (fallback \"named\"); fallbacks tried, in order: [%s]. gpuvisor runs one config on every node: it does not read the node label nvidia.com/device-plugin.config" $where (len $keys) (join ", " $keys) (join ", " ($config.fallbackStrategies | default list))) -}}
+      {{- fail (printf "gpuvisor chart: %s holds %d configs (%s) and none is the default for a node without the label nvidia.com/device-plugin.config: set config.default to one of them, or name one `default` (fallback \"named\"), or add the fallback \"empty\"; fallbacks tried, in order: [%s] (NVIDIA's chart refuses this too)" $where (len $keys) (join ", " $keys) (join ", " ($config.fallbackStrategies | default list))) -}}
     {{- end -}}
   {{- end -}}
 {{- end -}}
@@ -175,18 +182,18 @@ there, and a malformed config is gpuvisor's to report, with its own message, at 
 
 {{- /*
 What the pods may need, as JSON {"mig", "mps", "cdi", "volumeMounts"}: a value set in the chart
-wins over the config file (its env var wins on the node); otherwise the config gpuvisor runs
-decides (the chosen key of config.map: the others never run, so they grant nothing); with
-config.name, whose contents are unknown at render time, everything counts, as NVIDIA's chart
-assumes MIG for an external ConfigMap. gpuvisor.features.* (true/false) overrides the outcome.
+wins over the config file (its env var wins on the node); otherwise the configs decide, every
+one of config.map (a node's label may choose any of them, as NVIDIA's chart counts them all);
+with config.name, whose contents are unknown at render time, everything counts, as NVIDIA's
+chart assumes MIG for an external ConfigMap. gpuvisor.features.* (true/false) overrides the outcome.
 */ -}}
 {{- define "gpuvisor.features" -}}
 {{- $v := .Values -}}
 {{- $choice := include "gpuvisor.configChoice" . | fromJson -}}
 {{- $external := and (not $v.config.map) (not (empty $v.config.name)) -}}
 {{- $configs := list -}}
-{{- if and $v.config.map $choice.key -}}
-  {{- $parsed := fromYaml (toString (get $v.config.map $choice.key)) -}}
+{{- range $key, $text := ($v.config.map | default dict) -}}
+  {{- $parsed := fromYaml (toString $text) -}}
   {{- if not (hasKey $parsed "Error") -}}{{- $configs = append $configs $parsed -}}{{- end -}}
 {{- end -}}
 {{- $f := dict "mig" $external "mps" $external "cdi" $external "volumeMounts" $external -}}
@@ -236,6 +243,17 @@ unprivileged containers: NVIDIA #856), exactly when NVIDIA's chart adds it.
 {{- if or $f.mig $f.volumeMounts -}}{{- $_ := set $caps "add" (list "SYS_ADMIN") -}}{{- end -}}
 {{- toYaml (dict "runAsUser" 0 "runAsGroup" 0 "runAsNonRoot" false "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" $caps "seccompProfile" (dict "type" "RuntimeDefault")) -}}
 {{- end -}}
+{{- end -}}
+
+{{- /*
+What the plugin asks of the API server, as JSON {"nodes": bool, "health": bool}: the node's label
+when it has configs to choose from (NVIDIA's config-manager reads it: get/list/watch nodes), GPU
+health on the Node when gpuvisor.nodeHealth is on (patch nodes/status, create/patch events).
+Neither: no token, no RBAC, as the plugin then never calls the API server.
+*/ -}}
+{{- define "gpuvisor.apiAccess" -}}
+{{- $choice := include "gpuvisor.configChoice" . | fromJson -}}
+{{- toJson (dict "nodes" (ne $choice.configMap "") "health" (eq (toString .Values.gpuvisor.nodeHealth) "true")) -}}
 {{- end -}}
 
 {{- /* An env entry for a value NVIDIA's chart passes only when it has the right type. */ -}}

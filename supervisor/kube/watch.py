@@ -1,0 +1,201 @@
+"""One named object, kept in view: a list, then a watch from its resourceVersion, forever.
+
+client-go's reflector, for one object selected by `metadata.name` (the supervisor's own Node):
+
+- a list gives the object (or its absence) and the resourceVersion to watch from;
+- the watch asks for bookmarks, so the kept resourceVersion moves even when the object does not;
+- a stream the server ends (its `timeoutSeconds`, 5 to 10 minutes) is watched again at once from
+  the kept resourceVersion; `410 Gone` (a version the server no longer keeps) means a new list;
+- any other failure (no answer, 5xx, 403) is retried after the capped, jittered backoff, the watch
+  from the kept version first, as client-go does; each distinct failure is logged once and every
+  one counted, and the first success after failures logs that it works again.
+
+It runs on its own thread and only calls `on_object` (the object, or None when it is deleted or
+absent) from there: the owner posts what it needs to its own loop. `stop()` ends it at once: it
+aborts the client, which cuts the stream's read short.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+from common.backoff import Backoff
+from common.messages import Json
+from supervisor.kube.client import KubeClient
+from supervisor.kube.errors import NO_ANSWER, ApiError, Stopped
+
+log = logging.getLogger("gpuvisor.kube")
+
+MIN_WATCH_S = 300  # client-go's minWatchTimeout; each watch asks for a random time up to twice it
+
+
+def backoff() -> Backoff:
+    """client-go's reflector backoff: 800 ms doubling to 30 s, jittered."""
+    return Backoff(0.8, 30.0, jitter=0.5)
+
+
+class ObjectWatch:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        path: str,
+        name: str,
+        what: str,
+        on_object: Callable[[dict[str, Any] | None], None],
+        on_count: Callable[[str], None] = lambda event: None,
+        retry: Backoff | None = None,
+        watch_seconds: Callable[[], int] = lambda: random.randint(MIN_WATCH_S, 2 * MIN_WATCH_S),
+    ) -> None:
+        self.client = client
+        self.path = path  # the collection, e.g. /api/v1/nodes
+        self.name = name
+        self.what = what  # e.g. "Node gpu-1", for logs
+        self.on_object = on_object
+        self.on_count = on_count  # "list", "watch", "gone", "failure": what the metrics count
+        self.retry = retry or backoff()
+        self.watch_seconds = watch_seconds
+        self.resource_version = ""
+        self.state = "starting"  # listing, watching, failing, stopped
+        self.failures = 0
+        self.relists = 0
+        self.last_error = ""
+        self.failing_since: float | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"watch {self.what}", daemon=True)
+        self._thread.start()
+
+    def stop(self, join: float = 1.0) -> None:
+        self.client.abort()
+        if self._thread is not None:
+            self._thread.join(join)
+
+    def run(self) -> None:
+        selector = {"fieldSelector": f"metadata.name={self.name}"}
+        while not self.client.stopped:
+            try:
+                if not self.resource_version:
+                    self.state = "listing"
+                    self._list(selector)
+                self._watch(selector)
+            except Stopped:
+                break
+            except ApiError as exc:
+                if exc.gone:
+                    self.on_count("gone")
+                    self.relists += 1
+                    log.info(
+                        "%s: resourceVersion %s is gone (410): listing again",
+                        self.what,
+                        self.resource_version,
+                    )
+                    self.resource_version = ""
+                    continue
+                self._failed(exc)
+                if self.client.stop_event.wait(self.retry.next()):
+                    break
+            except Exception as exc:  # a bug here must not end the watch: count it, back off, go on
+                log.exception("%s: the watch failed unexpectedly", self.what)
+                self._failed(ApiError(self.what, NO_ANSWER, type(exc).__name__, str(exc)))
+                if self.client.stop_event.wait(self.retry.next()):
+                    break
+        self.state = "stopped"
+
+    def _list(self, selector: dict[str, str]) -> None:
+        self.on_count("list")
+        answer = self.client.get(self.path, what=f"list {self.what}", query=selector)
+        items = answer.get("items") if isinstance(answer, dict) else None
+        meta = answer.get("metadata") if isinstance(answer, dict) else None
+        if not isinstance(items, list) or not isinstance(meta, dict):
+            raise ApiError(f"list {self.what}", 200, "BadList", "the answer is not a list")
+        found = next((o for o in items if _name(o) == self.name), None)
+        self.resource_version = str(meta.get("resourceVersion") or "")
+        self._works()
+        self.on_object(found)
+
+    def _watch(self, selector: dict[str, str]) -> None:
+        seconds = self.watch_seconds()
+        query = {
+            **selector,
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": self.resource_version,
+            "timeoutSeconds": str(seconds),
+        }
+        self.on_count("watch")
+        stream = self.client.stream(self.path, what=f"watch {self.what}", query=query, timeout=seconds + 60.0)
+        self.state = "watching"
+        first = True
+        for event in stream:
+            if first:
+                self._works()
+                first = False
+            kind, obj = event.get("type"), event.get("object")
+            if kind == "ERROR":
+                status = obj if isinstance(obj, dict) else {}
+                raise ApiError(
+                    f"watch {self.what}",
+                    int(status.get("code") or 500),
+                    str(status.get("reason") or "Error"),
+                    str(status.get("message") or "")[:500],
+                )
+            if not isinstance(obj, dict):
+                continue
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            if version:
+                self.resource_version = str(version)
+            if kind == "BOOKMARK" or _name(obj) != self.name:
+                continue
+            if kind in ("ADDED", "MODIFIED"):
+                self.on_object(obj)
+            elif kind == "DELETED":
+                self.on_object(None)
+        # The server ended the stream (its timeout): watch again from where it left off.
+
+    def _failed(self, exc: ApiError) -> None:
+        self.failures += 1
+        self.on_count("failure")
+        self.state = "failing"
+        if self.failing_since is None:
+            self.failing_since = time.time()
+        text = exc.describe()
+        if text != self.last_error:
+            log.warning(
+                "%s failed (retrying with backoff; the last state seen stays in force): %s", self.what, text
+            )
+        self.last_error = text
+
+    def _works(self) -> None:
+        if self.failing_since is not None:
+            log.info("%s works again after %.0fs", self.what, time.time() - self.failing_since)
+        self.failing_since = None
+        self.last_error = ""
+        self.retry.reset()
+
+    def status(self) -> dict[str, Json]:
+        return {
+            "state": self.state,
+            "resource_version": self.resource_version,
+            "failures": self.failures,
+            "relists": self.relists,
+            "error": self.last_error or None,
+            "failing_since": self.failing_since,
+        }
+
+
+def _name(obj: object) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return str(meta.get("name", "")) if isinstance(meta, dict) else ""
+
+
+def quote(name: str) -> str:
+    """A name as one path segment."""
+    return urllib.parse.quote(name, safe="")
