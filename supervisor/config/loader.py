@@ -162,6 +162,27 @@ def _check_whole(config_values: Mapping[str, Any], strategy: str, source: str) -
         )
 
 
+def _check_dra(config_values: Mapping[str, Any], strategy: str, source: str) -> None:
+    """What a DRA node needs: its name (the pool), and no device-plugin sharing (DRA shares devices
+    through claims, not through replicas of extended resources)."""
+    if config_values["mode"] != "dra":
+        return
+    if not config_values["node_name"]:
+        raise ConfigError(
+            source,
+            "gpuvisor.mode",
+            "mode dra needs this node's name for its ResourceSlice pool: set NODE_NAME (the downward API's "
+            "spec.nodeName) or --node-name",
+        )
+    if strategy != "none":
+        raise ConfigError(
+            source,
+            f"sharing.{'mps' if strategy == 'mps' else 'timeSlicing'}",
+            "mode dra does not take device-plugin sharing (time-slicing or MPS replicas): remove it, or use "
+            "mode device-plugin",
+        )
+
+
 def ignored_notice(given: Given) -> list[str]:
     """The notice for arguments the flag syntax ignored (none when there were none)."""
     if not given.ignored:
@@ -231,6 +252,7 @@ def config_from_data(
     sharing = parse_sharing(tree.get("sharing"), source, unknown, notices)
     health = parse_health(own.get("health"), source)
     _check_whole(values, sharing.strategy, source)
+    _check_dra(values, sharing.strategy, source)
     return Config(
         **values,
         resources=resources,

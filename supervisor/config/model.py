@@ -125,6 +125,11 @@ class Config:
     zygote: bool
     probe_interval: float
     labels_output_file: str
+    mode: str
+    node_name: str
+    kubelet_plugins_dir: str
+    kubelet_registry_dir: str
+    dra_claims_dir: str
     disable_healthchecks: tuple[str, ...]
     enable_healthchecks: tuple[str, ...]
     resources: ResourcesConfig = ResourcesConfig()
