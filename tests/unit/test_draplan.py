@@ -56,7 +56,12 @@ def test_mig_devices_on_the_simulated_a100_are_named_by_profile_id_and_placement
     assert "gpu-0" not in names and names[-4:] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
     gpu0 = {name for gpu, mig, name in devices if gpu.index == 0}
     # A100's GPU-instance profile ids: 1g.10gb 19, 1g.10gb+me 20, 2g.20gb 14, 3g.40gb 9.
-    assert gpu0 == {"gpu-0-mig-3g40gb-9-4", "gpu-0-mig-2g20gb-14-0", "gpu-0-mig-1g10gb-19-2", "gpu-0-mig-1g10gb-19-3"}
+    assert gpu0 == {
+        "gpu-0-mig-3g40gb-9-4",
+        "gpu-0-mig-2g20gb-14-0",
+        "gpu-0-mig-1g10gb-19-2",
+        "gpu-0-mig-1g10gb-19-3",
+    }
     me = [name for _, mig, name in devices if mig is not None and mig.profile == "1g.10gb+me"]
     assert len(me) == 1 and me[0].split("-mig-")[1].startswith("1g10gb-me-20-")
     assert len(set(names)) == len(names)
