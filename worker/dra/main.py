@@ -177,6 +177,14 @@ class DraWorker:
             self.health.stop()
             self.registrar.stop()
             self.board.close()
+            held = self.preparer.prepared()
+            if held:
+                log.warning(
+                    "%d prepared claim(s) stay in the checkpoint %s: a DRA worker started later unprepares "
+                    "them; while none runs (a node switched to mode device-plugin) the kubelet cannot",
+                    held,
+                    self.checkpoint.path,
+                )
 
     def _run_alone(self) -> int:
         import select
