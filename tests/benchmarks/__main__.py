@@ -33,6 +33,7 @@ BENCHES = [
     "bench_idle_cpu",
     "bench_realnvml",
     "bench_huge_config",
+    "bench_dra",
 ]
 PACKAGE = "tests.benchmarks"
 
