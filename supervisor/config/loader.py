@@ -15,14 +15,18 @@ bad input is one ConfigError; nothing else escapes.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
+from common.socketnames import UNIX_PATH_MAX
 from supervisor.config import nvidia
 from supervisor.config.errors import ConfigError, Invalid, kind, show
 from supervisor.config.flags import FLAG_FORMS, IGNORED_ARGS, decode_text
 from supervisor.config.model import Config
+from supervisor.config.names import DRA_DRIVER
 from supervisor.config.sections import parse_health, parse_resources, parse_sharing
 from supervisor.config.settings import SETTINGS, SETTINGS_BY_NAME, Setting
 from supervisor.config.yamlfile import read_config_file
@@ -174,6 +178,23 @@ def _check_dra(config_values: Mapping[str, Any], strategy: str, source: str) -> 
             "mode dra needs this node's name for its ResourceSlice pool: set NODE_NAME (the downward API's "
             "spec.nodeName) or --node-name",
         )
+    for name, path in (
+        (
+            "gpuvisor.kubeletPluginsDir",
+            os.path.join(config_values["kubelet_plugins_dir"], DRA_DRIVER, SERVICE_SOCKET_NAME),
+        ),
+        (
+            "gpuvisor.kubeletRegistryDir",
+            os.path.join(config_values["kubelet_registry_dir"], registration_socket_name(DRA_DRIVER)),
+        ),
+    ):
+        if len(path.encode()) > UNIX_PATH_MAX:
+            raise ConfigError(
+                source,
+                name,
+                f"the DRA worker's socket {path} would be {len(path.encode())} bytes long, over the "
+                f"{UNIX_PATH_MAX} a unix socket path may have: use a shorter directory",
+            )
     if strategy != "none":
         raise ConfigError(
             source,

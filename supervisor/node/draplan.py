@@ -24,9 +24,9 @@ import os
 import re
 
 from common.model import AllocatableDevice, AllocateSettings, DraSettings, Gpu, MigDevice, Node, ResourcePlan
-from supervisor.config import Config
+from supervisor.config import DRA_DRIVER, Config
 
-DRIVER = "gpu.nvidia.com"
+DRIVER = DRA_DRIVER
 MAX_NAME = 63  # a device name is a DNS label
 _NOT_RFC1123 = re.compile(r"[^a-z0-9.-]")
 

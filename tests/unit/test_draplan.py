@@ -132,3 +132,10 @@ def test_mode_is_one_of_two() -> None:
     """An unknown mode is refused with the choices."""
     with pytest.raises(ConfigError, match="device-plugin, dra"):
         cfg("version: v1\ngpuvisor: {mode: both}\n")
+
+
+def test_mode_dra_refuses_socket_paths_longer_than_a_unix_socket_address() -> None:
+    """A plugins dir so deep that dra.sock would not fit a unix socket address is a config error
+    naming the setting, not a worker retrying forever."""
+    with pytest.raises(ConfigError, match=r"gpuvisor\.kubeletPluginsDir.*over the 107"):
+        cfg("version: v1\ngpuvisor: {mode: dra, kubeletPluginsDir: /" + "d" * 100 + "}\n", node_name="n")
