@@ -326,3 +326,19 @@ def test_an_unregistered_driver_cannot_be_called(kubelet: DraKubeletStandin) -> 
     """The stand-in says what the kubelet says for a driver with no plugin."""
     with pytest.raises(LookupError, match=r"DRA driver gpu\.nvidia\.com is not registered"):
         kubelet.prepare(DRIVER, [("default", "c", "u")])
+
+
+def test_a_bug_in_the_preparer_is_each_claims_error_not_a_failed_call(
+    plugin: Plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception under prepare or unprepare becomes every claim's error (logged with
+    its traceback); the call itself returns normally."""
+
+    def broken(*args: object) -> object:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(plugin.service.preparer, "prepare", broken)
+    monkeypatch.setattr(plugin.service.preparer, "unprepare", broken)
+    claims = [v1.Claim(namespace="default", name="x", uid="u")]
+    assert "internal error: RuntimeError('boom')" in plugin.service.prepare(claims)["u"].error
+    assert "internal error" in plugin.service.unprepare(claims)["u"]

@@ -71,7 +71,11 @@ class DraPluginService:
     def prepare(self, claims: Sequence[Any]) -> dict[str, PrepareResult]:
         start = time.perf_counter()
         refs, bad = _refs(claims)
-        results = self.preparer.prepare(refs)
+        try:
+            results = self.preparer.prepare(refs)
+        except Exception as exc:  # a bug: every claim says so, the RPC and the worker live on
+            log.exception("NodePrepareResources failed")
+            results = {ref.uid: PrepareResult(error=f"claim {ref}: internal error: {exc!r}") for ref in refs}
         results.update({uid: PrepareResult(error=text) for uid, text in bad.items()})
         self._observe("NodePrepareResources", time.perf_counter() - start)
         return results
@@ -79,7 +83,11 @@ class DraPluginService:
     def unprepare(self, claims: Sequence[Any]) -> dict[str, str]:
         start = time.perf_counter()
         refs, bad = _refs(claims)
-        errors = self.preparer.unprepare(refs)
+        try:
+            errors = self.preparer.unprepare(refs)
+        except Exception as exc:  # as for prepare: the kubelet retries the claims
+            log.exception("NodeUnprepareResources failed")
+            errors = {ref.uid: f"claim {ref}: internal error: {exc!r}" for ref in refs}
         errors.update(bad)
         self._observe("NodeUnprepareResources", time.perf_counter() - start)
         return errors
