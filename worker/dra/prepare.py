@@ -9,11 +9,12 @@ asks again for it. For each claim:
 2. else fetched from the `ClaimSource` (outside the lock: a slow source does not hold up other
    calls) and checked (`worker.dra.claims.allocated_devices`: allocated, the UID asked for, this
    driver's results naming this node's pool and devices this node has);
-3. then, under the lock: a device another prepared claim holds is refused (the scheduler never
-   allocates one device twice; two claims on one device would mean a stale allocation or a
-   mode switch race), unless both use admin access or the result carries a share ID; a device
-   the supervisor holds unhealthy is refused with the reason (admin access excepted: that is how
-   a sick device is inspected); the claims are recorded in the checkpoint, and only then answered.
+3. then, under the lock: a device another prepared claim holds for itself is refused (the
+   scheduler never allocates one device twice; two claims on one device would mean a stale
+   allocation or a mode switch race); a claim with admin access (monitoring beside the user) or
+   a share ID (a shared device) neither holds a device nor is refused one; a device the
+   supervisor holds unhealthy is refused with the reason (admin access excepted: that is how a
+   sick device is inspected); the claims are recorded in the checkpoint, and only then answered.
 
 Each device is answered with its CDI device ID from the spec the supervisor writes for the plan
 (`<vendor>/<class>=<uuid>`, or `=<i>` / `=<i:j>` under the index strategy: the device-plugin
