@@ -74,7 +74,9 @@ class DraNode(SimNode):
         return sum(1 for n in self.dra.notifications if n.registered and n.name == DRIVER)
 
     def wait_registered(self, timeout: float = 30.0, more_than: int = 0) -> None:
-        ok = self.dra.wait_for(lambda: self.registrations() > more_than and self.dra.registered(DRIVER), timeout)
+        ok = self.dra.wait_for(
+            lambda: self.registrations() > more_than and self.dra.registered(DRIVER), timeout
+        )
         assert ok, f"{DRIVER} not registered with the DRA kubelet stand-in\n--- log:\n{self.log()[-6000:]}"
 
     def wait_ready(self, timeout: float = 30.0) -> dict[str, Any]:
@@ -90,7 +92,9 @@ class DraNode(SimNode):
 
     def cdi_names(self) -> set[str]:
         """The qualified device names of the CDI spec the supervisor wrote."""
-        with open(os.path.join(self.cdi_dir, "k8s.device-plugin.nvidia.com-gpu.json"), encoding="utf-8") as fh:
+        with open(
+            os.path.join(self.cdi_dir, "k8s.device-plugin.nvidia.com-gpu.json"), encoding="utf-8"
+        ) as fh:
             spec = json.load(fh)
         return {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
 
