@@ -35,6 +35,7 @@ GPU_ATTRIBUTES = {
     "type": "string",
     "uuid": "string",
     "productName": "string",
+    "brand": "string",
     "architecture": "string",
     "cudaComputeCapability": "version",
     "driverVersion": "version",
@@ -99,6 +100,7 @@ def test_a_gpu_is_described_with_nvidias_attribute_names_and_types() -> None:
     assert {k: next(iter(v)) for k, v in attrs.items()} == GPU_ATTRIBUTES
     assert attrs["type"]["string"] == "gpu" and attrs["uuid"]["string"] == node.gpus[0].uuid
     assert attrs["productName"]["string"] == "NVIDIA H100 80GB HBM3"
+    assert attrs["brand"]["string"] == "Nvidia"  # the simulator's NVML answers NVML_BRAND_NVIDIA
     assert attrs["architecture"]["string"] == "Hopper"
     assert attrs["cudaComputeCapability"]["version"] == "9.0.0"
     assert attrs["driverVersion"]["version"] == "550.54.15"

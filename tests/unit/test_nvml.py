@@ -174,32 +174,34 @@ def test_discover_mig_instance_profile_and_placement() -> None:
     assert (refused.gi_profile_id, refused.placement_start, refused.multiprocessors) == (-1, -1, 0)
 
 
-class _WithBrand:
-    """The simulator with NVML's brand and architecture calls (which it does not have)."""
+class _BrandCalls:
+    """The simulator with NVML's brand and architecture calls answering `brand` and `arch`, or
+    missing (an old driver or binding) where those are None."""
 
-    def __init__(self, sim: Simulator, brand: int, arch: int) -> None:
-        self._sim, self._brand, self._arch = sim, brand, arch
+    def __init__(self, sim: Simulator, brand: int | None, arch: int | None) -> None:
+        self._sim, self._answers = sim, {"nvmlDeviceGetBrand": brand, "nvmlDeviceGetArchitecture": arch}
 
     def __getattr__(self, name: str) -> object:
+        if name in self._answers:
+            value = self._answers[name]
+            if value is None:
+                raise AttributeError(name)
+            return lambda handle: value
         return getattr(self._sim, name)
-
-    def nvmlDeviceGetBrand(self, handle: object) -> int:
-        return self._brand
-
-    def nvmlDeviceGetArchitecture(self, handle: object) -> int:
-        return self._arch
 
 
 def test_brand_and_architecture_are_named_as_go_nvlib_names_them() -> None:
     """NVML's brand and architecture enums become go-nvlib's strings; without the calls the
     architecture comes from the compute capability and the brand stays unknown ("")."""
-    sim = load_simulator("dgx-h100")
-    nvml = Nvml(_WithBrand(sim, pynvml.NVML_BRAND_NVIDIA, pynvml.NVML_DEVICE_ARCH_HOPPER), sysfs_root=None)
+    nvml = Nvml(
+        _BrandCalls(load_simulator("dgx-h100"), pynvml.NVML_BRAND_TESLA, pynvml.NVML_DEVICE_ARCH_HOPPER)
+    )
     nvml.init()
     gpu = nvml.discover().gpus[0]
-    assert (gpu.brand, gpu.architecture) == ("Nvidia", "Hopper")
-    _, plain = adapter("pcie-l4")
-    gpu = plain.discover().gpus[0]
+    assert (gpu.brand, gpu.architecture) == ("Tesla", "Hopper")
+    bare = Nvml(_BrandCalls(load_simulator("pcie-l4"), None, None))
+    bare.init()
+    gpu = bare.discover().gpus[0]
     assert (gpu.brand, gpu.architecture) == ("", "Ada Lovelace")
 
 
