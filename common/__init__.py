@@ -1,8 +1,9 @@
 """What both process roles import: the supervisor (`supervisor/`) and its workers (`worker/`).
 
-The kubelet's API (`kubeletapi`), the device and plan model (`model`), the ZeroMQ messages
-(`messages`), socket names (`socketnames`), exit codes (`exitcodes`), the one `Backoff` (`backoff`),
-process helpers (`procutil`), logging (`logs`), device nodes (`devnodes`) and IMEX channels
-(`imex`). Every module here is imported by both roles (tests/unit/test_structure.py checks
-it); what only one role needs lives with that role. Imports nothing of `supervisor/` or `worker/`.
+The kubelet's device-plugin API (`kubeletapi`) and its DRA-side APIs (`draapi`), the device and
+plan model (`model`), the ZeroMQ messages (`messages`), socket names (`socketnames`), exit codes
+(`exitcodes`), the one `Backoff` (`backoff`), the one atomic file write (`atomicfile`), process
+helpers (`procutil`), logging (`logs`), device nodes (`devnodes`) and IMEX channels (`imex`).
+Every module here is imported by both roles (tests/unit/test_structure.py checks it); what only
+one role needs lives with that role. Imports nothing of `supervisor/` or `worker/`.
 """

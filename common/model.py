@@ -39,6 +39,18 @@ class MigDevice:
     ci_id: int
     profile: str  # "1g.10gb", "1g.10gb+me", ...
     memory_mib: int
+    # From the GPU instance (nvmlGpuInstanceGetInfo) and its profile (the parent's
+    # nvmlDeviceGetGpuInstanceProfileInfo entry): what NVIDIA's DRA driver names and describes a
+    # MIG device by. -1 (or 0 for the counts) where NVML would not tell.
+    gi_profile_id: int = -1
+    placement_start: int = -1
+    placement_size: int = 0
+    multiprocessors: int = 0
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpeg_engines: int = 0
+    ofa_engines: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,9 @@ class Gpu:
     compute_capability: tuple[int, int]
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    # As go-nvlib names NVML's enums ("Nvidia", "Hopper"); "" where NVML would not tell.
+    brand: str = ""
+    architecture: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,6 +148,22 @@ class AllocateSettings:
 
 
 @dataclass(frozen=True)
+class DraSettings:
+    """What only a DRA worker needs (a plan with these is served as a DRA kubelet plugin).
+
+    The plan's `resource` is then the DRA driver's name and each device's `id` its DRA device
+    name (`gpu-0`, `gpu-0-mig-1g10gb-19-0`), the name the ResourceSlices publish and a claim's
+    allocation names.
+    """
+
+    driver: str  # "gpu.nvidia.com"
+    pool: str  # this node's pool: the node's name
+    plugin_dir: str  # <kubelet plugins dir>/<driver>: the service socket and the checkpoint
+    registry_dir: str  # the kubelet's plugins_registry: the registration socket
+    claims_dir: str = ""  # ResourceClaims read from JSON files here; "" for the API server
+
+
+@dataclass(frozen=True)
 class ResourcePlan:
     """Everything a worker needs to serve one resource. Same input, same plan, same bytes."""
 
@@ -143,14 +174,18 @@ class ResourcePlan:
     shared_policy: str = "distributed"  # or "packed"
     allocate: AllocateSettings = field(default_factory=AllocateSettings)
     links: tuple[Link, ...] = ()  # topology between the GPUs backing this resource
+    dra: DraSettings | None = None  # set: served as a DRA kubelet plugin (worker/dra/)
 
     @property
     def name(self) -> str:
         """The resource name without its domain: `gpu`, `mig-1g.10gb`, `gpu.shared`."""
-        return self.resource.split("/", 1)[1]
+        return self.resource.split("/", 1)[-1]
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        raw = dataclasses.asdict(self)
+        if raw["dra"] is None:
+            del raw["dra"]  # a device-plugin plan keeps the bytes it had before DRA existed
+        return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> ResourcePlan:
@@ -175,6 +210,7 @@ def plan_from_dict(raw: dict[str, Any]) -> ResourcePlan:
         shared_policy=str(raw.get("shared_policy", "distributed")),
         allocate=AllocateSettings(**alloc_raw),
         links=tuple(Link(**link) for link in raw.get("links", ())),
+        dra=DraSettings(**raw["dra"]) if raw.get("dra") is not None else None,
     )
 
 

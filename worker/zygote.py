@@ -33,6 +33,7 @@ import sys
 import grpc  # noqa: F401
 import zmq  # noqa: F401
 
+import worker.dra.main
 import worker.main
 import worker.registration
 import worker.server

@@ -31,6 +31,7 @@ from supervisor.config.model import (
     SharingConfig,
 )
 from supervisor.config.names import (
+    DRA_DRIVER,
     MAX_RESOURCE_NAME_LENGTH,
     RESOURCE_DOMAIN,
     SHARED_SUFFIX,
@@ -56,6 +57,7 @@ __all__ = [
     "DEVICE_ID_STRATEGIES",
     "DEVICE_LIST_STRATEGIES",
     "DISCOVERY_STRATEGIES",
+    "DRA_DRIVER",
     "EXIT_CONFIG_ERROR",
     "LOG_FORMATS",
     "LOG_LEVELS",

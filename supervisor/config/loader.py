@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
+from common.socketnames import UNIX_PATH_MAX
 from supervisor.config import nvidia
 from supervisor.config.errors import ConfigError, Invalid, kind, show
 from supervisor.config.flags import FLAG_FORMS, IGNORED_ARGS, decode_text
 from supervisor.config.model import Config
 from supervisor.config.named import SOURCE_FILE, SOURCE_NONE, ChoiceError, choose_config
+from supervisor.config.names import DRA_DRIVER
 from supervisor.config.sections import parse_health, parse_resources, parse_sharing
 from supervisor.config.settings import SETTINGS, SETTINGS_BY_NAME, Setting
 from supervisor.config.yamlfile import read_config_file
@@ -188,6 +192,44 @@ def _check_whole(config_values: Mapping[str, Any], strategy: str, source: str) -
         )
 
 
+def _check_dra(config_values: Mapping[str, Any], strategy: str, source: str) -> None:
+    """What a DRA node needs: its name (the pool), and no device-plugin sharing (DRA shares devices
+    through claims, not through replicas of extended resources)."""
+    if config_values["mode"] != "dra":
+        return
+    if not config_values["node_name"]:
+        raise ConfigError(
+            source,
+            "gpuvisor.mode",
+            "mode dra needs this node's name for its ResourceSlice pool: set NODE_NAME (the downward API's "
+            "spec.nodeName) or --node-name",
+        )
+    for name, path in (
+        (
+            "gpuvisor.kubeletPluginsDir",
+            os.path.join(config_values["kubelet_plugins_dir"], DRA_DRIVER, SERVICE_SOCKET_NAME),
+        ),
+        (
+            "gpuvisor.kubeletRegistryDir",
+            os.path.join(config_values["kubelet_registry_dir"], registration_socket_name(DRA_DRIVER)),
+        ),
+    ):
+        if len(path.encode()) > UNIX_PATH_MAX:
+            raise ConfigError(
+                source,
+                name,
+                f"the DRA worker's socket {path} would be {len(path.encode())} bytes long, over the "
+                f"{UNIX_PATH_MAX} a unix socket path may have: use a shorter directory",
+            )
+    if strategy != "none":
+        raise ConfigError(
+            source,
+            f"sharing.{'mps' if strategy == 'mps' else 'timeSlicing'}",
+            "mode dra does not take device-plugin sharing (time-slicing or MPS replicas): remove it, or use "
+            "mode device-plugin",
+        )
+
+
 def ignored_notice(given: Given) -> list[str]:
     """The notice for arguments the flag syntax ignored (none when there were none)."""
     if not given.ignored:
@@ -285,6 +327,7 @@ def config_from_data(
     sharing = parse_sharing(tree.get("sharing"), source, unknown, notices)
     health = parse_health(own.get("health"), source)
     _check_whole(values, sharing.strategy, source)
+    _check_dra(values, sharing.strategy, source)
     return Config(
         **values,
         resources=resources,

@@ -142,6 +142,10 @@ class Config:
     probe_interval: float
     labels_output_file: str
     node_health: bool
+    mode: str
+    kubelet_plugins_dir: str
+    kubelet_registry_dir: str
+    dra_claims_dir: str
     disable_healthchecks: tuple[str, ...]
     enable_healthchecks: tuple[str, ...]
     resources: ResourcesConfig = ResourcesConfig()

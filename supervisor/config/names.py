@@ -1,4 +1,5 @@
-"""Resource names and device references in the config file, checked by NVIDIA's rules.
+"""Resource names and device references in the config file, checked by NVIDIA's rules (and the
+name of the DRA driver a node in `--mode dra` is).
 
 - A resource name (`resources.*[].name`, `sharing.*.resources[].name` / `rename`) is
   `api/config/v1/resources.go` NewResourceName: `nvidia.com/` is prefixed unless present, the
@@ -19,6 +20,7 @@ from supervisor.config.errors import Invalid, show
 RESOURCE_DOMAIN: Final = "nvidia.com"
 MAX_RESOURCE_NAME_LENGTH: Final = 63  # NVIDIA's limit on the fully-qualified name
 SHARED_SUFFIX: Final = ".shared"
+DRA_DRIVER: Final = "gpu.nvidia.com"  # the DRA driver a node in --mode dra is (NVIDIA's driver name)
 
 
 def new_resource_name(name: str) -> str:

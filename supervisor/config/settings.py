@@ -37,6 +37,7 @@ SHARED_POLICIES: Final = ("distributed", "packed")
 DISCOVERY_STRATEGIES: Final = ("auto", "nvml", "tegra")
 LOG_FORMATS: Final = ("text", "json")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+MODES: Final = ("device-plugin", "dra")
 KINDS: Final = ("string", "bool", "strings", "ints", "int", "float", "duration")
 
 _INTEGER = re.compile(r"[-+]?[0-9]+")
@@ -295,8 +296,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     # NVIDIA's config-manager v0.20.0 (cmd/config-manager/main.go:135-210): its sidecar's inputs,
     # taken by the supervisor itself, which chooses the node's config by its label.
     _s("node_name", ("--node-name",), ("NODE_NAME",), None, "string", "", any_string,
-       "This node's name (the downward API's spec.nodeName): the Node whose label chooses the config "
-       "and on which --node-health writes."),
+       "This node's name (the downward API's spec.nodeName): the Node whose label chooses the config, "
+       "on which --node-health writes, and the name of its DRA pool (needed with --mode dra)."),
     _s("node_label", ("--node-label",), ("NODE_LABEL",), None, "string", DEFAULT_NODE_LABEL, any_string,
        "The node label whose value names the config to run (with --config-file-srcdir)."),
     _s("config_file_srcdir", ("--config-file-srcdir",), ("CONFIG_FILE_SRCDIR",), None, "string", "", any_string,
@@ -368,6 +369,21 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _s("node_health", ("--node-health",), ("GPUVISOR_NODE_HEALTH",), "gpuvisor.nodeHealth", "bool", False,
        go_bool_text, "Write GPU health on this Node: the GPUUnhealthy condition and an Event per device taken out "
        "or brought back (an extension; needs --node-name and RBAC).", gpuvisor=True),
+    _s("mode", ("--mode",), ("GPUVISOR_MODE",), "gpuvisor.mode", "string", "device-plugin",
+       own_choice(*MODES), "How this node's GPUs reach pods: device-plugin (nvidia.com/* extended resources, the "
+       "kubelet's device-plugin API) or dra (ResourceSlices of the DRA driver gpu.nvidia.com, claims prepared "
+       "through the kubelet's DRA API); never both, and a reload switches.", choices=MODES, gpuvisor=True),
+    _s("kubelet_plugins_dir", ("--kubelet-plugins-dir",), ("GPUVISOR_KUBELET_PLUGINS_DIR",),
+       "gpuvisor.kubeletPluginsDir", "string", "/var/lib/kubelet/plugins", own_nonempty,
+       "The kubelet's plugins dir: the DRA worker serves <dir>/gpu.nvidia.com/dra.sock and keeps its checkpoint "
+       "there.", gpuvisor=True),
+    _s("kubelet_registry_dir", ("--kubelet-registry-dir",), ("GPUVISOR_KUBELET_REGISTRY_DIR",),
+       "gpuvisor.kubeletRegistryDir", "string", "/var/lib/kubelet/plugins_registry", own_nonempty,
+       "The kubelet's plugin-watcher dir: the DRA worker registers through <dir>/gpu.nvidia.com-reg.sock.",
+       gpuvisor=True),
+    _s("dra_claims_dir", ("--dra-claims-dir",), ("GPUVISOR_DRA_CLAIMS_DIR",), "gpuvisor.draClaimsDir", "string", "",
+       own_string, "Read ResourceClaims from <dir>/<namespace>/<name>.json (resource.k8s.io/v1 JSON) instead "
+       "of the API server: simulated nodes, the demo, tests.", default_doc="(the API server)", gpuvisor=True),
     _s("disable_healthchecks", (), ("DP_DISABLE_HEALTHCHECKS",), None, "string", (), token_list,
        "NVIDIA's health-check switch: all, xids, or a comma list of XIDs to ignore.", gpuvisor=True),
     _s("enable_healthchecks", (), ("DP_ENABLE_HEALTHCHECKS",), None, "string", (), token_list,

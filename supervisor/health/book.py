@@ -55,7 +55,7 @@ class Recovery(StrEnum):
 
 
 # Which condition explains a device best when several hold: the hardest to get rid of first.
-_SEVERITY = {
+SEVERITY = {
     Recovery.UNTIL_FOUND: 0,
     Recovery.UNTIL_RESET: 1,
     Recovery.EXTERNAL: 2,
@@ -166,7 +166,7 @@ class _Device:
         return (self.resource, self.device.id)
 
 
-def _overlaps(cond_gi: int | None, cond_ci: int | None, dev_gi: int | None, dev_ci: int | None) -> bool:
+def overlaps(cond_gi: int | None, cond_ci: int | None, dev_gi: int | None, dev_ci: int | None) -> bool:
     """Does a condition on (gi, ci) touch a device backed by (gi, ci)? None means "all of it"."""
     if cond_gi is None or dev_gi is None:
         return True
@@ -392,7 +392,7 @@ class HealthBook:
             kept = {
                 key: c
                 for key, c in self._conditions[gpu].items()
-                if any(_overlaps(c.gi, c.ci, d.device.mig_gi, d.device.mig_ci) for d in devices)
+                if any(overlaps(c.gi, c.ci, d.device.mig_gi, d.device.mig_ci) for d in devices)
             }
             if kept:
                 self._conditions[gpu] = kept
@@ -476,10 +476,10 @@ class HealthBook:
         conds = self._conditions.get(dev.device.gpu_uuid)
         if not conds:
             return None
-        hits = [c for c in conds.values() if _overlaps(c.gi, c.ci, dev.device.mig_gi, dev.device.mig_ci)]
+        hits = [c for c in conds.values() if overlaps(c.gi, c.ci, dev.device.mig_gi, dev.device.mig_ci)]
         if not hits:
             return None
-        hits.sort(key=lambda c: (_SEVERITY[c.recovery], c.since, c.name))
+        hits.sort(key=lambda c: (SEVERITY[c.recovery], c.since, c.name))
         more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
         return hits[0].reason + more
 

@@ -4,7 +4,7 @@ The run dir (`--run-dir`, default /run/gpuvisor) holds what the supervisor share
 workers and its CLI: `plans/<resource>.json` (read by a worker at start), `control.sock` (the
 ROUTER) and `health.sock` (the PUB). Every file is written atomically: a temp file in the same
 directory, flushed and fsync'd, then renamed over the target, so a reader sees the old content
-or the new one and never half of either.
+or the new one and never half of either (`common.atomicfile`, the one helper for it).
 
 Sockets in the plugin dir are the kubelet's and its plugins'; gpuvisor removes only the sockets
 its own workers made, and only once nobody serves on them (a worker killed by SIGKILL leaves its
@@ -22,12 +22,12 @@ from collections.abc import Mapping
 
 import psutil
 
+from common.atomicfile import remove_temp_files, stage_atomic, write_atomic
 from common.procutil import unix_socket_listening
 from common.socketnames import UNIX_PATH_MAX, is_tag, made_by
 
 log = logging.getLogger("gpuvisor.supervisor")
 
-TEMP_PREFIX = ".gv-"  # temp files of atomic writes: `.gv-<name>.<pid>.tmp`
 RECORD_MAX_BYTES = 1 << 20  # the socket record of an earlier life: more is not ours
 LABEL_RECORD_MAX_BYTES = 4096  # a label value is at most 63 characters: more is not ours
 
@@ -184,68 +184,6 @@ def trusted_dir(path: str) -> None:
             os.fchmod(fd, 0o700)
     finally:
         os.close(fd)
-
-
-def stage_atomic(path: str, text: str, mode: int = 0o600) -> str:
-    """Write `text` to a temp file beside `path`, fsync'd; returns the temp file (rename it into
-    place, or unlink it). Raises OSError, leaving no temp file.
-
-    The temp file is created exclusively and never through a symlink; the rename replaces a
-    symlink at `path` itself rather than writing where it points.
-    """
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f"{TEMP_PREFIX}{os.path.basename(path)}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)  # a leftover of a crash of this very pid number
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        os.fchmod(fd, mode)  # exactly `mode`, whatever the umask (as renameio's WriteFile does)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return tmp
-
-
-def write_atomic(path: str, text: str, mode: int = 0o600, *, sync_dir: bool = False) -> None:
-    """Replace `path` with `text`: temp file beside it, fsync, rename. Raises OSError.
-
-    With `sync_dir`, the directory is fsync'd after the rename too, so that the new name (not
-    only the new content) survives a crash.
-    """
-    tmp = stage_atomic(path, text, mode)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if sync_dir:
-        dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-
-
-def remove_temp_files(directory: str) -> list[str]:
-    """Temp files a killed supervisor left in `directory` (ours by name, regular files): removed."""
-    removed = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(directory):
-            if (
-                entry.name.startswith(TEMP_PREFIX)
-                and entry.name.endswith(".tmp")
-                and entry.is_file(follow_symlinks=False)
-            ):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
-                    removed.append(entry.name)
-    return removed
 
 
 class WorkerSockets:

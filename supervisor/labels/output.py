@@ -1,8 +1,8 @@
 """The features.d file NFD reads: written atomically, and only when its content changes.
 
 NFD's worker reads every file in `features.d` as `key=value` lines, so a reader must never see a
-half-written file: the labels are written with the run dir's `write_atomic`, to a hidden temp
-file in the same directory (NFD skips hidden files, and a rename is atomic only within one file
+half-written file: the labels are written with the one atomic-write helper (`common.atomicfile`),
+to a hidden temp file in the same directory (NFD skips hidden files, and a rename is atomic only within one file
 system), created without following symlinks, given mode 0644 (as GFD's renameio write does),
 fsynced and renamed over the target; the directory is fsynced after the rename so the new name
 survives a crash. An unchanged label set is not written at all: no new
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from typing import TextIO
 
-from supervisor.host.rundir import write_atomic
+from common.atomicfile import write_atomic
 from supervisor.labels.rules import render
 
 

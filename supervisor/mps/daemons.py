@@ -41,9 +41,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.atomicfile import write_atomic
 from common.backoff import Backoff
 from common.model import ResourcePlan
-from supervisor.host.rundir import write_atomic
 from supervisor.mps.layout import (
     HEALTH_QUERY,
     MPS_CONTROL_BINARY,

@@ -3,6 +3,7 @@
 Owns: `nvml` (every NVML call of the supervisor goes through `Nvml`, which takes the `pynvml`
 module, or the simulator standing in for it, as a parameter), `facts` (what the labeller reads),
 `events` (the NVML event set: registered on every GPU, one wait at a time),
-`planning` (Node + Config -> one `ResourcePlan` per resource, a pure function) and `plansize`
-(the bound on a plan's size). May import: `common/`, `supervisor.config`.
+`planning` (Node + Config -> one `ResourcePlan` per resource, a pure function), `draplan` (the
+DRA driver's device names and the DRA worker's plan, in `--mode dra`) and `plansize` (the bound
+on a plan's size). May import: `common/`, `supervisor.config`.
 """

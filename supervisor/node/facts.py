@@ -167,7 +167,7 @@ def _mig_facts(nvml: Nvml, h: Any, gpu_memory_mib: int) -> tuple[MigFacts, ...]:
             jpegs=int(attrs.sharedJpegCount),
             ofas=int(attrs.sharedOfaCount),
         )
-        for _j, _mh, _gi, attrs, profile in nvml.each_mig(h, gpu_memory_mib)
+        for _j, _mh, _gi, attrs, profile, _info, _prof in nvml.each_mig(h, gpu_memory_mib)
     )
 
 

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from common.model import TOPOLOGY_SYSTEM, Gpu, Link, MigDevice, Node
 
@@ -92,6 +92,50 @@ class ProbeResult:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+class MigView(NamedTuple):
+    """One MIG device as `Nvml.each_mig` reads it: NVML's own structs, for discovery and GFD's facts."""
+
+    position: int  # among the parent's MIG devices: the `j` of the `i:j` index
+    handle: Any
+    gi: int  # GPU instance id
+    attrs: Any  # nvmlDeviceGetAttributes
+    profile: str  # "1g.10gb", "1g.10gb+me", "1c.3g.40gb"
+    gi_info: Any  # nvmlGpuInstanceGetInfo (profile id, placement), or None
+    gi_profile: Any  # the parent's nvmlDeviceGetGpuInstanceProfileInfo for that profile, or None
+
+
+# nvmlBrandType_t and nvmlDeviceArchitecture_t (NVML's ABI), named as go-nvlib's
+# GetBrandAsString / GetArchitectureAsString name them: what NVIDIA's DRA driver publishes.
+BRANDS = {
+    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
+    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS", 11: "NvidiaCloudGaming",
+    12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia", 15: "GeForceRTX", 16: "TitanRTX",
+}  # fmt: skip
+ARCHITECTURES = {
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada Lovelace",
+    9: "Hopper", 10: "Blackwell", 13: "Rubin", 0xFFFFFFFF: "Unknown",
+}  # fmt: skip
+
+
+def architecture_of(compute_capability: tuple[int, int]) -> str:
+    """The architecture a compute capability belongs to, for an NVML without the architecture call
+    (the NVML simulator, old drivers): CUDA's table of compute capabilities."""
+    major, minor = compute_capability
+    if major == 7:
+        return "Turing" if minor >= 5 else "Volta"
+    if major == 8:
+        return "Ada Lovelace" if minor == 9 else "Ampere"
+    return {
+        3: "Kepler",
+        5: "Maxwell",
+        6: "Pascal",
+        9: "Hopper",
+        10: "Blackwell",
+        11: "Blackwell",
+        12: "Blackwell",
+    }.get(major, "")
 
 
 def text(value: Any) -> str:
@@ -206,6 +250,8 @@ class Nvml:
         bus_id = text(self.call("nvmlDeviceGetPciInfo", h).busId)
         major, minor_cc = self.call("nvmlDeviceGetCudaComputeCapability", h)
         _capable, mig_enabled = self.mig_mode(h)
+        brand = self.try_call("nvmlDeviceGetBrand", h)
+        arch = self.try_call("nvmlDeviceGetArchitecture", h)
         return Gpu(
             index=index,
             uuid=uuid,
@@ -217,6 +263,10 @@ class Nvml:
             compute_capability=(int(major), int(minor_cc)),
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(index, uuid, h, memory_mib) if mig_enabled else (),
+            brand=BRANDS.get(int(brand), "") if brand is not None else "",
+            architecture=ARCHITECTURES.get(int(arch), "")
+            if arch is not None
+            else architecture_of((int(major), int(minor_cc))),
         )
 
     def _numa(self, h: Any, bus_id: str) -> int | None:
@@ -239,8 +289,8 @@ class Nvml:
             getattr(self.module, "NVML_DEVICE_MIG_ENABLE", 1)
         )
 
-    def each_mig(self, h: Any, gpu_memory_mib: int) -> Iterator[tuple[int, Any, int, Any, str]]:
-        """The MIG devices of the GPU `h`: (index, handle, GPU instance id, attributes, profile)."""
+    def each_mig(self, h: Any, gpu_memory_mib: int) -> Iterator[MigView]:
+        """The MIG devices of the GPU `h`, each with its GPU instance and that instance's profile."""
         profiles = self._gi_profiles(h)
         for j in range(int(self.call("nvmlDeviceGetMaxMigDeviceCount", h))):
             mh = self.try_call(
@@ -253,23 +303,36 @@ class Nvml:
                 continue
             gi = int(self.call("nvmlDeviceGetGpuInstanceId", mh))
             attrs = self.call("nvmlDeviceGetAttributes", mh)
-            yield j, mh, gi, attrs, self._mig_profile(h, gi, attrs, profiles, gpu_memory_mib)
+            info = self._gi_info(h, gi)
+            enum, prof = profiles.get(int(info.profileId), (-1, None)) if info is not None else (-1, None)
+            profile = self._mig_profile(attrs, enum, prof, gpu_memory_mib)
+            yield MigView(j, mh, gi, attrs, profile, info, prof)
 
     def _mig_devices(
         self, parent_index: int, parent_uuid: str, h: Any, gpu_memory_mib: int
     ) -> tuple[MigDevice, ...]:
         return tuple(
             MigDevice(
-                uuid=text(self.call("nvmlDeviceGetUUID", mh)),
+                uuid=text(self.call("nvmlDeviceGetUUID", m.handle)),
                 parent_uuid=parent_uuid,
                 parent_index=parent_index,
-                index=j,
-                gi_id=gi,
-                ci_id=int(self.call("nvmlDeviceGetComputeInstanceId", mh)),
-                profile=profile,
-                memory_mib=int(attrs.memorySizeMB),
+                index=m.position,
+                gi_id=m.gi,
+                ci_id=int(self.call("nvmlDeviceGetComputeInstanceId", m.handle)),
+                profile=m.profile,
+                memory_mib=int(m.attrs.memorySizeMB),
+                gi_profile_id=int(m.gi_info.profileId) if m.gi_info is not None else -1,
+                placement_start=int(m.gi_info.placement.start) if m.gi_info is not None else -1,
+                placement_size=int(m.gi_info.placement.size) if m.gi_info is not None else 0,
+                # The GPU instance profile's engines, as NVIDIA's DRA driver publishes them.
+                multiprocessors=int(m.gi_profile.multiprocessorCount) if m.gi_profile is not None else 0,
+                copy_engines=int(m.gi_profile.copyEngineCount) if m.gi_profile is not None else 0,
+                decoders=int(m.gi_profile.decoderCount) if m.gi_profile is not None else 0,
+                encoders=int(m.gi_profile.encoderCount) if m.gi_profile is not None else 0,
+                jpeg_engines=int(m.gi_profile.jpegCount) if m.gi_profile is not None else 0,
+                ofa_engines=int(m.gi_profile.ofaCount) if m.gi_profile is not None else 0,
             )
-            for j, mh, gi, attrs, profile in self.each_mig(h, gpu_memory_mib)
+            for m in self.each_mig(h, gpu_memory_mib)
         )
 
     def _gi_profiles(self, h: Any) -> dict[int, tuple[int, Any]]:
@@ -288,28 +351,30 @@ class Nvml:
                 table[int(info.id)] = (enum, info)
         return table
 
-    def _mig_profile(
-        self, h: Any, gi: int, attrs: Any, profiles: dict[int, tuple[int, Any]], gpu_memory_mib: int
-    ) -> str:
-        gi_slices = int(attrs.gpuInstanceSliceCount)
-        ci_slices = int(attrs.computeInstanceSliceCount)
-        name = ""
+    def _gi_info(self, h: Any, gi: int) -> Any:
+        """The GPU instance's info (profile id, placement), or None where NVML refuses it."""
         try:
-            info = self.call("nvmlGpuInstanceGetInfo", self.call("nvmlDeviceGetGpuInstanceById", h, gi))
-            enum, prof = profiles.get(int(info.profileId), (-1, None))
-            if prof is not None:
-                name = text(getattr(prof, "name", "")).removeprefix("MIG ").strip()
-                if not name:
-                    name = mig_profile_name(
-                        int(prof.sliceCount),
-                        int(prof.memorySizeMB),
-                        gpu_memory_mib,
-                        enum == _GI_PROFILE_1_SLICE_REV1,
-                    )
+            return self.call("nvmlGpuInstanceGetInfo", self.call("nvmlDeviceGetGpuInstanceById", h, gi))
         except NvmlCallError as exc:
             if exc.gpu_lost:
                 raise
             log.debug("GPU instance lookup failed (%s); naming the MIG profile from its attributes", exc)
+            return None
+
+    @staticmethod
+    def _mig_profile(attrs: Any, enum: int, prof: Any, gpu_memory_mib: int) -> str:
+        gi_slices = int(attrs.gpuInstanceSliceCount)
+        ci_slices = int(attrs.computeInstanceSliceCount)
+        name = ""
+        if prof is not None:
+            name = text(getattr(prof, "name", "")).removeprefix("MIG ").strip()
+            if not name:
+                name = mig_profile_name(
+                    int(prof.sliceCount),
+                    int(prof.memorySizeMB),
+                    gpu_memory_mib,
+                    enum == _GI_PROFILE_1_SLICE_REV1,
+                )
         if not name:
             name = mig_profile_name(gi_slices, int(attrs.memorySizeMB), gpu_memory_mib)
         # A compute instance smaller than its GPU instance is named like nvidia-smi does: "1c.3g.40gb".

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from common.model import AllocatableDevice, AllocateSettings, Gpu, Link, MigDevice, Node, ResourcePlan
 from supervisor.config import RESOURCE_DOMAIN, Config, DeviceSelector, ResourcePattern
+from supervisor.node.draplan import DRIVER, dra_plan
 from supervisor.node.plansize import (
     KUBELET_MAX_RECEIVE_BYTES,
     LIST_AND_WATCH_BUDGET,
@@ -76,7 +77,12 @@ class _Placed:
 
 
 def plan_resources(node: Node, config: Config) -> dict[str, ResourcePlan]:
-    """One plan per advertised resource, keyed by the full resource name, ordered by name."""
+    """One plan per advertised resource, keyed by the full resource name, ordered by name.
+
+    In `--mode dra` the node advertises no extended resource: its one plan is the DRA worker's
+    (supervisor/node/draplan.py), so no GPU is ever offered through both APIs."""
+    if config.mode == "dra":
+        return {DRIVER: dra_plan(node, config)}
     if config.sharing.strategy == "mps":
         _check_mps_config(config)
     base = _base_devices(node, config)

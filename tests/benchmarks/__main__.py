@@ -34,6 +34,7 @@ BENCHES = [
     "bench_realnvml",
     "bench_huge_config",
     "bench_kube",
+    "bench_dra",
 ]
 PACKAGE = "tests.benchmarks"
 

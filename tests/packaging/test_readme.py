@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
+
+import pytest
+import yaml
 
 from supervisor.config import settings_markdown
 from tests.helpers import REPO
@@ -27,3 +31,17 @@ def test_ci_runs_the_readme_test_command() -> None:
         ci = fh.read()
     assert ".venv/bin/pip install -e '.[test]'" in _readme() and ".venv/bin/python -m pytest" in _readme()
     assert ".venv/bin/pip install -q -e '.[test]'" in ci and ".venv/bin/python -m pytest" in ci
+
+
+def test_the_dra_examples_are_valid_kubernetes_objects() -> None:
+    """Every object in the README's DRA section passes the resource.k8s.io/v1 (and core) 1.34 schema
+    strictly, and the DeviceClass selects gpu.nvidia.com's GPUs under NVIDIA's names."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    text = _readme()
+    section = text[text.index("## DRA mode") : text.index("## Node labels")]
+    docs = [d for block in re.findall(r"```yaml\n(.*?)```", section, re.S) for d in yaml.safe_load_all(block)]
+    assert [d["kind"] for d in docs] == ["DeviceClass", "ResourceClaimTemplate", "Pod"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.34.0", strict=True)
+    selector = docs[0]["spec"]["selectors"][0]["cel"]["expression"]
+    assert "device.driver == 'gpu.nvidia.com'" in selector and "['gpu.nvidia.com'].type == 'gpu'" in selector

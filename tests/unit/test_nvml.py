@@ -23,6 +23,7 @@ from supervisor.node.nvml import (
     NVML_ERROR_UNKNOWN,
     Nvml,
     NvmlCallError,
+    architecture_of,
     mig_profile_name,
     sysfs_bus_id,
 )
@@ -158,6 +159,60 @@ def test_mig_profile_fallback_without_gpu_instance_access() -> None:
     assert [m.profile for m in node.gpus[0].mig_devices] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
     # Without the GPU-instance profile the media extensions cannot be seen: a known limit.
     assert node.gpus[2].mig_devices[0].profile == "1g.10gb"
+
+
+def test_discover_mig_instance_profile_and_placement() -> None:
+    """A MIG device carries its GPU instance's profile id, placement and the profile's engine
+    counts (what NVIDIA's DRA driver names and describes it by); refused GPU-instance queries leave
+    them unknown (-1 / 0), not wrong."""
+    sim, nvml = adapter("mig-a100")
+    first = nvml.discover().gpus[0].mig_devices[0]  # a 3g.40gb at memory slice 4
+    assert (first.gi_profile_id, first.placement_start, first.placement_size) == (9, 4, 4)
+    assert (first.multiprocessors, first.copy_engines, first.decoders, first.jpeg_engines) == (42, 3, 2, 0)
+    sim.fail("nvmlDeviceGetGpuInstanceById", pynvml.NVML_ERROR_NO_PERMISSION)
+    refused = nvml.discover().gpus[0].mig_devices[0]
+    assert (refused.gi_profile_id, refused.placement_start, refused.multiprocessors) == (-1, -1, 0)
+
+
+class _BrandCalls:
+    """The simulator with NVML's brand and architecture calls answering `brand` and `arch`, or
+    missing (an old driver or binding) where those are None."""
+
+    def __init__(self, sim: Simulator, brand: int | None, arch: int | None) -> None:
+        self._sim, self._answers = sim, {"nvmlDeviceGetBrand": brand, "nvmlDeviceGetArchitecture": arch}
+
+    def __getattr__(self, name: str) -> object:
+        if name in self._answers:
+            value = self._answers[name]
+            if value is None:
+                raise AttributeError(name)
+            return lambda handle: value
+        return getattr(self._sim, name)
+
+
+def test_brand_and_architecture_are_named_as_go_nvlib_names_them() -> None:
+    """NVML's brand and architecture enums become go-nvlib's strings; without the calls the
+    architecture comes from the compute capability and the brand stays unknown ("")."""
+    nvml = Nvml(
+        _BrandCalls(load_simulator("dgx-h100"), pynvml.NVML_BRAND_TESLA, pynvml.NVML_DEVICE_ARCH_HOPPER)
+    )
+    nvml.init()
+    gpu = nvml.discover().gpus[0]
+    assert (gpu.brand, gpu.architecture) == ("Tesla", "Hopper")
+    bare = Nvml(_BrandCalls(load_simulator("pcie-l4"), None, None))
+    bare.init()
+    gpu = bare.discover().gpus[0]
+    assert (gpu.brand, gpu.architecture) == ("", "Ada Lovelace")
+
+
+@pytest.mark.parametrize(
+    ("cc", "arch"),
+    [((7, 0), "Volta"), ((7, 5), "Turing"), ((8, 0), "Ampere"), ((8, 6), "Ampere"), ((8, 9), "Ada Lovelace"),
+     ((9, 0), "Hopper"), ((10, 0), "Blackwell"), ((12, 0), "Blackwell"), ((6, 1), "Pascal"), ((42, 0), "")],
+)  # fmt: skip
+def test_architecture_from_compute_capability(cc: tuple[int, int], arch: str) -> None:
+    """CUDA's table of compute capabilities; an unknown one gives no architecture rather than a guess."""
+    assert architecture_of(cc) == arch
 
 
 @pytest.mark.parametrize(

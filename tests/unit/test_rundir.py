@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from common.atomicfile import write_atomic
 from common.socketnames import socket_name
-from supervisor.host.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets, write_atomic
+from supervisor.host.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
 from tests.helpers import short_tmpdir
 
 

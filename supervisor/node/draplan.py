@@ -1,0 +1,121 @@
+"""The DRA driver's devices and the DRA worker's plan: a pure function of the node and the config.
+
+In `--mode dra` a node is one DRA pool of driver `gpu.nvidia.com`, named after the node, and its
+devices are named as NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu v25.12.0) names
+them, so a claim allocated against either driver's ResourceSlices names the same device:
+
+- a GPU without MIG mode is one device, `gpu-<minor>`;
+- a MIG-enabled GPU is its MIG devices (static MIG: the instances that exist), each
+  `gpu-<parent minor>-mig-<profile>-<GPU instance profile id>-<placement start>`, the profile
+  without its dots and in RFC 1123 form (`1g.10gb+me` -> `1g10gb-me`); the GPU itself is not a
+  device then. Two compute instances of one GPU instance would get one name: those names get
+  `-ci<id>` appended (NVIDIA's driver has no name for them).
+
+The plan is a `ResourcePlan` for the DRA worker: `resource` is the driver's name, each device's
+`id` its DRA device name (what health deltas, ResourceSlices and claims name), its `uuid` and
+`index` what the CDI spec names (the `cdi-cri` strategy: the supervisor writes the spec for
+these devices as for any plan, and the worker answers with those CDI names). `dra` carries the
+pool and the sockets' directories.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from common.model import AllocatableDevice, AllocateSettings, DraSettings, Gpu, MigDevice, Node, ResourcePlan
+from supervisor.config import DRA_DRIVER, Config
+
+DRIVER = DRA_DRIVER
+MAX_NAME = 63  # a device name is a DNS label
+_NOT_RFC1123 = re.compile(r"[^a-z0-9.-]")
+
+
+def gpu_device_name(gpu: Gpu) -> str:
+    """`gpu-<minor>`: NVIDIA's name for a full GPU (by minor number, not index)."""
+    return f"gpu-{gpu.minor}"
+
+
+def profile_label(profile: str) -> str:
+    """A MIG profile as a name part: dots dropped, then RFC 1123 (NVIDIA's toRFC1123Compliant)."""
+    name = _NOT_RFC1123.sub("-", profile.replace(".", "").lower()).strip("-")
+    return name.removesuffix(".")
+
+
+def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
+    """`gpu-<minor>-mig-<profile>-<GI profile id>-<placement start>`, or, where NVML did not tell
+    the profile id and placement, `gpu-<minor>-mig-<profile>-gi<gi>-ci<ci>`."""
+    base = f"gpu-{gpu.minor}-mig-{profile_label(mig.profile)}"
+    if mig.gi_profile_id >= 0 and mig.placement_start >= 0:
+        return f"{base}-{mig.gi_profile_id}-{mig.placement_start}"
+    return f"{base}-gi{mig.gi_id}-ci{mig.ci_id}"
+
+
+def dra_devices(node: Node) -> list[tuple[Gpu, MigDevice | None, str]]:
+    """Every device of the pool, in the node's order: (GPU, MIG device or None, DRA device name)."""
+    out: list[tuple[Gpu, MigDevice | None, str]] = []
+    for gpu in sorted(node.gpus, key=lambda g: g.index):
+        if not gpu.mig_enabled:
+            out.append((gpu, None, gpu_device_name(gpu)))
+            continue
+        migs = sorted(gpu.mig_devices, key=lambda m: m.index)
+        names = [mig_device_name(gpu, m) for m in migs]
+        for mig, name in zip(migs, names, strict=True):
+            if names.count(name) > 1:
+                name = f"{name}-ci{mig.ci_id}"
+            out.append((gpu, mig, name[:MAX_NAME].rstrip("-")))
+    return out
+
+
+def _device(gpu: Gpu, mig: MigDevice | None, name: str) -> AllocatableDevice:
+    if mig is None:
+        return AllocatableDevice(
+            id=name,
+            uuid=gpu.uuid,
+            index=str(gpu.index),
+            gpu_uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            gpu_minor=gpu.minor,
+            numa_node=gpu.numa_node,
+            memory_mib=gpu.memory_mib,
+        )
+    return AllocatableDevice(
+        id=name,
+        uuid=mig.uuid,
+        index=f"{gpu.index}:{mig.index}",
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        gpu_minor=gpu.minor,
+        numa_node=gpu.numa_node,
+        memory_mib=mig.memory_mib,
+        mig_gi=mig.gi_id,
+        mig_ci=mig.ci_id,
+        mig_profile=mig.profile,
+    )
+
+
+def dra_plan(node: Node, config: Config) -> ResourcePlan:
+    """The DRA worker's plan for this node (see the module docstring)."""
+    devices = tuple(_device(gpu, mig, name) for gpu, mig, name in dra_devices(node))
+    allocate = AllocateSettings(
+        # The claims' devices reach containers through CDI only: the supervisor's spec names them.
+        device_list_strategies=("cdi-cri",),
+        device_id_strategy=config.device_id_strategy,
+        driver_root=config.driver_root,
+        dev_root=config.dev_root,
+        nvidia_ctk_path=config.nvidia_cdi_hook_path,
+        mig_minors_path=config.mig_minors_path,
+    )
+    return ResourcePlan(
+        resource=DRIVER,
+        devices=devices,
+        allocate=allocate,
+        links=node.links,
+        dra=DraSettings(
+            driver=DRIVER,
+            pool=config.node_name,
+            plugin_dir=os.path.join(config.kubelet_plugins_dir, DRIVER),
+            registry_dir=config.kubelet_registry_dir,
+            claims_dir=config.dra_claims_dir,
+        ),
+    )

@@ -1,0 +1,372 @@
+"""The DRA worker process: the kubelet plugin of the DRA driver `gpu.nvidia.com`.
+
+Spawned like every worker (the same command line, by the zygote or by exec; `worker.main.main`
+hands over when the plan carries DRA settings), restarted by the same lifecycle, and fed health
+the same way: it says hello with its spawn secret, asks for the health snapshot of its devices,
+then applies only newer deltas (the clone pattern, worker.healthcopy), and beats. Only once the
+snapshot is in does it serve (`worker.dra.sockets`: the service socket, then the registration
+socket), so the kubelet's first health report and the first prepare already know which devices
+are unhealthy. Without `--control` it runs alone, every device healthy (the tests of the worker).
+
+What it tells the supervisor: registration states as `StatusReport`s ("registering" once its
+sockets are up, "registered" when the kubelet's plugin watcher confirmed, "retrying", "stopped"),
+and in each heartbeat `registered` plus its figures. `gauge:streams` is 1 while the kubelet has
+confirmed the registration: for readiness and the restart rules that confirmation stands where a
+device plugin's ListAndWatch stream stands (a DRA kubelet holds no stream unless its
+ResourceHealthStatus gate is on; those streams are `gauge:health_streams`). `gauge:prepared_claims`
+counts the checkpoint's claims.
+
+A plan update with new devices (a MIG change, a reload) waits for their health snapshot and then
+swaps the device list in place; prepared claims keep what they were answered. A plan update that
+changes the DRA settings themselves (sockets' directories, pool, claims dir) ends the process
+cleanly, so that the supervisor restarts it on the new plan file with fresh sockets.
+
+Threads: the main thread owns the ZeroMQ sockets; the registrar thread and gRPC's pool reach it
+only through the mailbox.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from concurrent import futures
+from types import FrameType
+
+from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
+from common.draapi.rpc import dra_v1_handler, dra_v1beta1_handler, health_handler, registration_handler
+from common.exitcodes import EXIT_FAILURE
+from common.messages import (
+    DeviceHealth,
+    HealthBeacon,
+    HealthDelta,
+    Heartbeat,
+    Hello,
+    Message,
+    MessageError,
+    PlanUpdate,
+    Reregister,
+    SequenceCounter,
+    Shutdown,
+    SnapshotReply,
+    SnapshotRequest,
+    StatusReport,
+    decode,
+    encode,
+)
+from common.model import ResourcePlan
+from common.procutil import Mailbox
+from worker.dra.checkpoint import Checkpoint, CheckpointError
+from worker.dra.claims import ClaimSource, DirectoryClaimSource
+from worker.dra.health import Health, HealthBoard
+from worker.dra.prepare import Preparer
+from worker.dra.services import DraPluginService, HealthService, RegistrationService
+from worker.dra.sockets import RPC_THREADS, Endpoint, Registrar, RegState
+from worker.healthcopy import ApplyOutcome, ApplyResult, HealthApplier
+from worker.process import parent_ok
+from worker.stats import Stats
+
+log = logging.getLogger("gpuvisor.worker")
+
+STATS_REFRESH_S = 60.0
+SNAPSHOT_RETRY_S = 1.0
+STANDALONE_TICK_S = 1.0
+
+
+def claim_source(plan: ResourcePlan) -> ClaimSource | None:
+    """Where claims come from: the claims dir, or (not wired yet) the API server."""
+    assert plan.dra is not None
+    return DirectoryClaimSource(plan.dra.claims_dir) if plan.dra.claims_dir else None
+
+
+class DraWorker:
+    def __init__(self, args: argparse.Namespace, plan: ResourcePlan, secret: str = "") -> None:
+        if plan.dra is None:
+            raise ValueError(f"plan {plan.resource} has no DRA settings")
+        dra = plan.dra
+        self.args = args
+        self.plan = plan
+        self.secret = secret
+        self.pid = os.getpid()
+        self.stats = Stats()
+        self.mailbox = Mailbox(log)
+        self.board = HealthBoard(plan)
+        self.checkpoint = Checkpoint(dra.plugin_dir)
+        self.checkpoint.load()  # raises CheckpointError: unreadable (the caller says so, exits)
+        self.preparer = Preparer(
+            plan, claim_source(plan), self.checkpoint, health=self.board.health_of, count=self.stats.count
+        )
+        self.service = DraPluginService(self.preparer, observe=self.stats.observe)
+        self.health = HealthService(self.board)
+        self.health.on_streams_changed = self._beat_soon
+        service_path = os.path.join(dra.plugin_dir, SERVICE_SOCKET_NAME)
+        self.registration = RegistrationService(dra.driver, service_path, self._on_notify)
+        executor = futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
+        self.registrar = Registrar(
+            Endpoint(
+                service_path,
+                (
+                    dra_v1_handler(self.service.v1),
+                    dra_v1beta1_handler(self.service.v1beta1),
+                    health_handler(self.health),
+                ),
+                executor,
+            ),
+            Endpoint(
+                os.path.join(dra.registry_dir, registration_socket_name(dra.driver)),
+                (registration_handler(self.registration),),
+                executor,
+            ),
+            on_state=self._on_reg_state,
+        )
+        self.applier = HealthApplier(d.id for d in plan.devices)
+        self.stopping = False
+        self.exit_code = 0
+        self._pending_plan: ResourcePlan | None = None
+        self._seq = SequenceCounter()
+        self._snapshot_asked = 0.0
+        self._next_heartbeat = 0.0
+        self._last_stats: dict[str, float] = {}
+        self._stats_refresh_at = 0.0
+
+    # -------------------------------------------------------------- cross-thread plumbing
+    def _on_notify(self, registered: bool, error: str) -> None:
+        self.registrar.notified(registered, error)
+
+    def _on_reg_state(self, state: RegState, detail: str) -> None:
+        self.stats.count(f"registrations_{state.value}")
+
+        def tell() -> None:
+            event = {RegState.REFUSED: "retrying", RegState.STARTING: "starting"}.get(state, state.value)
+            self._report(event, detail)
+            self._next_heartbeat = 0.0  # the supervisor's view follows the kubelet's at once
+
+        self.mailbox.post(tell)
+
+    def _beat_soon(self) -> None:
+        def beat() -> None:
+            self._next_heartbeat = 0.0
+
+        self.mailbox.post(beat)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.stopping = True
+
+    # -------------------------------------------------------------- run
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGQUIT, self._on_signal)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if self.args.supervisor_pid else self._on_signal)
+        signal.set_wakeup_fd(self.mailbox.wakeup_fd, warn_on_full_buffer=False)
+        log.info(
+            "DRA worker for driver %s, pool %s: %d device(s), %d prepared claim(s) in %s",
+            self.plan.resource,
+            self.plan.dra.pool if self.plan.dra else "",
+            len(self.plan.devices),
+            len(self.checkpoint),
+            self.checkpoint.path,
+        )
+        try:
+            if not self.args.control:
+                return self._run_alone()
+            return self._run_supervised()
+        finally:
+            self.health.stop()
+            self.registrar.stop()
+            self.board.close()
+            held = self.preparer.prepared()
+            if held:
+                log.warning(
+                    "%d prepared claim(s) stay in the checkpoint %s: a DRA worker started later unprepares "
+                    "them; while none runs (a node switched to mode device-plugin) the kubelet cannot",
+                    held,
+                    self.checkpoint.path,
+                )
+
+    def _run_alone(self) -> int:
+        import select
+
+        self.board.set_health(((d.id, Health(True)) for d in self.plan.devices), replace=True)
+        self.registrar.start()
+        while not self.stopping and self.registrar.failed is None and parent_ok(self.args):
+            select.select([self.mailbox.fileno()], [], [], STANDALONE_TICK_S)
+            self.mailbox.drain()
+        return EXIT_FAILURE if self.registrar.failed is not None else self.exit_code
+
+    def _run_supervised(self) -> int:
+        import zmq
+
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"health")
+        self.sub.connect(self.args.health)
+        self.dealer = ctx.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.connect(self.args.control)
+        self._send(Hello(resource=self.plan.resource, pid=self.pid, secret=self.secret))
+        self._ask_snapshot()
+        poller = zmq.Poller()
+        poller.register(self.sub, zmq.POLLIN)
+        poller.register(self.dealer, zmq.POLLIN)
+        poller.register(self.mailbox.fileno(), zmq.POLLIN)
+        started = False
+        try:
+            while not self.stopping and self.registrar.failed is None:
+                now = time.monotonic()
+                if not parent_ok(self.args):
+                    log.warning("supervisor (pid %d) is gone: exiting", self.args.supervisor_pid)
+                    break
+                if now >= self._next_heartbeat:
+                    self._heartbeat()
+                    self._next_heartbeat = now + self.args.heartbeat_interval
+                if self.applier.needs_snapshot and now - self._snapshot_asked >= SNAPSHOT_RETRY_S:
+                    self._ask_snapshot()
+                timeout_ms = max(0, int((self._next_heartbeat - time.monotonic()) * 1000)) + 1
+                events = dict(poller.poll(timeout_ms))
+                if self.mailbox.fileno() in events:
+                    self.mailbox.drain()
+                for sock in (self.sub, self.dealer):
+                    if sock in events:
+                        self._drain(sock)
+                if not started and self.applier.seq is not None:
+                    started = True  # serve only once the health snapshot is on the board
+                    self.registrar.start()
+        finally:
+            if started:
+                self._report("stopped", "worker stopping")
+            self.sub.close(0)
+            self.dealer.close(0)
+        return EXIT_FAILURE if self.registrar.failed is not None else self.exit_code
+
+    def _drain(self, sock: object) -> None:
+        import zmq
+
+        assert isinstance(sock, zmq.Socket)
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                envelope = decode(frames)
+            except MessageError as exc:
+                log.warning("dropped a malformed message: %s", exc)
+                self.stats.count("malformed_messages")
+                continue
+            self._handle(envelope.message)
+
+    # -------------------------------------------------------------- messages
+    def _handle(self, message: Message) -> None:
+        if isinstance(message, HealthDelta):
+            self._apply_result(self.applier.apply_delta(message))
+        elif isinstance(message, HealthBeacon):
+            self._apply_result(self.applier.apply_beacon(message))
+        elif isinstance(message, SnapshotReply):
+            if message.snapshot.resource == self.plan.resource:
+                result = self.applier.apply_snapshot(message.snapshot)
+                if result.outcome is ApplyOutcome.APPLIED:
+                    self._sync_board(replace=True)
+        elif isinstance(message, Reregister):
+            self.registrar.trigger()  # the kubelet restarted: our sockets must still be there
+        elif isinstance(message, Shutdown):
+            self.stopping = True
+        elif isinstance(message, PlanUpdate):
+            self._update_plan(message.plan_json)
+
+    def _apply_result(self, result: ApplyResult) -> None:
+        if result.outcome is ApplyOutcome.APPLIED:
+            self._sync_board(replace=False, changed=result.changed)
+        elif result.outcome is ApplyOutcome.GAP:
+            self.stats.count("health_gaps")
+            log.warning("health sequence gap: asking the supervisor for a fresh snapshot")
+            self._ask_snapshot()
+
+    def _sync_board(self, replace: bool, changed: tuple[DeviceHealth, ...] = ()) -> None:
+        records = self.applier.state.values() if replace else changed
+        items = [(r.device_id, Health(r.healthy, r.reason, r.since)) for r in records]
+        plan = self._pending_plan
+        if plan is not None and replace:
+            # The new device list and the snapshot that covers it go in as one change.
+            self.board.set_plan(plan, items)
+            self.preparer.set_plan(plan)
+            self.plan, self._pending_plan = plan, None
+            log.info("plan updated in place: %d devices; unhealthy now: %s", len(plan.devices), self._bad())
+        elif self.board.set_health(items, replace=replace):
+            log.info("device health changed; unhealthy now: %s", self._bad())
+
+    def _bad(self) -> str:
+        return ", ".join(self.board.unhealthy()) or "none"
+
+    def _update_plan(self, plan_json: str) -> None:
+        try:
+            plan = ResourcePlan.from_json(plan_json)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("refused a plan update that does not parse: %s", exc)
+            return
+        if plan.resource != self.plan.resource:
+            log.error("refused a plan update for another resource (%s)", plan.resource)
+            return
+        if plan.dra != self.plan.dra:
+            log.info(
+                "the DRA settings changed (%s -> %s): stopping, to be started again on them",
+                self.plan.dra,
+                plan.dra,
+            )
+            self.stopping = True
+            return
+        self._pending_plan = plan
+        self.applier.set_device_ids(d.id for d in plan.devices)
+        self._ask_snapshot()
+        log.info("plan update received (%d devices): waiting for their health snapshot", len(plan.devices))
+
+    def _send(self, message: Message) -> None:
+        self.dealer.send_multipart(encode(message, seq=self._seq.next()))
+
+    def _ask_snapshot(self) -> None:
+        self._snapshot_asked = time.monotonic()
+        self._send(SnapshotRequest(resource=self.plan.resource))
+
+    def _report(self, event: str, detail: str) -> None:
+        if self.args.control:
+            self._send(StatusReport(resource=self.plan.resource, event=event, detail=detail))
+
+    def _heartbeat(self) -> None:
+        registered = self.registrar.state is RegState.REGISTERED
+        stats = self.stats.snapshot(
+            streams=1 if registered else 0,
+            health_streams=self.health.streams,
+            prepared_claims=self.preparer.prepared(),
+        )
+        if stats == self._last_stats and time.monotonic() < self._stats_refresh_at:
+            stats = {}
+        else:
+            self._last_stats = stats
+            self._stats_refresh_at = time.monotonic() + STATS_REFRESH_S
+        self._send(
+            Heartbeat(
+                resource=self.plan.resource,
+                pid=self.pid,
+                state=self.registrar.state.value,
+                registered=registered,
+                socket_path=self.registrar.service.path,
+                stats=stats,
+            )
+        )
+
+
+def run_dra(
+    args: argparse.Namespace, plan: ResourcePlan, secret: str, make: Callable[..., DraWorker] = DraWorker
+) -> int:
+    """Run the DRA worker for `plan` (called by worker.main.main once the plan is read)."""
+    try:
+        worker = make(args, plan, secret)
+    except CheckpointError as exc:
+        # Not a config error: a checkpoint dir that cannot be read now may be readable on the next
+        # start, which the supervisor's restart rules retry with backoff.
+        log.error("cannot start the DRA worker: %s", exc)
+        return EXIT_FAILURE
+    return worker.run()

@@ -1,0 +1,222 @@
+"""Preparing and unpreparing claims: the DRA worker's policy, apart from the gRPC plumbing.
+
+`Preparer.prepare(claims)` answers every claim the kubelet named, each with its devices or its
+error, and never raises: a claim that cannot be prepared is that claim's error, and the kubelet
+asks again for it. For each claim:
+
+1. already in the checkpoint (same UID): the recorded answer, at once (idempotent, and the API
+   server is not needed when a restarted kubelet re-prepares running pods' claims);
+2. else fetched from the `ClaimSource` (outside the lock: a slow source does not hold up other
+   calls) and checked (`worker.dra.claims.allocated_devices`: allocated, the UID asked for, this
+   driver's results naming this node's pool and devices this node has);
+3. then, under the lock: a device another prepared claim holds for itself is refused (the
+   scheduler never allocates one device twice; two claims on one device would mean a stale
+   allocation or a mode switch race); a claim with admin access (monitoring beside the user) or
+   a share ID (a shared device) neither holds a device nor is refused one; a device the
+   supervisor holds unhealthy is refused with the reason (admin access excepted: that is how a
+   sick device is inspected); the claims are recorded in the checkpoint, and only then answered.
+
+Each device is answered with its CDI device ID from the spec the supervisor writes for the plan
+(`<vendor>/<class>=<uuid>`, or `=<i>` / `=<i:j>` under the index strategy: the device-plugin
+names). `unprepare(claims)` forgets them; a claim it never prepared is a success.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from common.model import AllocatableDevice, ResourcePlan
+from worker.dra.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
+from worker.dra.claims import (
+    AllocatedDevice,
+    ClaimError,
+    ClaimRef,
+    ClaimSource,
+    allocated_devices,
+    check_ref,
+)
+from worker.dra.health import Health
+
+log = logging.getLogger("gpuvisor.worker")
+
+MAX_CLAIMS_PER_CALL = 256  # a pod's claims for one driver; more is no kubelet's request
+NO_SOURCE = (
+    "no claim source: this gpuvisor reads ResourceClaims from --dra-claims-dir; the API server "
+    "source is not wired yet"
+)
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+def cdi_device_id(plan: ResourcePlan, device: AllocatableDevice) -> str:
+    """The device's qualified name in the supervisor's CDI spec (supervisor/cdi/spec.py names it so)."""
+    settings = plan.allocate
+    name = device.index if settings.device_id_strategy == "index" else device.uuid
+    return f"{settings.cdi_vendor}/{settings.cdi_class}={name}"
+
+
+class Preparer:
+    """Prepares and unprepares claims for one DRA plan; thread-safe, answers are data."""
+
+    def __init__(
+        self,
+        plan: ResourcePlan,
+        source: ClaimSource | None,
+        checkpoint: Checkpoint,
+        health: Callable[[str], Health | None] = lambda device: None,
+        clock: Callable[[], float] = time.time,
+        count: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        if plan.dra is None:
+            raise ValueError(f"plan {plan.resource} is no DRA plan")
+        self._plan = plan
+        self._source = source
+        self._checkpoint = checkpoint
+        self._health = health
+        self._clock = clock
+        self._count = count
+        self._lock = threading.Lock()
+
+    @property
+    def plan(self) -> ResourcePlan:
+        return self._plan
+
+    def set_plan(self, plan: ResourcePlan) -> None:
+        """A new device list (rediscovery, a reload): prepared claims keep what they were answered."""
+        self._plan = plan
+
+    def prepared(self) -> int:
+        with self._lock:
+            return len(self._checkpoint)
+
+    # ------------------------------------------------------------------ prepare
+    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        results: dict[str, PrepareResult] = {}
+        if len(refs) > MAX_CLAIMS_PER_CALL:
+            text = f"{len(refs)} claims in one request, at most {MAX_CLAIMS_PER_CALL} are prepared at a time"
+            return {ref.uid: PrepareResult(error=text) for ref in refs}
+        wanted: list[ClaimRef] = []
+        with self._lock:
+            for ref in refs:
+                if ref.uid in results or any(w.uid == ref.uid for w in wanted):
+                    continue
+                done = self._checkpoint.get(ref.uid)
+                if done is not None:
+                    results[ref.uid] = PrepareResult(done.devices)
+                else:
+                    wanted.append(ref)
+        fetched: list[tuple[ClaimRef, list[AllocatedDevice]]] = []
+        for ref in wanted:  # the slow part, outside the lock
+            try:
+                fetched.append((ref, self._fetch(ref)))
+            except ClaimError as exc:
+                results[ref.uid] = PrepareResult(error=str(exc))
+        if fetched:
+            results.update(self._record(fetched))
+        for uid, result in results.items():
+            self._count("prepare_errors" if result.error else "prepared_claims")
+            if result.error:
+                log.warning("claim %s not prepared: %s", uid, result.error)
+        return results
+
+    def _fetch(self, ref: ClaimRef) -> list[AllocatedDevice]:
+        check_ref(ref)
+        if self._source is None:
+            raise ClaimError(f"claim {ref}: {NO_SOURCE}")
+        claim = self._source.get(ref.namespace, ref.name)
+        plan = self._plan
+        assert plan.dra is not None
+        known = {d.id for d in plan.devices}
+        return allocated_devices(claim, ref, driver=plan.dra.driver, pool=plan.dra.pool, devices=known)
+
+    def _record(self, fetched: list[tuple[ClaimRef, list[AllocatedDevice]]]) -> dict[str, PrepareResult]:
+        results: dict[str, PrepareResult] = {}
+        plan = self._plan
+        by_id = {d.id: d for d in plan.devices}
+        new: list[PreparedClaim] = []
+        with self._lock:
+            for ref, allocated in fetched:
+                done = self._checkpoint.get(ref.uid)  # another call prepared it meanwhile
+                if done is not None:
+                    results[ref.uid] = PrepareResult(done.devices)
+                    continue
+                try:
+                    devices = tuple(self._device(ref, a, by_id, new) for a in allocated)
+                except ClaimError as exc:
+                    results[ref.uid] = PrepareResult(error=str(exc))
+                    continue
+                claim = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, self._clock())
+                new.append(claim)
+            try:
+                self._checkpoint.put(new)
+            except CheckpointError as exc:
+                for claim in new:
+                    results[claim.uid] = PrepareResult(error=f"claim {claim.namespace}/{claim.name}: {exc}")
+                return results
+        for claim in new:
+            results[claim.uid] = PrepareResult(claim.devices)
+            log.info(
+                "prepared claim %s/%s (%s): %s",
+                claim.namespace,
+                claim.name,
+                claim.uid,
+                ", ".join(d.device for d in claim.devices),
+            )
+        return results
+
+    def _device(
+        self,
+        ref: ClaimRef,
+        allocated: AllocatedDevice,
+        by_id: dict[str, AllocatableDevice],
+        pending: list[PreparedClaim],
+    ) -> PreparedDevice:
+        """One allocated device, checked against the other claims and its health (under the lock)."""
+        name = allocated.device
+        if not (allocated.admin_access or allocated.share_id):
+            holders = self._checkpoint.holders(name) + [
+                c for c in pending if any(d.device == name and d.exclusive for d in c.devices)
+            ]
+            for holder in holders:
+                raise ClaimError(
+                    f"claim {ref}: device {name} is in use by claim {holder.namespace}/{holder.name} "
+                    f"(UID {holder.uid}) until the kubelet unprepares it"
+                )
+            health = self._health(name)
+            if health is not None and not health.healthy:
+                raise ClaimError(
+                    f"claim {ref}: device {name} is unhealthy: {health.reason or 'no reason given'}"
+                )
+        return PreparedDevice(
+            requests=(allocated.request,),
+            pool=allocated.pool,
+            device=name,
+            cdi_device_ids=(cdi_device_id(self._plan, by_id[name]),),
+            share_id=allocated.share_id,
+            admin_access=allocated.admin_access,
+        )
+
+    # ------------------------------------------------------------------ unprepare
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        """The error per claim UID ("" when unprepared); a claim never prepared is unprepared."""
+        uids = [ref.uid for ref in refs]
+        known: list[PreparedClaim] = []
+        with self._lock:
+            known = [c for uid in uids if (c := self._checkpoint.get(uid)) is not None]
+            try:
+                self._checkpoint.drop(uids)
+            except CheckpointError as exc:
+                self._count("unprepare_errors")
+                return {uid: f"claim {uid}: {exc}" for uid in uids}
+        for claim in known:
+            self._count("unprepared_claims")
+            log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
+        return dict.fromkeys(uids, "")
