@@ -573,6 +573,25 @@ class FakeApiServer:
                 and (driver is None or o["spec"].get("driver") == driver)
             ]
 
+    def put_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a slice as another writer would (an earlier life, another tool): checked, then
+        kept with the metadata the server adds, and a watch event."""
+        problems = resource_slice_problems(obj)
+        if problems:
+            raise ValueError("; ".join(problems))
+        with self.lock:
+            stored = copy.deepcopy(obj)
+            meta = stored["metadata"]
+            old = self.resource_slices.get(meta["name"])
+            meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", now_rfc3339())
+            meta["generation"] = old["metadata"]["generation"] + 1 if old else 1
+            self.version += 1
+            meta["resourceVersion"] = str(self.version)
+            self.resource_slices[meta["name"]] = stored
+            self._record("resourceslices", "MODIFIED" if old else "ADDED", stored)
+            return copy.deepcopy(stored)
+
     def delete_slices(self, node: str, driver: str | None = None) -> int:
         """What the kubelet does at its start (DeleteCollection by spec.nodeName): how many went."""
         with self.lock:
