@@ -254,6 +254,10 @@ class KubeClient:
                 sock.setblocking(True)
                 sock.settimeout(timeout)
                 _keepalive(sock)
+                # As Go's net package and http.client do: a request's last small write never waits
+                # for the server's delayed ACK.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if creds.ssl_context is None:
                     return sock
                 return creds.ssl_context.wrap_socket(

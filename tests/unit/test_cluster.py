@@ -385,7 +385,16 @@ def test_gpuvisor_status_says_which_config_runs_and_how_the_cluster_side_is() ->
                     "node_health": {"condition": {"status": "True", "reason": "GpuLost"}, "written": False,
                                     "error": "403 Forbidden"}},
     }  # fmt: skip
+    data["cluster"]["dra"] = {
+        "slices": {"state": "published", "pool": NODE, "generation": 3, "slices": 1, "devices": 3,
+                   "taints": "dropped", "held_by_device_plugin": {"gpu-1": ["default/train"]},
+                   "error": None},
+        "claims": {"fetched": 4, "failed": 1, "error": "403 Forbidden: resourceclaims"},
+    }  # fmt: skip
     text = format_status(data)
+    assert f"DRA pool {NODE}: generation 3, 1 ResourceSlice(s), 3 device(s), device taints dropped" in text
+    assert "left out, held by device-plugin containers: gpu-1 (default/train)" in text
+    assert "DRA claims fetched: 4, failed: 1" in text and "DRA claims failing: 403 Forbidden" in text
     assert "config: ts4 (source: label); node label nvidia.com/device-plugin.config='ts4'" in text
     assert f"cluster side for Node {NODE}: started (a worker registered)" in text
     assert "node label watch failing since 1.0: no answer" in text
