@@ -39,7 +39,6 @@ from types import FrameType
 import psutil
 import zmq
 
-from common.dracheckpoint import CheckpointError, held_devices
 from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
 from common.messages import ClaimReply, Json
 from common.procutil import Mailbox
@@ -461,6 +460,8 @@ class Supervisor:
         else the devices its checkpoint lists (the checkpoint is final once it drains)."""
         if config.mode == "dra":
             return NO_HOLD
+        from common.dracheckpoint import CheckpointError, held_devices  # loaded at planning, not at start
+
         handle = self.workers.workers.get(DRIVER)
         plan = self.reconciler.plans.get(DRIVER)
         draining = plan is not None and plan.dra is not None and plan.dra.drain

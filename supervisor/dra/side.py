@@ -13,7 +13,8 @@ conditions, whether device-plugin workers still run) and never waits on it. Slic
 published while a device-plugin worker of this supervisor still runs (a switch from
 device-plugin mode): a device it hands out in its last moments must not be offered through DRA
 as well; once they are gone, the kubelet's view of what their containers still hold is read
-and left out. The API-server layer is imported only in `start`.
+and left out. The API-server layer is imported only in `start`, the slices' module only once
+the node plans DRA.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from typing import TYPE_CHECKING
 from common.messages import ClaimReply, ClaimRequest, Json
 from common.model import Node, ResourcePlan
 from supervisor.dra.claims import ClaimFetcher
-from supervisor.dra.slices import PoolWant
 from supervisor.health.book import HealthBook
 from supervisor.node.draplan import DRIVER
 from supervisor.observe.metrics import Metrics
 
 if TYPE_CHECKING:
     from supervisor.dra.publish import SlicePublisher
+    from supervisor.dra.slices import PoolWant
     from supervisor.kube.client import KubeClient
 
 log = logging.getLogger("gpuvisor.dra")
@@ -106,11 +107,15 @@ class DraSide:
         book: HealthBook | None,
         device_plugin_running: bool,
     ) -> None:
-        """What the pool should show now; cheap when nothing that matters changed."""
+        """What the pool should show now; cheap when nothing that matters changed (and nothing at
+        all on a node that never planned DRA: not even the slices module is loaded)."""
         self._device_plugin_running = device_plugin_running
         plan = plans.get(DRIVER)
-        if plan is not None:
-            self._dra_planned = True
+        if plan is None and not self._dra_planned:
+            return
+        self._dra_planned = True
+        from supervisor.dra.slices import PoolWant
+
         publish = plan is not None and plan.dra is not None and not plan.dra.drain
         conditions = tuple(book.conditions()) if book is not None and publish else ()
         # What the slices show of a condition (its repeats move only last_event).

@@ -342,3 +342,66 @@ def test_held_device_ids_map_to_dra_device_names() -> None:
     assert len(held) == 2 and set(held.values()) == {("uid-1",), ("ns/d",)}
     whole = held_by_pods(mig, [Allocation("", "c", "nvidia.com/gpu", (migged.uuid,), "e", "ns")])
     assert len(whole) == len(migged.mig_devices)
+
+
+# --- what the main loop tells the publisher (DraSide) --------------------------------------------
+
+
+class Wants:
+    """A stand-in publisher that records what it is told."""
+
+    def __init__(self) -> None:
+        self.told: list[PoolWant] = []
+
+    def want(self, want: PoolWant) -> None:
+        self.told.append(want)
+
+
+def side_with_recorder() -> tuple[Any, Wants]:
+    from supervisor.dra.side import WAIT_FOR_DEVICE_PLUGIN, DraSide
+    from supervisor.observe.metrics import Metrics
+
+    side = DraSide(node_name=NODE, plugin_dir="/nowhere", pod_resources_socket="", metrics=Metrics("t"),
+                   reply=lambda resource, reply: None)  # fmt: skip
+    wants = Wants()
+    side.publisher = wants  # type: ignore[assignment]
+    assert WAIT_FOR_DEVICE_PLUGIN
+    return side, wants
+
+
+def test_the_pool_is_wanted_from_the_plans_and_waits_for_the_device_plugin() -> None:
+    """A DRA plan: publish the node with the book's conditions, but wait while a device-plugin
+    worker still runs; a draining DRA plan (or none): withdraw. The same inputs again tell the
+    publisher nothing; a condition's repeat (only last_event moves) is no new want."""
+    from supervisor.config import config_from_data
+    from supervisor.health.book import HealthBook
+    from supervisor.health.policy import HealthPolicy
+    from supervisor.node.draplan import dra_plan
+
+    node = nodes.pcie_l4()
+    config = config_from_data(
+        {"version": "v1", "gpuvisor": {"mode": "dra"}}, flags={"node_name": NODE}, source="t"
+    )
+    plan = dra_plan(node, config)
+    side, wants = side_with_recorder()
+    assert not side.wanted
+    book = HealthBook({DRIVER: plan}, HealthPolicy.from_config(config), NOW)
+    side.refresh({DRIVER: plan}, node, book, True)
+    assert side.wanted and wants.told[-1].publish and wants.told[-1].wait
+    side.device_plugin_running(True)
+    assert len(wants.told) == 1
+    side.device_plugin_running(False)
+    assert wants.told[-1] == PoolWant(True, node, (), "")
+    book.apply_xid(node.gpus[0].uuid, 48, now=NOW)
+    side.refresh({DRIVER: plan}, node, book, False)
+    assert [c.name for c in wants.told[-1].conditions] == ["xid:48"]
+    told = len(wants.told)
+    book.apply_xid(node.gpus[0].uuid, 48, now=NOW + 5)  # a repeat: the slices would not change
+    side.refresh({DRIVER: plan}, node, book, False)
+    assert len(wants.told) == told
+    assert plan.dra is not None
+    draining = dataclasses.replace(plan, dra=dataclasses.replace(plan.dra, drain=True))
+    side.refresh({DRIVER: draining}, node, book, False)
+    assert wants.told[-1] == PoolWant(False)
+    side.refresh({}, node, book, False)
+    assert side.wanted  # this life published: it stays to withdraw and watch
