@@ -101,6 +101,35 @@ def test_an_xid_taints_the_device_in_the_slices_and_reaches_the_health_stream(ap
         assert node.dra.wait_for(lambda: node.dra.device_health(DRIVER, POOL, "gpu-2") == "HEALTHY", 15)
 
 
+def test_with_the_api_server_away_the_kubelet_path_runs_on_and_the_pool_catches_up(
+    api: RunningApiServer,
+) -> None:
+    """The API server goes away: a claim prepared before prepares again from the checkpoint and
+    unprepares, a new one fails with the reason (the kubelet retries it), an XID still reaches the
+    kubelet's health stream at once. Back: the new claim prepares and the pool shows the taint."""
+    with DraNode("pcie-l4", api=api) as node:
+        node.wait_registered()
+        assert wait_until(lambda: sorted(node.published()) == ALL, 30)
+        before = node.claim("before", ["gpu-0"])
+        first = node.dra.prepare(DRIVER, [before]).claims[before[2]]
+        assert first.error == ""
+        new = node.claim("new", ["gpu-1"])
+        api.stop()
+        assert node.dra.prepare(DRIVER, [before]).claims[before[2]] == first
+        refused = node.dra.prepare(DRIVER, [new]).claims[new[2]].error
+        assert "no answer from the API server" in refused, refused
+        uuid = next(d.gpu_uuid for d in plan_of(node).devices if d.id == "gpu-3")
+        node.sim("xid", device=uuid, xid=79)
+        assert node.dra.wait_for(lambda: node.dra.device_health(DRIVER, POOL, "gpu-3") == "UNHEALTHY", 15)
+        assert node.dra.unprepare(DRIVER, [before]).claims[before[2]].error == ""
+        assert wait_until(lambda: node.command("status")["cluster"]["dra"]["slices"]["error"] is not None, 15)
+        api.start()
+        assert wait_until(lambda: node.dra.prepare(DRIVER, [new]).claims[new[2]].error == "", 30)
+        assert wait_until(
+            lambda: [t["key"] for t in node.published().get("gpu-3", [])] == ["gpu.nvidia.com/xid"], 60
+        )
+
+
 class Traffic:
     """Pods arriving while the node switches: Allocate calls through the device-plugin kubelet and,
     as a scheduler would, claims on devices the pool offers, prepared through the DRA kubelet, and
