@@ -39,7 +39,7 @@ import socket
 import ssl
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from supervisor.kube.credentials import Credentials
@@ -127,7 +127,7 @@ class KubeClient:
 
     def stream(
         self, path: str, *, what: str, query: Mapping[str, str], timeout: float
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         """A watch: each JSON line of the answer as it arrives, until the server ends the stream.
         `timeout` bounds the wait for one line. Raises ApiError (a bad answer, an event over
         MAX_LINE_BYTES, a broken stream) or Stopped."""

@@ -22,7 +22,7 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from common.backoff import Backoff
@@ -139,6 +139,15 @@ class ListWatch:
         self.on_count("watch")
         stream = self.client.stream(self.path, what=f"watch {self.what}", query=query, timeout=seconds + 60.0)
         self.state = "watching"
+        try:
+            self._events(stream)
+        finally:
+            # Closed here, not when the generator is collected: an ERROR event or a callback's
+            # exception leaves it suspended, and with it the stream's socket open until a GC.
+            stream.close()
+        # The server ended the stream (its timeout): watch again from where it left off.
+
+    def _events(self, stream: Iterable[dict[str, Any]]) -> None:
         first = True
         for event in stream:
             if first:
@@ -160,7 +169,6 @@ class ListWatch:
                 self.resource_version = str(version)
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 self.on_event(str(kind), obj)
-        # The server ended the stream (its timeout): watch again from where it left off.
 
     def _failed(self, exc: ApiError) -> None:
         self.failures += 1
