@@ -13,6 +13,9 @@ import os
 import re
 import secrets
 
+# The kubelet's own socket in that dir. Here, not only in common.kubeletapi (which re-exports it),
+# so that the supervisor, which needs the name but no kubelet API, never loads protobuf.
+KUBELET_SOCKET_NAME = "kubelet.sock"
 SOCKET_PREFIX = "gpuvisor-"
 UNIX_PATH_MAX = 107  # bytes of a unix socket address, without the trailing NUL
 TAG = re.compile(r"[0-9a-f]{6}")

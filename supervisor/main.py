@@ -27,7 +27,6 @@ from collections.abc import Callable
 from functools import partial
 from types import FrameType
 
-import psutil
 import zmq
 
 from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
@@ -239,15 +238,18 @@ class Supervisor:
         SIGKILL them by PID (their recorded tag on their command line says they are ours) before
         new workers register, so their streams end first."""
         stale = self.sockets.stale_workers()
+        if not stale:
+            return
+        import psutil  # loaded only when there is something to end: a first start has nothing
+
         procs = []
         for pid in stale:
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(pid))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        if stale:
-            log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
-            psutil.wait_procs(procs, timeout=2)
+        log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
+        psutil.wait_procs(procs, timeout=2)
 
     def start(self) -> None:
         """HTTP, sockets and watches first (status answers even if NVML fails), then NVML."""

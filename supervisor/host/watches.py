@@ -23,7 +23,7 @@ from functools import partial
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from common.kubeletapi import KUBELET_SOCKET_NAME
+from common.socketnames import KUBELET_SOCKET_NAME
 
 log = logging.getLogger("gpuvisor.kubelet-watch")
 
