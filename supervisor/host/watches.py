@@ -1,6 +1,6 @@
 """Filesystem watches: the kubelet's plugin dir, and the directory of the config file.
 
-Watchdog (inotify) observers call back from their own thread; `Watches` only posts the handlers'
+Inotify observers (`supervisor.host.inotify`) call back from their own thread; `Watches` only posts the handlers'
 calls to the supervisor's main loop (`post`), which acts on them, so nothing here touches
 supervisor state.
 
@@ -20,10 +20,8 @@ import os
 from collections.abc import Callable
 from functools import partial
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
-
 from common.socketnames import KUBELET_SOCKET_NAME
+from supervisor.host.inotify import FileSystemEvent, FileSystemEventHandler, Observer
 
 log = logging.getLogger("gpuvisor.kubelet-watch")
 
