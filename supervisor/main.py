@@ -60,8 +60,11 @@ __all__ = ["StartupError", "Supervisor"]
 
 log = logging.getLogger("gpuvisor.supervisor")
 
-TICK_S = 1.0  # the longest the loop sleeps; timers wake it sooner
 BEACON_S = 2.0
+# The longest the loop sleeps (timers and events wake it sooner): the beacon's period, so an idle
+# node's loop wakes for the beacon alone. What is polled per turn (transient recoveries, held
+# event lines, the systemd watchdog ping, liveness) takes seconds to be due.
+TICK_S = BEACON_S
 SHUTDOWN_GRACE_S = 4.0  # SIGTERM to workers, then SIGKILL: the whole stop stays under 5 s
 
 
