@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 
 # The kubelet's own socket in that dir. Here, not only in common.kubeletapi (which re-exports it),
 # so that the supervisor, which needs the name but no kubelet API, never loads protobuf.
@@ -24,7 +23,9 @@ _NAME = re.compile(rf"{re.escape(SOCKET_PREFIX)}(.+)-([0-9a-f]{{6}})[0-9a-f]{{2}
 
 def new_tag() -> str:
     """A fresh tag for one worker process."""
-    return secrets.token_hex(3)
+    # os.urandom, as secrets.token_hex does: `secrets` would bring hmac, hashlib and OpenSSL's
+    # libcrypto into every worker for three random bytes.
+    return os.urandom(3).hex()
 
 
 def is_tag(text: str) -> bool:
