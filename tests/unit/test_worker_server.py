@@ -344,7 +344,7 @@ def test_serve_answers_on_a_socket_before_start_registers_it(tmpdir_short: str) 
             with grpc.insecure_channel(unix_target(registrar.server.path)) as channel:
                 options = DevicePluginClient(channel).GetDevicePluginOptions(pb.Empty(), timeout=5)
             assert options.get_preferred_allocation_available
-            assert kubelet.registrations == [] and registrar.state is RegState.STARTING
+            assert kubelet.registrations == [] and registrar.state.value == "starting"
             registrar.start()
             assert kubelet.wait_listed([GPU], 15)
             assert [r.endpoint for r in kubelet.registrations] == [name]
