@@ -1,0 +1,84 @@
+"""The node that the start, memory and idle figures run on, as issue 30 compares them.
+
+NVIDIA's figures were taken on NVIDIA's mock NVML with its h100 profile (8 GPUs). The like for
+like here is `gpuvisor run` on the real nvidia-ml-py binding over the project's fake
+libnvidia-ml serving that profile (or the simulator's dgx-h100 when NVIDIA's profiles are not
+beside the checkout): what a node runs, the simulator and its YAML profiles not loaded. Where no
+C compiler can build the library, the simulator's dgx-h100 stands in and the note says so.
+
+The library is built once per run (the first benchmark that asks) and removed when the runner
+exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests import fakenvml
+from tests.harness import SimNode
+
+GPU = "nvidia.com/gpu"
+MIG_RESOURCES = [
+    "nvidia.com/gpu",
+    "nvidia.com/mig-1g.10gb",
+    "nvidia.com/mig-1g.10gb.me",
+    "nvidia.com/mig-2g.20gb",
+    "nvidia.com/mig-3g.40gb",
+]
+MIG_ARGS = ["--mig-strategy", "mixed"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How to start the one-resource node: `profile` for --simulate (None: real NVML in `env`)."""
+
+    profile: str | None
+    env: dict[str, str]
+    what: str
+    gpus: int = 8
+
+    def node(self, args: Sequence[str] = ()) -> SimNode:
+        return SimNode(self.profile, args=args, env=dict(self.env))  # metrics off, as NVIDIA's
+
+
+_cleanup = contextlib.ExitStack()
+atexit.register(_cleanup.close)
+
+
+@functools.cache
+def _library() -> Path | None:
+    if fakenvml.skip_reason() is not None:
+        return None
+    return _cleanup.enter_context(fakenvml.built())
+
+
+@functools.cache
+def one_resource() -> Kind:
+    """NVIDIA's h100 over the real binding when it can be had, else the simulator's dgx-h100."""
+    reason = fakenvml.skip_reason()
+    libdir = _library()
+    if libdir is None:
+        return Kind("dgx-h100", {}, f"simulated dgx-h100, 8 GPUs (no fake libnvidia-ml: {reason})")
+    name = "h100" if "h100" in fakenvml.mock_profiles() else "dgx-h100"
+    tmp = _cleanup.enter_context(tempfile.TemporaryDirectory(prefix="gvbench-node-"))
+    fake = fakenvml.FakeNode(tmp, name)
+    what = "NVIDIA's h100 profile" if name == "h100" else "dgx-h100"
+    return Kind(None, fake.environ(libdir), f"{what}, 8 GPUs, real nvidia-ml-py over the fake libnvidia-ml")
+
+
+def mig_node(args: Sequence[str] = ()) -> SimNode:
+    """mig-a100 with the mixed strategy on the simulator: five resources, five workers."""
+    return SimNode("mig-a100", args=[*MIG_ARGS, *args])
+
+
+def listed(sim: SimNode, resource: str) -> bool:
+    """Is `resource` registered at the stand-in, connected, with its device list sent?"""
+    res = sim.kubelet.resource(resource)
+    ep = res.endpoint if res is not None else None
+    return ep is not None and ep.connected and ep.updates > 0
