@@ -43,6 +43,6 @@ def run(quick: bool) -> list[Row]:
         ),
         Row(
             "5 resources: idle CPU, whole tree", five, "% of a core", "",
-            f"{five_procs} processes over {window:.0f} s, mig-a100 --mig-strategy mixed (simulated)",
+            f"{five_procs} processes over {window:.0f} s, {node.five_resources().what}",
         ),
     ]  # fmt: skip

@@ -104,7 +104,7 @@ def run(quick: bool) -> list[Row]:
     rows += [
         Row(
             "5 resources: PSS of the tree", five_pss, "MB", "",
-            f"{len(five)} processes, mig-a100 --mig-strategy mixed (simulated); USS {sum(u for _, _, u in five) / MB:.1f} MB",
+            f"{len(five)} processes, {node.five_resources().what}; USS {sum(u for _, _, u in five) / MB:.1f} MB",
         ),
         Row(
             "each further worker: its USS, mean", sum(workers_uss) / len(workers_uss) / MB if workers_uss else float("nan"),

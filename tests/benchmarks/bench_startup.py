@@ -103,7 +103,7 @@ def run(quick: bool) -> list[Row]:
         Row(
             "5 resources: start -> all registered p50", p50(mig), "ms",
             f"<= {5 * NVIDIA_START_MS:.0f} ms (5x NVIDIA's {NVIDIA_START_MS:.0f} ms)",
-            f"{len(mig)}/{rounds} cold starts, mig-a100 --mig-strategy mixed (simulated): 5 registered and listed",
+            f"{len(mig)}/{rounds} cold starts, {node.five_resources().what}: 5 registered and listed",
         ),
         Row("5 resources: start -> all registered max", max(mig, default=float("nan")), "ms"),
         Row("5 resources: start, x the bare plugin", ratio(p50(mig), bare), "x", "", "one bare plugin is one resource"),

@@ -1,10 +1,11 @@
-"""The node that the start, memory and idle figures run on, as issue 30 compares them.
+"""The nodes that the start, memory and idle figures run on, as issue 30 compares them.
 
 NVIDIA's figures were taken on NVIDIA's mock NVML with its h100 profile (8 GPUs). The like for
 like here is `gpuvisor run` on the real nvidia-ml-py binding over the project's fake
 libnvidia-ml serving that profile (or the simulator's dgx-h100 when NVIDIA's profiles are not
-beside the checkout): what a node runs, the simulator and its YAML profiles not loaded. Where no
-C compiler can build the library, the simulator's dgx-h100 stands in and the note says so.
+beside the checkout): what a node runs, the simulator and its YAML profiles not loaded. The MIG
+node (five resources) is mig-a100 with the mixed strategy, over the same library. Where no C
+compiler can build the library, the simulator's profiles stand in and the notes say so.
 
 The library is built once per run (the first benchmark that asks) and removed when the runner
 exits.
@@ -58,23 +59,45 @@ def _library() -> Path | None:
     return _cleanup.enter_context(fakenvml.built())
 
 
+def _real(name: str, what: str) -> tuple[dict[str, str], str] | None:
+    """The environment of a supervisor on the real binding over the fake library serving `name`."""
+    libdir = _library()
+    if libdir is None:
+        return None
+    tmp = _cleanup.enter_context(tempfile.TemporaryDirectory(prefix="gvbench-node-"))
+    fake = fakenvml.FakeNode(tmp, name)
+    return fake.environ(libdir), f"{what}, real nvidia-ml-py over the fake libnvidia-ml"
+
+
 @functools.cache
 def one_resource() -> Kind:
     """NVIDIA's h100 over the real binding when it can be had, else the simulator's dgx-h100."""
-    reason = fakenvml.skip_reason()
-    libdir = _library()
-    if libdir is None:
-        return Kind("dgx-h100", {}, f"simulated dgx-h100, 8 GPUs (no fake libnvidia-ml: {reason})")
     name = "h100" if "h100" in fakenvml.mock_profiles() else "dgx-h100"
-    tmp = _cleanup.enter_context(tempfile.TemporaryDirectory(prefix="gvbench-node-"))
-    fake = fakenvml.FakeNode(tmp, name)
-    what = "NVIDIA's h100 profile" if name == "h100" else "dgx-h100"
-    return Kind(None, fake.environ(libdir), f"{what}, 8 GPUs, real nvidia-ml-py over the fake libnvidia-ml")
+    real = _real(name, ("NVIDIA's h100 profile" if name == "h100" else "dgx-h100") + ", 8 GPUs")
+    if real is None:
+        return Kind(
+            "dgx-h100", {}, f"simulated dgx-h100, 8 GPUs (no fake libnvidia-ml: {fakenvml.skip_reason()})"
+        )
+    return Kind(None, real[0], real[1])
+
+
+@functools.cache
+def five_resources() -> Kind:
+    """mig-a100 with the mixed strategy (five resources, five workers), over the real binding
+    when it can be had, else on the simulator."""
+    real = _real("mig-a100", "mig-a100 --mig-strategy mixed")
+    if real is None:
+        return Kind(
+            "mig-a100",
+            {},
+            f"simulated mig-a100 --mig-strategy mixed (no fake libnvidia-ml: {fakenvml.skip_reason()})",
+        )
+    return Kind(None, real[0], real[1])
 
 
 def mig_node(args: Sequence[str] = ()) -> SimNode:
-    """mig-a100 with the mixed strategy on the simulator: five resources, five workers."""
-    return SimNode("mig-a100", args=[*MIG_ARGS, *args])
+    """The five-resource node (`five_resources()`), not started."""
+    return five_resources().node([*MIG_ARGS, *args])
 
 
 def listed(sim: SimNode, resource: str) -> bool:
