@@ -21,8 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
-from common.socketnames import UNIX_PATH_MAX
+from common.socketnames import DRA_SERVICE_SOCKET_NAME, UNIX_PATH_MAX, dra_registration_socket_name
 from supervisor.config import nvidia
 from supervisor.config.errors import ConfigError, Invalid, kind, show
 from supervisor.config.flags import FLAG_FORMS, IGNORED_ARGS, decode_text
@@ -207,11 +206,11 @@ def _check_dra(config_values: Mapping[str, Any], strategy: str, source: str) -> 
     for name, path in (
         (
             "gpuvisor.kubeletPluginsDir",
-            os.path.join(config_values["kubelet_plugins_dir"], DRA_DRIVER, SERVICE_SOCKET_NAME),
+            os.path.join(config_values["kubelet_plugins_dir"], DRA_DRIVER, DRA_SERVICE_SOCKET_NAME),
         ),
         (
             "gpuvisor.kubeletRegistryDir",
-            os.path.join(config_values["kubelet_registry_dir"], registration_socket_name(DRA_DRIVER)),
+            os.path.join(config_values["kubelet_registry_dir"], dra_registration_socket_name(DRA_DRIVER)),
         ),
     ):
         if len(path.encode()) > UNIX_PATH_MAX:

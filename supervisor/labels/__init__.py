@@ -22,8 +22,32 @@ function, for `gpuvisor labels --simulate`.
 
 from __future__ import annotations
 
-from supervisor.labels.output import LabelFile, OutputError
-from supervisor.labels.rules import LabelConfig, LabelError, SharingView, VgpuDevice, compute_labels, render
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.labels.output import LabelFile, OutputError
+    from supervisor.labels.rules import (
+        LabelConfig,
+        LabelError,
+        SharingView,
+        VgpuDevice,
+        compute_labels,
+        render,
+    )
+
+# Loaded on first use (PEP 562), not with the package: `gpuvisor run` imports `sync`, which
+# must not bring the labeller's rules (and GFD's facts) into a supervisor that writes no labels.
+_LAZY = {
+    "LabelFile": "output",
+    "OutputError": "output",
+    "LabelConfig": "rules",
+    "LabelError": "rules",
+    "SharingView": "rules",
+    "VgpuDevice": "rules",
+    "compute_labels": "rules",
+    "render": "rules",
+}
 
 __all__ = [
     "LabelConfig",
@@ -35,3 +59,10 @@ __all__ = [
     "compute_labels",
     "render",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
