@@ -9,6 +9,7 @@ reads, or an NFD NodeFeature object). The pieces, one job each:
 - `output`: `LabelFile`, the atomic, write-only-on-change features.d file;
 - `nodefeature`: `NodeFeaturePublisher`, the NodeFeature object through the API-server layer;
 - `settings`: the flags, env vars and file keys, declared once;
+- `nodeconfig`: the named config the Node's label picks (`--config-file-srcdir`), kept current;
 - `daemon`: the process loop (interval, SIGHUP reload, SIGTERM stop);
 - `sync`: the labels inside `gpuvisor run` (`--labels-output-file`), rewritten as the plans change.
 
