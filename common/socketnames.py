@@ -11,7 +11,20 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
+
+# The kubelet's own socket in that dir. Here, not only in common.kubeletapi (which re-exports it),
+# so that the supervisor, which needs the name but no kubelet API, never loads protobuf.
+KUBELET_SOCKET_NAME = "kubelet.sock"
+# The DRA driver's sockets (kubernetes' kubeletplugin helper names them so): the service in
+# `<plugins dir>/<driver>/`, the registration in the plugin watcher's dir. Here for the same reason:
+# the supervisor checks their paths at config load without loading the DRA API's stubs.
+DRA_SERVICE_SOCKET_NAME = "dra.sock"
+
+
+def dra_registration_socket_name(driver: str) -> str:
+    """The DRA registration socket's name in the registry dir: `<driver>-reg.sock`."""
+    return f"{driver}-reg.sock"
+
 
 SOCKET_PREFIX = "gpuvisor-"
 UNIX_PATH_MAX = 107  # bytes of a unix socket address, without the trailing NUL
@@ -21,7 +34,9 @@ _NAME = re.compile(rf"{re.escape(SOCKET_PREFIX)}(.+)-([0-9a-f]{{6}})[0-9a-f]{{2}
 
 def new_tag() -> str:
     """A fresh tag for one worker process."""
-    return secrets.token_hex(3)
+    # os.urandom, as secrets.token_hex does: `secrets` would bring hmac, hashlib and OpenSSL's
+    # libcrypto into every worker for three random bytes.
+    return os.urandom(3).hex()
 
 
 def is_tag(text: str) -> bool:

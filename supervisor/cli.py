@@ -11,8 +11,11 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.workers.zygote import Zygote
 
 DEFAULT_RUN_DIR = "/run/gpuvisor"
 
@@ -33,9 +36,25 @@ def _check_import_root() -> None:
             )
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _VersionAction(argparse.Action):
+    """argparse's "version" action, reading the installed version only when it is asked for (the
+    metadata read costs every other command ~20 ms of imports)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.update(nargs=0, default=argparse.SUPPRESS, help="show program's version number and exit")
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        from supervisor.config.flags import installed_version
+
+        print(f"gpuvisor {installed_version()}")
+        parser.exit()
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `gpuvisor` parser; with `command`, only that subcommand's arguments are declared (the
+    others keep their name and help), so `gpuvisor run` never loads the labeller's settings."""
     from supervisor.config import RunArgumentParser, add_run_arguments
-    from supervisor.config.flags import installed_version
 
     parser = argparse.ArgumentParser(
         prog="gpuvisor",
@@ -43,22 +62,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # NVIDIA's binaries answer --version and -v; `gpuvisor run --version` and `gpuvisor labels
     # --version` (NVIDIA's flag syntax, supervisor/config/flags.py) print the same version.
-    parser.add_argument("--version", "-v", action="version", version=f"gpuvisor {installed_version()}")
+    parser.add_argument("--version", "-v", action=_VersionAction)
     # RunArgumentParser behaves as argparse's own until add_run_arguments / add_label_arguments make
     # `run` and `labels` read NVIDIA's Go flag syntax (a boolean flag takes no separate value, a
     # positional argument ends the flags), as NVIDIA's plugin and GFD read it.
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=RunArgumentParser)
     run = sub.add_parser("run", help="run the device plugin (the supervisor)")
-    add_run_arguments(run)
-
-    from supervisor.labels.settings import add_label_arguments
+    if command in (None, "run"):
+        add_run_arguments(run)
 
     labels = sub.add_parser(
         "labels",
         help="label the node as GPU Feature Discovery does (NFD features.d file or NodeFeature object)",
         description="GPU Feature Discovery's node labels, with its flags and env vars (see the README, Node labels).",
     )
-    add_label_arguments(labels)
+    if command in (None, "labels"):
+        from supervisor.labels.settings import add_label_arguments
+
+        add_label_arguments(labels)
 
     demo = sub.add_parser(
         "demo", help="a simulated node, a kubelet stand-in and an allocation, in a temp dir"
@@ -116,14 +137,48 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _check_import_root()
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = next((w for w in words if not w.startswith("-")), None)
+    zygote = early_zygote(words, os.environ) if command == "run" else None
+    try:
+        return _main(argv, command if command in COMMANDS else None, zygote)
+    finally:
+        if zygote is not None:
+            zygote.stop()  # not taken (an error before the supervisor ran), or already stopped by it
+
+
+COMMANDS = ("run", "labels", "demo", "status", "sim")
+
+
+def early_zygote(words: Sequence[str], environ: Mapping[str, str]) -> Zygote | None:
+    """The worker zygote, started before `gpuvisor run` imports the supervisor: its own imports
+    (gRPC, ZeroMQ, the worker's modules: ~100 ms) then run beside the supervisor's instead of
+    after them, and the first worker is forked as soon as the first plan is written. None when
+    this run will not use it (help, version, `--zygote=false`); a config file that turns the
+    zygote off has it stopped once the config is read (WorkerSpawner.adopt)."""
+    if {"-h", "--help", "-v", "--version", "--zygote=false"} & set(words):
+        return None
+    if environ.get("GPUVISOR_ZYGOTE", "").strip().lower() in ("0", "f", "false"):
+        return None
+    from supervisor.workers.zygote import Zygote
+
+    zygote = Zygote()
+    try:
+        zygote.start()
+    except OSError:
+        return None  # the supervisor starts one in its own time (and says so if it cannot)
+    return zygote
+
+
+def _main(argv: Sequence[str] | None, command: str | None, zygote: Zygote | None) -> int:
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
     try:
         if args.command == "run":
-            return cmd_run(args)
+            return cmd_run(args, zygote)
         if args.command == "labels":
             from supervisor.labels.daemon import main as labels_main
 
@@ -142,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, zygote: Zygote | None = None) -> int:
     from common import logs
     from supervisor.config import EXIT_CONFIG_ERROR, ConfigError, load_config
     from supervisor.main import StartupError, Supervisor
@@ -156,7 +211,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     for notice in config.notices:
         logging.getLogger("gpuvisor.config").warning("%s", notice)
     try:
-        return Supervisor(config, argv_flags=args).run()
+        supervisor = Supervisor(config, argv_flags=args)
+        if zygote is not None:
+            supervisor.spawner.adopt(zygote)
+        return supervisor.run()
     except StartupError as exc:
         print(f"gpuvisor: {exc}", file=sys.stderr)
         return exc.code

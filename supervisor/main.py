@@ -36,7 +36,6 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from types import FrameType
 
-import psutil
 import zmq
 
 from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
@@ -75,8 +74,11 @@ __all__ = ["StartupError", "Supervisor"]
 
 log = logging.getLogger("gpuvisor.supervisor")
 
-TICK_S = 1.0  # the longest the loop sleeps; timers wake it sooner
 BEACON_S = 2.0
+# The longest the loop sleeps (timers and events wake it sooner): the beacon's period, so an idle
+# node's loop wakes for the beacon alone. What is polled per turn (transient recoveries, held
+# event lines, the systemd watchdog ping, liveness) takes seconds to be due.
+TICK_S = BEACON_S
 SHUTDOWN_GRACE_S = 4.0  # SIGTERM to workers, then SIGKILL: the whole stop stays under 5 s
 
 
@@ -319,15 +321,18 @@ class Supervisor:
         SIGKILL them by PID (their recorded tag on their command line says they are ours) before
         new workers register, so their streams end first."""
         stale = self.sockets.stale_workers()
+        if not stale:
+            return
+        import psutil  # loaded only when there is something to end: a first start has nothing
+
         procs = []
         for pid in stale:
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(pid))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        if stale:
-            log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
-            psutil.wait_procs(procs, timeout=2)
+        log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
+        psutil.wait_procs(procs, timeout=2)
 
     def start(self) -> None:
         """HTTP, sockets and watches first (status answers even if NVML fails), then NVML."""

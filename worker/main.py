@@ -6,8 +6,8 @@
 Started by the supervisor (spawn/exec, never a bare fork), it sets itself up here: logging,
 signals, the parent-death signal, its ZeroMQ link to the supervisor. Before the first
 ListAndWatch can be answered it holds the current health snapshot of its resource (the clone
-pattern, see common.messages), then it serves and registers (worker.registration) and applies
-health deltas as they come. A plan update in place waits for the health snapshot of its devices,
+pattern, see common.messages): it starts serving at once (worker.registration), registers once
+the snapshot is in its book, and applies health deltas as they come. A plan update in place waits for the health snapshot of its devices,
 and both go into the book as one change, so no new device is listed before its health is known.
 Without --control it runs alone (all devices healthy), which the tests of registration use.
 
@@ -148,6 +148,7 @@ class Worker:
         self.dealer.connect(self.args.control)
         self._send(Hello(resource=self.plan.resource, pid=self.pid, secret=self.secret))
         self._ask_snapshot()
+        self.registrar.serve()  # the server starts while the snapshot is on its way; no Register yet
         poller = zmq.Poller()
         poller.register(self.sub, zmq.POLLIN)
         poller.register(self.dealer, zmq.POLLIN)
@@ -173,7 +174,7 @@ class Worker:
                 if self.dealer in events:
                     self._drain(self.dealer)
                 if not started and self.applier.seq is not None:
-                    started = True  # serve only once the health snapshot is in the book
+                    started = True  # register only once the health snapshot is in the book
                     self.registrar.start()
         finally:
             self.registrar.stop()

@@ -1,7 +1,8 @@
 """Registration that never gives up: serve first, then register; re-register in-process.
 
-One `Registrar` thread owns the resource's `PluginServer`. It starts a server on a fresh socket,
-then calls Register on kubelet.sock (the kubelet dials back and calls GetDevicePluginOptions
+One `Registrar` thread owns the resource's `PluginServer`. It starts a server on a fresh socket
+(`serve()`: as soon as the worker starts, while it still waits for its health snapshot), then,
+once allowed (`start()`: the snapshot is in the book), calls Register on kubelet.sock (the kubelet dials back and calls GetDevicePluginOptions
 inside that call, which our server answers from its own thread pool). A failed Register backs off
 exponentially with jitter, up to a bound, forever; a missing kubelet.sock is waited for by
 polling its path (a few milliseconds at first, then up to the check period). The state is an enum
@@ -128,6 +129,7 @@ class Registrar:
         self._cond = threading.Condition()
         self._hint: str | None = None
         self._stop = False
+        self._allowed = False  # start() was called: register (serve() alone only serves)
         self._inflight: grpc.Future[pb.Empty] | None = None
         self._registered_with: KubeletId | None = None
         self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
@@ -145,8 +147,18 @@ class Registrar:
         return self.service.book.plan.resource
 
     # ------------------------------------------------------------------ API (any thread)
+    def serve(self) -> None:
+        """Start the thread and a server now; register only after `start()`. The server's start
+        (gRPC's first in this process) then overlaps what the worker waits for meanwhile."""
+        if not self._thread.is_alive():
+            self._thread.start()
+
     def start(self) -> None:
-        self._thread.start()
+        """Serve (if `serve()` did not yet) and register, and keep the resource registered."""
+        with self._cond:
+            self._allowed = True
+            self._cond.notify_all()
+        self.serve()
 
     def trigger(self, reason: str) -> None:
         """Look again now: re-register if the kubelet lost us; triggers coalesce."""
@@ -193,11 +205,23 @@ class Registrar:
 
     def _run(self) -> None:
         try:
-            self._loop()
+            if self._serve_until_allowed():
+                self._loop()
         except BaseException as exc:  # a bug: make it visible and let the worker exit for a restart
             log.exception("registration thread failed")
             self.failed = exc
             self._on_state(RegState.STOPPED, f"registration thread failed: {exc}")
+
+    def _serve_until_allowed(self) -> bool:
+        """Serve (a failure here is retried by the loop), then wait for `start()`; False if stopped first."""
+        with self._cond:
+            allowed = self._allowed
+        if not allowed:
+            self._ensure_server()
+        with self._cond:
+            while not (self._allowed or self._stop):
+                self._cond.wait()
+            return not self._stop
 
     def _take_hint(self) -> tuple[bool, str]:
         with self._cond:

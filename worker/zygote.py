@@ -3,11 +3,19 @@
 Starting a worker by exec costs a fresh interpreter plus ~100 ms of imports (grpc, protobuf,
 zmq) on this class of machine; a worker restart is on the critical path of "a resource is back".
 The zygote pays that once: it imports everything a worker needs, creates **no** gRPC or ZeroMQ
-object (gRPC's core does not survive a fork once it has threads; here there are none yet), calls
-`gc.freeze()` so the imported objects stay in pages shared copy-on-write with every child, and
-then only forks on request. A forked child runs `worker.main.main(argv)` exactly as an exec'd
-worker would, and rewrites its command line in place (`common.procutil.set_cmdline`, into room
-the zygote was started with) so `ps` shows `python -m worker --resource ...` as for any worker.
+object (gRPC's core does not survive a fork once it has threads; here there are none yet), and
+then only forks on request. The supervisor starts it first thing (before its own imports), so
+those imports overlap the supervisor's and the first worker is forked as soon as the first plan
+is written.
+
+Memory: every page a child writes is copied into it. The collector is off while the modules load
+(no freed holes between long-lived objects) and `gc.freeze()` then moves everything into the
+permanent generation, which no collection scans; a child never unfreezes, so its collections
+walk only its own objects and leave the zygote's pages shared.
+
+A forked child runs `worker.main.main(argv)` exactly as an exec'd worker would, and rewrites its
+command line in place (`common.procutil.set_cmdline`, into room the zygote was started with) so
+`ps` shows `python -m worker --resource ...` as for any worker.
 
 Protocol, over a socketpair inherited as fd `--fd` (one JSON object per line):
   supervisor -> zygote: {"op": "spawn", "id": N, "argv": [...], "secret": "..."}
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import select
@@ -29,15 +38,32 @@ import signal
 import socket
 import sys
 
-# The imports a worker needs, done once here (not used directly by the zygote itself).
-import grpc  # noqa: F401
-import zmq  # noqa: F401
-
-import worker.dra.main
-import worker.main
-import worker.registration
-import worker.server
 from common.procutil import set_cmdline, set_parent_death_signal
+
+# What a worker imports, loaded once here (the zygote uses none of it itself). `worker.main`
+# brings the rest; the others are imported by a worker only once it runs (ZeroMQ, gRPC's server
+# and channel modules, the thread pool), and would otherwise be loaded after each fork, in each
+# worker's own memory.
+PRELOAD = (
+    "worker.main",
+    "worker.registration",
+    "worker.server",
+    "zmq",
+    "grpc._server",
+    "grpc._channel",
+    "grpc._utilities",
+    "concurrent.futures.thread",
+)
+
+
+def preload() -> None:
+    """Import the worker's modules with the collector off, then freeze what they made."""
+    gc.disable()
+    for name in PRELOAD:
+        importlib.import_module(name)
+    gc.collect()  # what the imports left as garbage goes now, before the pages are shared
+    gc.freeze()
+    gc.enable()
 
 
 def _send(sock: socket.socket, message: dict[str, object]) -> None:
@@ -62,9 +88,12 @@ def _child(
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        gc.unfreeze()
+        # No gc.unfreeze(): the zygote's objects stay frozen, so the collections of this worker
+        # never write to their pages (which would copy every imported module into it).
         set_cmdline([sys.executable, "-m", "worker", *argv])  # so `ps` names the resource
-        code = worker.main.main([*argv, "--zygote-pid", str(zygote_pid)], secret=secret)
+        from worker.main import main as worker_main  # loaded by preload(): a dict lookup
+
+        code = worker_main([*argv, "--zygote-pid", str(zygote_pid)], secret=secret)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # a worker bug must end this child, never return into the zygote loop
@@ -92,8 +121,6 @@ def serve(fd: int, supervisor_pid: int) -> int:
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
-    gc.collect()
-    gc.freeze()
     zygote_pid = os.getpid()
     buffer = b""
     while not stop:
@@ -159,9 +186,12 @@ def main(argv: list[str] | None = None) -> int:
             str(args.supervisor_pid),
         ]
     )
+    # Before the imports: a supervisor that dies meanwhile (a config error at start) takes the
+    # zygote with it at once, not ~100 ms later.
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != args.supervisor_pid:
         return 0
+    preload()
     return serve(args.fd, args.supervisor_pid)
 
 

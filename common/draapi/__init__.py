@@ -14,6 +14,7 @@ from common.draapi import dra_v1_pb2 as v1
 from common.draapi import dra_v1beta1_pb2 as v1beta1
 from common.draapi import health_pb2 as healthpb
 from common.draapi import registration_pb2 as regpb
+from common.socketnames import DRA_SERVICE_SOCKET_NAME, dra_registration_socket_name
 
 PLUGIN_TYPE = "DRAPlugin"  # PluginInfo.type of a DRA kubelet plugin (pluginregistration/v1 constants)
 # What PluginInfo.supported_versions lists: "<gRPC package's last part>.<service>". The kubelet
@@ -23,12 +24,9 @@ V1BETA1_SERVICE = "v1beta1.DRAPlugin"
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
 DEFAULT_REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
-SERVICE_SOCKET_NAME = "dra.sock"  # in <plugins dir>/<driver>/, as the kubeletplugin helper names it
-
-
-def registration_socket_name(driver: str) -> str:
-    """The registration socket's name in the registry dir: `<driver>-reg.sock`."""
-    return f"{driver}-reg.sock"
+# In <plugins dir>/<driver>/ and the registry dir (common.socketnames, where the supervisor reads them).
+SERVICE_SOCKET_NAME = DRA_SERVICE_SOCKET_NAME
+registration_socket_name = dra_registration_socket_name
 
 
 __all__ = [

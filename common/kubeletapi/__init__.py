@@ -6,11 +6,11 @@ generated `api_pb2_grpc` module.
 """
 
 from common.kubeletapi import api_pb2 as pb
+from common.socketnames import KUBELET_SOCKET_NAME
 
 VERSION = "v1beta1"
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
-KUBELET_SOCKET_NAME = "kubelet.sock"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
 
 __all__ = ["DEFAULT_PLUGIN_DIR", "HEALTHY", "KUBELET_SOCKET_NAME", "UNHEALTHY", "VERSION", "pb"]

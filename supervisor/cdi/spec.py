@@ -34,11 +34,11 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import yaml
-
 from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
 from common.imex import IMEX_CLASS, ImexChannel, char_device_problem, select_channels
 from common.model import AllocatableDevice, ResourcePlan
+from supervisor.cdi.strategy import CDI_STRATEGIES, cdi_plans
+from supervisor.cdi.strategy import CdiError as CdiError  # the spec's error, raised here too
 
 log = logging.getLogger("gpuvisor.cdi")
 
@@ -46,7 +46,6 @@ CDI_VENDOR = "k8s.device-plugin.nvidia.com"
 CDI_CLASS = "gpu"
 # 0.5.0 is the first CDI version with `hostPath` on device nodes, which a dev root needs.
 CDI_VERSION = "0.5.0"
-CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 FORMATS = ("json", "yaml")
 MIG_CAPS_DIR = "/dev/nvidia-caps"
 DEVICE_PERMISSIONS = "rw"
@@ -68,16 +67,7 @@ _HOOK_NAMES = frozenset(
 _MAX_CLASS_LENGTH = 63
 
 
-class CdiError(Exception):
-    """The CDI spec cannot be built, is invalid, or cannot be written; the message says which and why."""
-
-
 # --- what the spec holds ------------------------------------------------------------------------
-
-
-def cdi_plans(plans: Mapping[str, ResourcePlan]) -> list[ResourcePlan]:
-    """The plans that hand out CDI device names (a `cdi-annotations` or `cdi-cri` list strategy)."""
-    return [p for p in plans.values() if CDI_STRATEGIES.intersection(p.allocate.device_list_strategies)]
 
 
 def cdi_device_id(device: AllocatableDevice, id_strategy: str) -> str:
@@ -354,6 +344,8 @@ def spec_path(spec_dir: str, fmt: str = "json", cdi_class: str = CDI_CLASS) -> s
 
 def render_spec(spec: Mapping[str, Any], fmt: str) -> str:
     if fmt == "yaml":
+        import yaml  # only for the yaml format: JSON is the default
+
         return yaml.safe_dump(dict(spec), sort_keys=False, default_flow_style=False)
     return json.dumps(spec, indent=2) + "\n"
 
@@ -408,6 +400,8 @@ def write_spec(spec: Mapping[str, Any], spec_dir: str, fmt: str = "json") -> str
 
 
 def load_spec_file(path: str) -> object:
+    import yaml  # JSON is YAML: one reader for both formats (nvidia-ctk's output is checked with it)
+
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()

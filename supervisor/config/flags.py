@@ -24,7 +24,6 @@ like every other config error.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -174,6 +173,8 @@ def parse_go_flags(argv: Sequence[str], table: Mapping[str, Setting] = SETTINGS_
 def installed_version() -> str:
     """gpuvisor's version as installed ("unknown" from a checkout that is not, as NVIDIA's binaries
     say when built without one), for every --version."""
+    import importlib.metadata  # ~20 ms of imports (email, zipfile, ...): only when a version is asked for
+
     try:
         return importlib.metadata.version("gpuvisor")
     except importlib.metadata.PackageNotFoundError:

@@ -21,13 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
-from common.socketnames import UNIX_PATH_MAX
+from common.socketnames import DRA_SERVICE_SOCKET_NAME, UNIX_PATH_MAX, dra_registration_socket_name
 from supervisor.config import nvidia
 from supervisor.config.errors import ConfigError, Invalid, kind, show
 from supervisor.config.flags import FLAG_FORMS, IGNORED_ARGS, decode_text
 from supervisor.config.model import Config
-from supervisor.config.named import SOURCE_FILE, SOURCE_NONE, ChoiceError, choose_config
+from supervisor.config.named import SOURCE_FILE, SOURCE_NONE, ChoiceError, choose_config, input_problem
 from supervisor.config.names import DRA_DRIVER
 from supervisor.config.sections import parse_health, parse_resources, parse_sharing
 from supervisor.config.settings import SETTINGS, SETTINGS_BY_NAME, Setting
@@ -158,24 +157,14 @@ def _own_unknown(own: Mapping[str, Any], unknown: list[str]) -> None:
 
 def _check_whole(config_values: Mapping[str, Any], strategy: str, source: str) -> None:
     """main.go validateFlags (and config-manager's), for what spans several settings."""
-    if config_values["config_file_srcdir"]:
-        # config-manager's validateFlags (main.go:228-242), for the inputs gpuvisor takes from it.
-        if not config_values["node_name"]:
-            raise ConfigError(
-                "--config-file-srcdir",
-                "",
-                "invalid <node-name>: must not be empty string: set NODE_NAME "
-                "(the downward API's spec.nodeName) or --node-name, the Node whose label chooses the config",
-            )
-        if not config_values["node_label"]:
-            raise ConfigError("--config-file-srcdir", "", "invalid <node-label>: must not be empty string")
-        if config_values["config_file"]:
-            raise ConfigError(
-                "--config-file-srcdir",
-                "",
-                "--config-file (CONFIG_FILE) is set too: the node label "
-                "chooses the config file from the directory, so set one or the other",
-            )
+    problem = input_problem(
+        srcdir=config_values["config_file_srcdir"],
+        node_name=config_values["node_name"],
+        node_label=config_values["node_label"],
+        config_file=config_values["config_file"],
+    )
+    if problem is not None:
+        raise ConfigError("--config-file-srcdir", "", problem)
     if config_values["node_health"] and not config_values["node_name"]:
         raise ConfigError(
             "--node-health",
@@ -207,11 +196,11 @@ def _check_dra(config_values: Mapping[str, Any], strategy: str, source: str) -> 
     for name, path in (
         (
             "gpuvisor.kubeletPluginsDir",
-            os.path.join(config_values["kubelet_plugins_dir"], DRA_DRIVER, SERVICE_SOCKET_NAME),
+            os.path.join(config_values["kubelet_plugins_dir"], DRA_DRIVER, DRA_SERVICE_SOCKET_NAME),
         ),
         (
             "gpuvisor.kubeletRegistryDir",
-            os.path.join(config_values["kubelet_registry_dir"], registration_socket_name(DRA_DRIVER)),
+            os.path.join(config_values["kubelet_registry_dir"], dra_registration_socket_name(DRA_DRIVER)),
         ),
     ):
         if len(path.encode()) > UNIX_PATH_MAX:

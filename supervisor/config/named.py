@@ -59,6 +59,26 @@ class Choice:
         )
 
 
+def input_problem(*, srcdir: str, node_name: str, node_label: str, config_file: str) -> str | None:
+    """Why config-manager's inputs cannot be used (its validateFlags, main.go:228-242, for what
+    gpuvisor takes from it), or None; both `gpuvisor run` and `gpuvisor labels` check them."""
+    if not srcdir:
+        return None
+    if not node_name:
+        return (
+            "invalid <node-name>: must not be empty string: set NODE_NAME "
+            "(the downward API's spec.nodeName) or --node-name, the Node whose label chooses the config"
+        )
+    if not node_label:
+        return "invalid <node-label>: must not be empty string"
+    if config_file:
+        return (
+            "--config-file (CONFIG_FILE) is set too: the node label "
+            "chooses the config file from the directory, so set one or the other"
+        )
+    return None
+
+
 def config_names(srcdir: str) -> list[str]:
     """The configs in `srcdir`, sorted (config-manager's getConfigFileNameMap). Raises ChoiceError."""
     names = []

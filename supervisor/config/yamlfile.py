@@ -22,12 +22,11 @@ laughs" file), and the nesting depth.
 from __future__ import annotations
 
 import calendar
+import functools
 import math
 import os
 import re
 from typing import Any, Final
-
-import yaml
 
 from supervisor.config import golang
 from supervisor.config.errors import ConfigError
@@ -119,73 +118,83 @@ def resolve_plain(text: str) -> object:
     return text
 
 
-class _GoYamlLoader(yaml.SafeLoader):
-    """A SafeLoader that resolves plain scalars and builds mappings as go-yaml v2 does."""
+@functools.cache
+def _loader() -> type[Any]:
+    """The loader class, made on first use: PyYAML is imported only when a file is read (most
+    nodes run with no config file, and `gpuvisor run` starts without loading it)."""
+    import yaml
 
-    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
-        if kind is yaml.ScalarNode and implicit[0]:
-            return _MERGE_TAG if value == "<<" else _PLAIN_TAG
-        # Quoted scalars are strings, sequences and mappings keep their kind: PyYAML's defaults.
-        return super().resolve(kind, value, implicit)  # type: ignore[no-untyped-call]
+    class _GoYamlLoader(yaml.SafeLoader):
+        """A SafeLoader that resolves plain scalars and builds mappings as go-yaml v2 does."""
 
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-        if not isinstance(node, yaml.MappingNode):
-            raise yaml.constructor.ConstructorError(None, None, "expected a mapping", node.start_mark)
-        out: dict[str, object] = {}
-        for key_node, value_node in node.value:
-            if key_node.tag == _MERGE_TAG:
-                self._merge(out, value_node)
-                continue
-            key = _json_key(self.construct_object(key_node, deep=True), key_node)
-            out[key] = self.construct_object(value_node, deep=True)
-        return out
+        def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+            if kind is yaml.ScalarNode and implicit[0]:
+                return _MERGE_TAG if value == "<<" else _PLAIN_TAG
+            # Quoted scalars are strings, sequences and mappings keep their kind: PyYAML's defaults.
+            return super().resolve(kind, value, implicit)  # type: ignore[no-untyped-call]
 
-    def _merge(self, out: dict[str, object], node: Any) -> None:
-        # go-yaml v2 decode.go merge(): a map, or a sequence of maps with the earlier ones winning.
-        if isinstance(node, yaml.MappingNode):
-            out.update(self.construct_mapping(node))
-            return
-        if isinstance(node, yaml.SequenceNode) and all(isinstance(n, yaml.MappingNode) for n in node.value):
-            for sub in reversed(node.value):
-                out.update(self.construct_mapping(sub))
-            return
-        raise yaml.constructor.ConstructorError(
-            None, None, "map merge requires map or sequence of maps as the value", node.start_mark
-        )
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            if not isinstance(node, yaml.MappingNode):
+                raise yaml.constructor.ConstructorError(None, None, "expected a mapping", node.start_mark)
+            out: dict[str, object] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    self._merge(out, value_node)
+                    continue
+                key = _json_key(self.construct_object(key_node, deep=True), key_node)
+                out[key] = self.construct_object(value_node, deep=True)
+            return out
 
-    def construct_plain(self, node: Any) -> object:
-        return resolve_plain(node.value)
+        def _merge(self, out: dict[str, object], node: Any) -> None:
+            # go-yaml v2 decode.go merge(): a map, or a sequence of maps with the earlier ones winning.
+            if isinstance(node, yaml.MappingNode):
+                out.update(self.construct_mapping(node))
+                return
+            if isinstance(node, yaml.SequenceNode) and all(
+                isinstance(n, yaml.MappingNode) for n in node.value
+            ):
+                for sub in reversed(node.value):
+                    out.update(self.construct_mapping(sub))
+                return
+            raise yaml.constructor.ConstructorError(
+                None, None, "map merge requires map or sequence of maps as the value", node.start_mark
+            )
 
-    def construct_binary(self, node: Any) -> object:
-        # go-yaml decodes !!binary into a Go string of the bytes; JSON then holds it as text.
-        raw = self.construct_yaml_binary(node)
-        return bytes(raw).decode("utf-8", "replace")
+        def construct_plain(self, node: Any) -> object:
+            return resolve_plain(node.value)
 
-    def construct_timestamp(self, node: Any) -> object:
-        return _timestamp(str(node.value)) or str(node.value)
+        def construct_binary(self, node: Any) -> object:
+            # go-yaml decodes !!binary into a Go string of the bytes; JSON then holds it as text.
+            raw = self.construct_yaml_binary(node)
+            return bytes(raw).decode("utf-8", "replace")
 
-    def construct_fallback(self, node: Any) -> object:
-        # A tag go-yaml does not know: the node is taken for what it is.
-        if isinstance(node, yaml.MappingNode):
-            return self.construct_mapping(node, deep=True)
-        if isinstance(node, yaml.SequenceNode):
-            return [self.construct_object(n, deep=True) for n in node.value]
-        return str(node.value)
+        def construct_timestamp(self, node: Any) -> object:
+            return _timestamp(str(node.value)) or str(node.value)
 
+        def construct_fallback(self, node: Any) -> object:
+            # A tag go-yaml does not know: the node is taken for what it is.
+            if isinstance(node, yaml.MappingNode):
+                return self.construct_mapping(node, deep=True)
+            if isinstance(node, yaml.SequenceNode):
+                return [self.construct_object(n, deep=True) for n in node.value]
+            return str(node.value)
 
-_GoYamlLoader.yaml_implicit_resolvers = {}
-_GoYamlLoader.add_constructor(_PLAIN_TAG, _GoYamlLoader.construct_plain)
-_GoYamlLoader.add_constructor("tag:yaml.org,2002:map", _GoYamlLoader.construct_mapping)
-_GoYamlLoader.add_constructor("tag:yaml.org,2002:set", _GoYamlLoader.construct_mapping)
-_GoYamlLoader.add_constructor("tag:yaml.org,2002:omap", _GoYamlLoader.construct_fallback)
-_GoYamlLoader.add_constructor("tag:yaml.org,2002:pairs", _GoYamlLoader.construct_fallback)
-_GoYamlLoader.add_constructor("tag:yaml.org,2002:binary", _GoYamlLoader.construct_binary)
-_GoYamlLoader.add_constructor("tag:yaml.org,2002:timestamp", _GoYamlLoader.construct_timestamp)
-_GoYamlLoader.add_constructor(None, _GoYamlLoader.construct_fallback)
+    _GoYamlLoader.yaml_implicit_resolvers = {}
+    _GoYamlLoader.add_constructor(_PLAIN_TAG, _GoYamlLoader.construct_plain)
+    _GoYamlLoader.add_constructor("tag:yaml.org,2002:map", _GoYamlLoader.construct_mapping)
+    _GoYamlLoader.add_constructor("tag:yaml.org,2002:set", _GoYamlLoader.construct_mapping)
+    _GoYamlLoader.add_constructor("tag:yaml.org,2002:omap", _GoYamlLoader.construct_fallback)
+    _GoYamlLoader.add_constructor("tag:yaml.org,2002:pairs", _GoYamlLoader.construct_fallback)
+    _GoYamlLoader.add_constructor("tag:yaml.org,2002:binary", _GoYamlLoader.construct_binary)
+    _GoYamlLoader.add_constructor("tag:yaml.org,2002:timestamp", _GoYamlLoader.construct_timestamp)
+    _GoYamlLoader.add_constructor(None, _GoYamlLoader.construct_fallback)
+    return _GoYamlLoader
 
 
 def _json_key(key: object, node: Any) -> str:
     """sigs.k8s.io/yaml's map-key conversion (string, int, float and bool keys; nothing else)."""
+    import yaml  # loaded already: this runs inside the loader
+
     if isinstance(key, GoTimestamp) or key is None or isinstance(key, list | dict | tuple):
         raise yaml.constructor.ConstructorError(
             None, None, f"unsupported map key {key!r}: use a string, a number or a boolean", node.start_mark
@@ -229,9 +238,11 @@ def parse_config_text(text: str, source: str) -> object:
     """Parse YAML or JSON text (JSON is read as YAML); errors name the line and column."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(source, "", f"too large: more than {MAX_CONFIG_BYTES} bytes")
+    import yaml
+
     try:
         # Only the first document counts, as for go-yaml's Unmarshal. _GoYamlLoader is a SafeLoader.
-        data = next(iter(yaml.load_all(text, Loader=_GoYamlLoader)), None)
+        data = next(iter(yaml.load_all(text, Loader=_loader())), None)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

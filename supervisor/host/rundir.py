@@ -20,8 +20,6 @@ import os
 import stat
 from collections.abc import Mapping
 
-import psutil
-
 from common.atomicfile import remove_temp_files, stage_atomic, write_atomic
 from common.procutil import unix_socket_listening
 from common.socketnames import UNIX_PATH_MAX, is_tag, made_by
@@ -294,6 +292,8 @@ class WorkerSockets:
         wanted = {(r, t) for r, ts in self.tags.items() for t in ts}
         if not wanted:
             return []
+        import psutil  # only when an earlier life left workers on record (a first start does not)
+
         stale = []
         for proc in psutil.process_iter(["pid", "cmdline"]):
             argv = proc.info.get("cmdline") or []

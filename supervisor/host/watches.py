@@ -22,12 +22,33 @@ import os
 from collections.abc import Callable
 from functools import partial
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirModifiedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 
-from common.kubeletapi import KUBELET_SOCKET_NAME
+from common.socketnames import KUBELET_SOCKET_NAME
 
 log = logging.getLogger("gpuvisor.kubelet-watch")
+
+# What each watch asks the kernel for (watchdog turns its event filter into the inotify mask).
+# Neither asks for opens or reads: the kubelet listing its own directory, or anyone reading the
+# config, must not wake the supervisor.
+KUBELET_EVENTS: list[type[FileSystemEvent]] = [FileCreatedEvent, FileDeletedEvent, FileMovedEvent]
+CONFIG_EVENTS: list[type[FileSystemEvent]] = [
+    FileCreatedEvent, FileDeletedEvent, FileMovedEvent, FileModifiedEvent, FileClosedEvent,
+    DirCreatedEvent, DirDeletedEvent, DirMovedEvent, DirModifiedEvent,
+]  # fmt: skip
 
 
 def _basename(path: str | bytes) -> str:
@@ -61,7 +82,9 @@ class KubeletWatch:
         self.plugin_dir = plugin_dir
         self._observer = Observer()
         self._observer.daemon = True
-        self._observer.schedule(_KubeletHandler(on_kubelet, on_deleted), plugin_dir, recursive=False)
+        self._observer.schedule(
+            _KubeletHandler(on_kubelet, on_deleted), plugin_dir, recursive=False, event_filter=KUBELET_EVENTS
+        )
 
     def start(self) -> None:
         self._observer.start()
@@ -105,7 +128,7 @@ class ConfigWatch:
     def start(self) -> None:
         if not os.path.isdir(self.directory):
             raise OSError(f"no directory {self.directory}")
-        self._observer.schedule(self._handler, self.directory, recursive=False)
+        self._observer.schedule(self._handler, self.directory, recursive=False, event_filter=CONFIG_EVENTS)
         self._observer.start()
 
     def stop(self) -> None:

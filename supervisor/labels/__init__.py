@@ -9,6 +9,7 @@ reads, or an NFD NodeFeature object). The pieces, one job each:
 - `output`: `LabelFile`, the atomic, write-only-on-change features.d file;
 - `nodefeature`: `NodeFeaturePublisher`, the NodeFeature object through the API-server layer;
 - `settings`: the flags, env vars and file keys, declared once;
+- `nodeconfig`: the named config the Node's label picks (`--config-file-srcdir`), kept current;
 - `daemon`: the process loop (interval, SIGHUP reload, SIGTERM stop);
 - `sync`: the labels inside `gpuvisor run` (`--labels-output-file`), rewritten as the plans change.
 
@@ -22,8 +23,32 @@ function, for `gpuvisor labels --simulate`.
 
 from __future__ import annotations
 
-from supervisor.labels.output import LabelFile, OutputError
-from supervisor.labels.rules import LabelConfig, LabelError, SharingView, VgpuDevice, compute_labels, render
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.labels.output import LabelFile, OutputError
+    from supervisor.labels.rules import (
+        LabelConfig,
+        LabelError,
+        SharingView,
+        VgpuDevice,
+        compute_labels,
+        render,
+    )
+
+# Loaded on first use (PEP 562), not with the package: `gpuvisor run` imports `sync`, which
+# must not bring the labeller's rules (and GFD's facts) into a supervisor that writes no labels.
+_LAZY = {
+    "LabelFile": "output",
+    "OutputError": "output",
+    "LabelConfig": "rules",
+    "LabelError": "rules",
+    "SharingView": "rules",
+    "VgpuDevice": "rules",
+    "compute_labels": "rules",
+    "render": "rules",
+}
 
 __all__ = [
     "LabelConfig",
@@ -35,3 +60,10 @@ __all__ = [
     "compute_labels",
     "render",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

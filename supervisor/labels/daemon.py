@@ -7,6 +7,10 @@ end it with status 0, and then, like GFD, the features.d file is removed (not af
 with an infinite interval, with stdout or with the NodeFeature API) so that NFD drops labels no
 labeller keeps current.
 
+With `--config-file-srcdir` the config is the one the Node's label names, by config-manager's
+rules (supervisor/labels/nodeconfig.py): the first labelling waits until the Node has been read,
+a new label (or a changed file) applies at once, and a label naming no config keeps the running one.
+
 Where it differs from GFD, on purpose: a failure after the first labelling (NVML, the API
 server, the disk) is logged, saying whether the last labels are still published, and retried at
 the next interval, instead of exiting and taking the labels away; a reload keeps the old file until the new labels replace it;
@@ -24,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.config import ConfigError
 from supervisor.labels.host import SYSFS, NvmlUnavailable, label_node, read_node_facts
@@ -33,6 +37,9 @@ from supervisor.labels.output import LabelFile, OutputError
 from supervisor.labels.rules import LabelError
 from supervisor.labels.settings import LabelSettings, load_label_settings
 from supervisor.node.nvml import NvmlCallError
+
+if TYPE_CHECKING:
+    from supervisor.labels.nodeconfig import Chosen, NodeConfig
 
 log = logging.getLogger("gpuvisor.labels")
 
@@ -50,13 +57,15 @@ class Labeller:
     def __init__(
         self,
         settings: LabelSettings,
-        reload: Callable[[], LabelSettings],
+        reload: Callable[[str | None], LabelSettings],
         *,
         clock: Callable[[], float] = time.time,
         sysfs_root: str = SYSFS,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
-        self._reload_settings = reload
+        self._reload_settings = reload  # the settings again, with the named config chosen (or None)
+        self._environ = environ if environ is not None else {}
         self._clock = clock
         self._host_sysfs = sysfs_root
         self._wake = threading.Event()
@@ -68,6 +77,11 @@ class Labeller:
         self.publisher: NodeFeaturePublisher | None = None
         self.timestamp: int | None = None
         self.passes = 0
+        # --config-file-srcdir: the config the Node's label names (supervisor/labels/nodeconfig.py)
+        self.node_config: NodeConfig | None = None
+        self.chosen: Chosen | None = None  # what runs now
+        self._label_changed = False  # set from the watch's thread: choose again
+        self._choice_error = ""  # the last reason no config could be chosen, said once
 
     # ------------------------------------------------------------ signals
 
@@ -86,11 +100,20 @@ class Labeller:
         if self.publisher is not None:
             self.publisher.abort()  # an API call in flight (a frozen server) ends now
 
+    def _on_label_change(self) -> None:
+        self._label_changed = True
+        self._wake.set()
+
     # ------------------------------------------------------------ the loop
 
     def run(self) -> int:
         """Label until stopped; the exit status."""
-        self.apply(self.settings)
+        if self.settings.config_file_srcdir:
+            if not self.start_node_config():
+                self.stop()
+                return EXIT_OK
+        else:
+            self.apply(self.settings)
         while True:
             ok = self.label_once()
             if self._stop_signal is not None:  # stopped during the pass (its API call was cut short)
@@ -107,6 +130,85 @@ class Labeller:
             if self._reload_requested:
                 self._reload_requested = False
                 self.reload()
+            elif self.node_config is not None:
+                self.follow_label()
+
+    # ------------------------------------------------------------ the Node's label
+
+    def start_node_config(self) -> bool:
+        """Watch the Node, wait until its label is known and a config can be chosen, and apply it.
+        False when stopped meanwhile. Raises ConfigError for a config that cannot run."""
+        from supervisor.labels.nodeconfig import NodeConfig
+
+        s = self.settings
+        self.node_config = NodeConfig(
+            node_name=s.node_name,
+            node_label=s.node_label,
+            srcdir=s.config_file_srcdir,
+            default=s.default_config,
+            fallbacks=s.fallback_strategies,
+            kubeconfig=s.kubeconfig,
+            environ=self._environ,
+            on_change=self._on_label_change,
+        )
+        try:
+            self.node_config.start()
+        except (ValueError, OSError) as exc:
+            raise ConfigError(
+                "NODE_NAME", "", f"cannot read Node {s.node_name}'s label {s.node_label}: {exc}"
+            ) from None
+        log.info("the config is the one Node %s's label %s names (configs in %s)", s.node_name, s.node_label,
+                 s.config_file_srcdir)  # fmt: skip
+        said = ""
+        while self.chosen is None:
+            if self._stop_signal is not None:
+                return False
+            if self.node_config.seen.is_set():
+                self._label_changed = False
+                self.chosen = self._choose()
+                if self.chosen is not None:
+                    break
+            elif self.node_config.watch_error and self.node_config.watch_error != said:
+                said = self.node_config.watch_error
+                log.warning("waiting for Node %s to be read: %s", s.node_name, said)
+            self._wake.wait(min(self.settings.sleep_interval or 60.0, 60.0))
+            self._wake.clear()
+        self.apply(self._reload_settings(self.chosen.path))
+        log.info("config applied: %s", self.chosen.choice.describe(s.node_label))
+        return True
+
+    def _choose(self) -> Chosen | None:
+        """The config the label names, or None (the reason logged once) when none can be chosen."""
+        from supervisor.config.named import ChoiceError
+
+        assert self.node_config is not None
+        try:
+            chosen = self.node_config.choose()
+        except ChoiceError as exc:
+            if str(exc) != self._choice_error:
+                self._choice_error = str(exc)
+                what = (
+                    f"keeping {self.chosen.choice.describe()}" if self.chosen else "nothing is labelled yet"
+                )
+                log.error("no config can be chosen (%s): %s", what, exc)
+            return None
+        self._choice_error = ""
+        return chosen
+
+    def follow_label(self) -> None:
+        """A new label, or an interval gone by (the configs may have changed): reload if the choice,
+        or its file, is not what runs. A config that cannot run is refused and the running one stays."""
+        self._label_changed = False
+        chosen = self._choose()
+        if chosen is None or chosen == self.chosen:
+            return
+        try:
+            self.apply(self._reload_settings(chosen.path))
+        except (ConfigError, PublishConfigError, ValueError, OSError) as exc:
+            log.error("%s refused, keeping the running config: %s", chosen.choice.describe(), exc)
+            return
+        self.chosen = chosen
+        log.info("config applied: %s", chosen.choice.describe(self.settings.node_label))
 
     def wait(self) -> None:
         """Sleep for the interval (forever when infinite), or until a signal wakes the loop."""
@@ -114,7 +216,7 @@ class Labeller:
         if interval is None:
             log.info("sleep interval is infinite: labelled once, waiting for a signal")
         deadline = None if interval is None else time.monotonic() + interval
-        while self._stop_signal is None and not self._reload_requested:
+        while self._stop_signal is None and not self._reload_requested and not self._label_changed:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
@@ -149,7 +251,7 @@ class Labeller:
     def reload(self) -> None:
         """SIGHUP: re-read the config; a bad one is refused and the running one stays."""
         try:
-            settings = self._reload_settings()
+            settings = self._reload_settings(self.chosen.path if self.chosen is not None else None)
             self.apply(settings)
         except (ConfigError, PublishConfigError, ValueError, OSError) as exc:
             log.error("reload refused, keeping the running config: %s", exc)
@@ -211,6 +313,8 @@ class Labeller:
         """A clean stop: remove the features.d file where GFD does (main.go, run's deferred cleanup)."""
         s = self.settings
         log.info("received signal %s, shutting down", self._stop_signal)
+        if self.node_config is not None:
+            self.node_config.stop()
         if self.publisher is not None:
             self.publisher.close()
         if self.file is None or s.oneshot or s.sleep_interval is None or not s.output_file:
@@ -252,7 +356,9 @@ def main(flags: Any, environ: Mapping[str, str]) -> int:
     for notice in settings.notices:
         log.warning("%s", notice)
     try:
-        labeller = Labeller(settings, lambda: load_label_settings(flags, environ))
+        labeller = Labeller(
+            settings, lambda chosen: load_label_settings(flags, environ, chosen), environ=environ
+        )
         labeller.install_signal_handlers()
         return labeller.run()
     except (ConfigError, PublishConfigError) as exc:

@@ -43,6 +43,7 @@ from supervisor.config.loader import (
     read_given,
     resolve_setting,
 )
+from supervisor.config.named import input_problem
 from supervisor.config.sections import parse_resources, parse_sharing
 from supervisor.config.settings import (
     DISCOVERY_STRATEGIES,
@@ -149,6 +150,12 @@ LABEL_SETTINGS: Final[tuple[Setting, ...]] = (
             "This node's name (NodeFeature API)."),
     Setting("pod_name", ("--pod-name",), ("POD_NAME",), None, "string", "", any_string,
             "This pod's name, for the NodeFeature object's owner references."),
+    # config-manager's inputs, the very rows of `gpuvisor run`: the Node's label picks the config
+    # (supervisor/labels/nodeconfig.py), as NVIDIA's chart has config-manager do for GFD
+    SETTINGS_BY_NAME["config_file_srcdir"],
+    SETTINGS_BY_NAME["node_label"],
+    SETTINGS_BY_NAME["default_config"],
+    SETTINGS_BY_NAME["fallback_strategies"],
     # gpuvisor's own: the very rows of `gpuvisor run`
     SETTINGS_BY_NAME["simulate"],
     SETTINGS_BY_NAME["log_format"],
@@ -186,6 +193,10 @@ class LabelSettings:
     namespace: str
     node_name: str
     pod_name: str
+    config_file_srcdir: str  # the named configs; "" when the config is --config-file's
+    node_label: str
+    default_config: str
+    fallback_strategies: tuple[str, ...]
     simulate: str | None  # None: real NVML
     log_format: str
     log_level: str
@@ -212,14 +223,19 @@ def add_label_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_label_settings(flags: FlagsArg, environ: Mapping[str, str]) -> LabelSettings:
+def load_label_settings(
+    flags: FlagsArg, environ: Mapping[str, str], chosen: str | None = None
+) -> LabelSettings:
     """Resolve the settings from parsed flags (a Namespace from `add_label_arguments`' parser, or a
-    mapping by setting name), the environment and the config file they name.
+    mapping by setting name), the environment and the config file they name, or the named config
+    `chosen` by the node's label ("" for the empty config; see supervisor/labels/nodeconfig.py).
 
     Call again to reload (SIGHUP): the file is read each time. Raises ConfigError.
     """
     given = read_given(flags, LABEL_SETTINGS)
     path, _ = resolve_setting(_BY_NAME["config_file"], given, environ, {}, {}, "")
+    if chosen is not None:
+        path = chosen
     source = path or "<no config file>"
     # GFD decodes the whole file into NVIDIA's Config (api/config/v1/config.go parseConfigFrom):
     # a wrong type or a bad `resources` entry fails it even though the labels never use them.
@@ -230,11 +246,21 @@ def load_label_settings(flags: FlagsArg, environ: Mapping[str, str]) -> LabelSet
     for setting in LABEL_SETTINGS:
         values[setting.name], origin = resolve_setting(setting, given, environ, tree, own, source)
         sources.append((setting.name, origin))
+    if chosen is not None:
+        values["config_file"] = chosen  # what runs: the named config the node's label chose
     strategy = values["device_discovery_strategy"]
     if strategy in UNSUPPORTED_DISCOVERY:
         raise ConfigError(dict(sources)["device_discovery_strategy"], "", f"device discovery strategy {show(strategy)} "
                           "is GFD's CUDA/VFIO path, which gpuvisor does not implement: use auto or nvml")  # fmt: skip
     notices = ignored_notice(given)
+    problem = input_problem(
+        srcdir=values["config_file_srcdir"],
+        node_name=values["node_name"],
+        node_label=values["node_label"],
+        config_file="" if chosen is not None else values["config_file"],
+    )
+    if problem is not None:
+        raise ConfigError(dict(sources)["config_file_srcdir"], "", problem)
     parse_resources(tree.get("resources"), source, unknown)
     # NVIDIA's sharing rules, without the device plugin's checks across settings (an MPS root):
     # GFD labels MPS sharing without one.

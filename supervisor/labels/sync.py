@@ -10,22 +10,22 @@ carries no `gfd.timestamp` (as `--no-timestamp`): a label that changed on every 
 every write a change.
 
 A failure (an NVML call, a full disk) is logged once per distinct error and retried with the
-backoff; it never stops the supervisor.
+backoff; it never stops the supervisor. The labeller's modules (its rules, the host reads, GFD's
+facts) are loaded by the first write: a supervisor without the file never loads them.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.backoff import Backoff
 from common.messages import Json
 from supervisor.config import Config
-from supervisor.labels import LabelConfig, LabelFile, SharingView
-from supervisor.labels.host import DEFAULT_MACHINE_TYPE_FILE, SYSFS, label_node
-from supervisor.node.facts import facts_from_nvml
-from supervisor.node.nvml import Nvml
 from supervisor.scheduler import Retrying, Scheduler
+
+if TYPE_CHECKING:
+    from supervisor.labels.output import LabelFile
 
 log = logging.getLogger("gpuvisor.supervisor")
 
@@ -55,6 +55,11 @@ class NodeLabels:
             self.file = None
             self.writing.timers.cancel(TIMER)
             return
+        from supervisor.labels import LabelConfig, LabelFile, SharingView
+        from supervisor.labels.host import DEFAULT_MACHINE_TYPE_FILE, SYSFS, label_node
+        from supervisor.node.facts import facts_from_nvml
+        from supervisor.node.nvml import Nvml
+
         if self.file is None or self.file.path != path:
             self.file = LabelFile(path)
         file = self.file

@@ -6,7 +6,9 @@ resource's GPUs (Unhealthy from before its worker starts until its daemon is up)
 loop, and keeps the conditions in step when a reload changes which resources use MPS.
 
 Each `MpsDaemons` instance reports under its own generation: a report that a replaced instance
-posted before it stopped must not clear the condition its successor holds.
+posted before it stopped must not clear the condition its successor holds. The instance (its
+module, and its thread, which ticks twice a second) is made when a plan first shares a resource
+with MPS: a node without MPS never loads or runs it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.messages import Json
 from common.model import ResourcePlan
 from supervisor.config import Config
 from supervisor.health.hub import HealthHub
-from supervisor.mps.daemons import MpsDaemons, MpsError
+from supervisor.mps.layout import MpsError
+
+if TYPE_CHECKING:
+    from supervisor.mps.daemons import MpsDaemons
 
 log = logging.getLogger("gpuvisor.supervisor")
 
@@ -30,6 +35,10 @@ MPS_SETTINGS = ("mps_control_binary", "mps_exclusive_process", "driver_root")
 
 def mps_settings(config: Config) -> tuple[object, ...]:
     return tuple(getattr(config, name) for name in MPS_SETTINGS)
+
+
+def uses_mps(plans: Mapping[str, ResourcePlan]) -> bool:
+    return any(p.sharing == "mps" for p in plans.values())
 
 
 class MpsWiring:
@@ -46,23 +55,28 @@ class MpsWiring:
         self.nvml_module = nvml_module
         self.hub = hub
         self.post = post
-        self.generation = 0
+        self.config = config
         self.settings = mps_settings(config)
+        self.generation = 1  # the daemons of the running MPS settings report under it
         self.plans: dict[str, ResourcePlan] = {}
-        self.daemons = self.make(config)
+        self._daemons: MpsDaemons | None = None  # made when a plan first uses MPS
         self.started = False
 
-    def make(self, config: Config) -> MpsDaemons:
-        """A daemon supervisor for `config`'s settings, reporting under a new generation."""
-        self.generation += 1
-        generation = self.generation
+    @property
+    def daemons(self) -> MpsDaemons:
+        """The daemon supervisor of the running MPS settings (made, and its module loaded, on first use)."""
+        if self._daemons is None:
+            generation = self.generation
 
-        def report(resource: str, up: bool, reason: str) -> None:
-            self.post(lambda: self._on_change(resource, up, reason, generation))
+            def report(resource: str, up: bool, reason: str) -> None:
+                self.post(lambda: self._on_change(resource, up, reason, generation))
 
-        return self._daemons(config, report)
+            self._daemons = self._make(self.config, report)
+        return self._daemons
 
-    def _daemons(self, config: Config, report: Callable[[str, bool, str], None]) -> MpsDaemons:
+    def _make(self, config: Config, report: Callable[[str, bool, str], None]) -> MpsDaemons:
+        from supervisor.mps.daemons import MpsDaemons
+
         return MpsDaemons(
             report,
             binary=config.mps_control_binary,
@@ -74,38 +88,51 @@ class MpsWiring:
 
     def validate(self, config: Config, plans: Mapping[str, ResourcePlan]) -> None:
         """Can `config`'s MPS settings run these plans? Raises MpsError; changes nothing."""
+        if not uses_mps(plans):
+            return
         if mps_settings(config) == self.settings:
             self.daemons.validate(plans)
             return
-        self._daemons(config, lambda resource, up, reason: None).validate(plans)
+        self._make(config, lambda resource, up, reason: None).validate(plans)
 
     # ------------------------------------------------------------------ on the main loop
     def start(self, plans: Mapping[str, ResourcePlan]) -> None:
         """NVML is up: daemons for the first plans. Raises MpsError for what cannot work."""
-        self.daemons.set_plans(plans)
+        self.started = True
         self.plans = dict(plans)
+        if not uses_mps(plans):
+            return
+        self.daemons.set_plans(plans)
         # Before any worker starts, so its first snapshot already has these devices Unhealthy.
         for resource, plan in plans.items():
             if plan.sharing == "mps":
                 self.hub.mark_external(_gpus(plan), f"mps:{resource}", "MPS control daemon not started yet")
         self.daemons.start_thread()
-        self.started = True
 
     def adopt(self, config: Config) -> None:
         """A taken config: new daemons (restarted, if running) when its MPS settings changed."""
         settings = mps_settings(config)
         if settings == self.settings:
             return
-        self.settings = settings
-        old, self.daemons = self.daemons, self.make(config)
+        self.config, self.settings = config, settings
+        self.generation += 1
+        old, self._daemons = self._daemons, None
+        if old is None:
+            return  # none running: the next plan that uses MPS makes them with these settings
+        new = self.daemons
         if self.started:
             log.info("MPS settings changed: restarting the MPS control daemons")
             old.shutdown()
-            self.daemons.start_thread()  # the plans follow at once, in `apply`
+            new.start_thread()  # the plans follow at once, in `apply`
 
     def apply(self, plans: Mapping[str, ResourcePlan]) -> None:
         """New plans for the daemons, and the `mps:<resource>` conditions to match them."""
         old, self.plans = self.plans, dict(plans)
+        if self._daemons is None:
+            if not uses_mps(plans):
+                return  # MPS was never used and is not now: no daemon, no condition
+            if self.started:
+                self.daemons.start_thread()
         try:
             self.daemons.set_plans(plans)
         except MpsError as exc:  # validated before the reload was taken: only a race gets here
@@ -127,7 +154,7 @@ class MpsWiring:
                 self.hub.clear_external(name, left)
 
     def _on_change(self, resource: str, up: bool, reason: str, generation: int) -> None:
-        if generation != self.generation:
+        if generation != self.generation or self._daemons is None:
             return  # from an MpsDaemons that a reload replaced
         if up and not self.daemons.is_up(resource):
             return  # stale: the daemon went down again since
@@ -140,18 +167,21 @@ class MpsWiring:
             self.hub.mark_external(_gpus(plan), f"mps:{resource}", text)
 
     def shutdown(self) -> None:
-        self.daemons.shutdown()
+        if self._daemons is not None:
+            self._daemons.shutdown()
 
     # ------------------------------------------------------------------ views
     def not_ready(self) -> str:
         """Why MPS keeps the node from being ready, or "" when every daemon is up."""
-        if self.daemons.all_up():
+        if self._daemons is None or self._daemons.all_up():
             return ""
         down = [f"{r}: {s.reason}" for r, s in sorted(self.daemons.status().items()) if not s.up]
         return "MPS control daemon not up: " + ("; ".join(down) or "starting")
 
     def status(self) -> dict[str, Json]:
-        return {r: dict(dataclasses.asdict(st)) for r, st in sorted(self.daemons.status().items())}
+        if self._daemons is None:
+            return {}
+        return {r: dict(dataclasses.asdict(st)) for r, st in sorted(self._daemons.status().items())}
 
 
 def _gpus(plan: ResourcePlan) -> set[str]:

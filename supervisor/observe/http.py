@@ -1,15 +1,24 @@
 """The node's HTTP endpoint: /metrics (Prometheus), /healthz (liveness), /readyz (readiness).
 
-A stdlib `ThreadingHTTPServer` in a daemon thread: three tiny read-only pages do not justify a
-web framework, and a scrape never waits for the supervisor's main loop. The handlers only call
-the three callables they are given; those must be safe to call from another thread (they read
-figures the main loop keeps up to date, never the loop's live dicts).
+A listening socket served on a daemon thread, each connection on a daemon thread of its own:
+three tiny read-only pages do not justify a web framework, and a scrape never waits for the
+supervisor's main loop. The handlers only call the three callables they are given; those must be
+safe to call from another thread (they read figures the main loop keeps up to date, never the
+loop's live dicts).
+
+The HTTP itself is the few lines these pages need (a request line and headers in, a response with
+its length out, one request per connection), not the standard library's `http.server`: that
+module brings `http.client`, `email`, `html` and `ssl` into the supervisor (about 6 MB and 20 ms
+at start), and its `serve_forever` wakes every half second to look for a stop. Here the serving
+thread sleeps in `select` until a client or `stop()` (a pipe) wakes it.
 
 - /healthz answers 200 "ok" while the main loop ticked recently (`loop_liveness`), else 503 with
   the reason: a wedged loop is what a liveness probe should restart.
 - /readyz answers 200 when every planned resource is registered and streaming, else 503 with
   what is missing (the main loop's answer, `supervisor.observe.status.readiness`, handed over
   through a `ReadinessCell`).
+- GET and HEAD only (others: 501), a request head of at most `MAX_HEAD_BYTES` (else 431), sent
+  within `REQUEST_TIMEOUT_S`; every response closes its connection (`Connection: close`).
 - No access log: a probe every few seconds is not an event (one log line per event, nothing per
   poll). Server-side failures are logged.
 """
@@ -19,22 +28,32 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
+import select
 import socket
-import socketserver
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 from urllib.parse import urlsplit
-
-from prometheus_client import CONTENT_TYPE_LATEST
 
 log = logging.getLogger("gpuvisor.http")
 
 Probe = Callable[[], tuple[bool, str]]
 
 LIVENESS_LIMIT_S = 10.0  # the main loop turns at least every second: 10 missed turns is a wedged loop
+REQUEST_TIMEOUT_S = 10.0  # seconds a client may take to send its request head
+MAX_HEAD_BYTES = 16384  # a request line and headers; a probe or a scrape sends a few hundred
+BACKLOG = 16
+TEXT = "text/plain; charset=utf-8"
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
 
 
 class AddressError(Exception):
@@ -58,91 +77,43 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a stuck client never holds up the process's exit
-    dual_stack = False
-    owner: ProbeServer
-
-    def server_bind(self) -> None:
-        if self.dual_stack:
-            with contextlib.suppress(OSError):  # accept IPv4 too on an IPv6 wildcard socket
-                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        # HTTPServer.server_bind would call socket.getfqdn(host): a reverse DNS lookup that can
-        # hang for seconds on a node without DNS. The name is only used in CGI environments.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name = str(host)
-        self.server_port = int(port)
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _Server6Dual(_Server6):
-    dual_stack = True
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    server_version = "gpuvisor"
-    sys_version = ""
-    timeout = 10  # seconds a client may take to send its request
-
-    def do_GET(self) -> None:
-        self._answer(send_body=True)
-
-    def do_HEAD(self) -> None:
-        self._answer(send_body=False)
-
-    def _answer(self, send_body: bool) -> None:
-        owner = self.server.owner
-        path = urlsplit(self.path).path
-        try:
-            if path == "/metrics":
-                status, ctype, body = 200, CONTENT_TYPE_LATEST, owner.render()
-            elif path in ("/healthz", "/livez"):
-                status, ctype, body = _probe_page(owner.liveness)
-            elif path == "/readyz":
-                status, ctype, body = _probe_page(owner.readiness)
-            elif path == "/":
-                status, ctype, body = (
-                    200,
-                    "text/plain; charset=utf-8",
-                    b"gpuvisor: /metrics /healthz /readyz\n",
-                )
-            else:
-                status, ctype, body = (
-                    404,
-                    "text/plain; charset=utf-8",
-                    b"not found: try /metrics, /healthz or /readyz\n",
-                )
-        except Exception as exc:  # a bug behind one page must not take the endpoint down
-            log.warning("HTTP %s failed: %s: %s", path, type(exc).__name__, exc)
-            status, ctype, body = (
-                500,
-                "text/plain; charset=utf-8",
-                f"internal error: {type(exc).__name__}\n".encode(),
-            )
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        if send_body:
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # no access log (see the module docstring); errors are logged in _answer
-
-    def log_error(self, format: str, *args: Any) -> None:
-        log.debug("HTTP client error: " + format, *args)
-
-
 def _probe_page(probe: Probe) -> tuple[int, str, bytes]:
     ok, text = probe()
     body = (text or ("ok" if ok else "not ok")).rstrip("\n") + "\n"
-    return (200 if ok else 503), "text/plain; charset=utf-8", body.encode()
+    return (200 if ok else 503), TEXT, body.encode()
+
+
+def _read_head(conn: socket.socket) -> bytes | None:
+    """The request line and headers (up to the blank line), all within REQUEST_TIMEOUT_S (else
+    TimeoutError); None when they grow past MAX_HEAD_BYTES."""
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    data = b""
+    while b"\r\n\r\n" not in data and b"\n\n" not in data:
+        if len(data) > MAX_HEAD_BYTES:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request head took too long")
+        conn.settimeout(left)
+        chunk = conn.recv(4096)
+        if not chunk:
+            break  # the client ended its side: answer what it sent
+        data += chunk
+    ends = [i for i in (data.find(b"\r\n\r\n"), data.find(b"\n\n")) if i >= 0]
+    return data if min(ends, default=len(data)) <= MAX_HEAD_BYTES else None
+
+
+def _response(status: int, ctype: str, body: bytes, send_body: bool) -> bytes:
+    head = (
+        f"HTTP/1.1 {status} {REASONS.get(status, '')}\r\n"
+        "Server: gpuvisor\r\n"
+        f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S GMT', time.gmtime())}\r\n"
+        f"Content-Type: {ctype}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Cache-Control: no-store\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + (body if send_body else b"")
 
 
 class ProbeServer:
@@ -155,47 +126,42 @@ class ProbeServer:
         render: Callable[[], bytes],
         liveness: Probe,
         readiness: Probe,
-        poll_interval: float = 0.5,
     ) -> None:
         self.address = address
-        self.poll_interval = poll_interval  # how often serve_forever checks for stop(): its latency
         self.render = render
         self.liveness = liveness
         self.readiness = readiness
-        self._server: _Server | None = None
+        self._sock: socket.socket | None = None
+        self._wake: tuple[int, int] | None = None  # stop() writes to [1]; the serving thread selects on [0]
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         """The bound port (the real one when the address asked for port 0)."""
-        if self._server is None:
+        if self._sock is None:
             raise RuntimeError("the HTTP server is not started")
-        return int(self._server.server_address[1])
+        return int(self._sock.getsockname()[1])
 
     @property
     def host(self) -> str:
-        if self._server is None:
+        if self._sock is None:
             raise RuntimeError("the HTTP server is not started")
-        return str(self._server.server_address[0])
+        return str(self._sock.getsockname()[0])
 
     def start(self) -> None:
         """Bind and serve in a daemon thread; AddressError says what is wrong with the address."""
         host, port = parse_address(self.address)
-        server = self._bind(host, port)
-        server.owner = self
-        self._server = server
+        self._sock = self._bind(host, port)
+        self._wake = os.pipe()
         self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": self.poll_interval},
-            name="http",
-            daemon=True,
+            target=self._serve, args=(self._sock, self._wake[0]), name="http", daemon=True
         )
         self._thread.start()
         log.info("serving /metrics, /healthz and /readyz on %s", self.url)
 
     @property
     def serving(self) -> bool:
-        return self._server is not None
+        return self._sock is not None
 
     @property
     def url(self) -> str:
@@ -203,7 +169,7 @@ class ProbeServer:
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{self.port}"
 
-    def _bind(self, host: str, port: int) -> _Server:
+    def _bind(self, host: str, port: int) -> socket.socket:
         where = (
             f"metrics address {self.address!r} (--metrics-address / GPUVISOR_METRICS_ADDRESS; empty disables)"
         )
@@ -211,7 +177,7 @@ class ProbeServer:
             # All interfaces: one IPv6 wildcard socket that takes IPv4 too, or plain IPv4 on a
             # node without IPv6.
             try:
-                return self._make(socket.AF_INET6, ("::", port), dual_stack=True)
+                return self._listen(socket.AF_INET6, ("::", port), dual_stack=True)
             except OSError as exc:
                 if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                     raise AddressError(f"cannot listen on {where}: {exc.strerror}") from None
@@ -223,25 +189,100 @@ class ProbeServer:
                 raise AddressError(f"cannot resolve the host of {where}: {exc.strerror}") from None
             family, sockaddr = infos[0][0], (str(infos[0][4][0]), port)
         try:
-            return self._make(family, sockaddr, dual_stack=False)
+            return self._listen(family, sockaddr, dual_stack=False)
         except OSError as exc:
             raise AddressError(f"cannot listen on {where}: {exc.strerror or exc}") from None
 
     @staticmethod
-    def _make(family: int, sockaddr: tuple[str, int], dual_stack: bool) -> _Server:
-        cls = _Server if family != socket.AF_INET6 else (_Server6Dual if dual_stack else _Server6)
-        return cls(sockaddr, _Handler)
+    def _listen(family: int, sockaddr: tuple[str, int], dual_stack: bool) -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            # A restarted supervisor binds its port again at once, not after TIME_WAIT.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if dual_stack:
+                with contextlib.suppress(OSError):  # accept IPv4 too on an IPv6 wildcard socket
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(sockaddr)
+            sock.listen(BACKLOG)
+            sock.setblocking(False)  # a client gone between select and accept must not block us
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _serve(self, sock: socket.socket, wake: int) -> None:
+        """The serving thread: asleep until a client connects or stop() writes to the pipe."""
+        listening = sock.fileno()
+        while True:
+            try:
+                ready, _, _ = select.select([listening, wake], [], [])
+            except (OSError, ValueError):  # closed under us: stopping
+                return
+            if wake in ready:
+                return
+            try:
+                conn, _addr = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                continue
+            except OSError as exc:  # out of fds, say: logged, and the next client tried
+                log.warning("HTTP accept failed: %s", exc)
+                time.sleep(0.1)
+                continue
+            threading.Thread(target=self._handle, args=(conn,), name="http-conn", daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                answer = self._answer(_read_head(conn))
+                conn.settimeout(REQUEST_TIMEOUT_S)
+                conn.sendall(answer)
+            except OSError as exc:  # the client went away or was too slow: nothing to answer
+                log.debug("HTTP client error: %s", exc)
+
+    def _answer(self, head: bytes | None) -> bytes:
+        if head is None:
+            return _response(431, TEXT, b"request head too large\n", True)
+        words = head.split(b"\r\n", 1)[0].split(b"\n", 1)[0].decode("latin-1").split()
+        if len(words) != 3 or not words[2].startswith("HTTP/"):
+            return _response(400, TEXT, b"bad request line\n", True)
+        method, target = words[0], words[1]
+        if method not in ("GET", "HEAD"):
+            return _response(501, TEXT, f"method {method} not supported: use GET\n".encode(), True)
+        path = urlsplit(target).path
+        try:
+            if path == "/metrics":
+                # prometheus_client is loaded by the first scrape, not at start (observe/series.py)
+                from prometheus_client import CONTENT_TYPE_LATEST
+
+                status, ctype, body = 200, CONTENT_TYPE_LATEST, self.render()
+            elif path in ("/healthz", "/livez"):
+                status, ctype, body = _probe_page(self.liveness)
+            elif path == "/readyz":
+                status, ctype, body = _probe_page(self.readiness)
+            elif path == "/":
+                status, ctype, body = 200, TEXT, b"gpuvisor: /metrics /healthz /readyz\n"
+            else:
+                status, ctype, body = 404, TEXT, b"not found: try /metrics, /healthz or /readyz\n"
+        except Exception as exc:  # a bug behind one page must not take the endpoint down
+            log.warning("HTTP %s failed: %s: %s", path, type(exc).__name__, exc)
+            status, ctype, body = 500, TEXT, f"internal error: {type(exc).__name__}\n".encode()
+        return _response(status, ctype, body, send_body=method == "GET")
 
     def stop(self) -> None:
-        """Stop serving and close the listening socket (waits up to `poll_interval`)."""
-        server, self._server = self._server, None
-        if server is None:
+        """Stop serving and close the listening socket (a connection being answered finishes)."""
+        sock, self._sock = self._sock, None
+        wake, self._wake = self._wake, None
+        if sock is None:
             return
-        server.shutdown()
-        server.server_close()
+        if wake is not None:
+            os.write(wake[1], b"x")
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        sock.close()
+        if wake is not None:
+            for fd in wake:
+                os.close(fd)
 
 
 # ---------------------------------------------------------------------- probe helpers

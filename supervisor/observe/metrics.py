@@ -1,10 +1,11 @@
 """The node's Prometheus figures: one registry in the supervisor, fed by small hook calls.
 
 The supervisor's main loop calls the hooks (`worker_state`, `health_batch`, `registration`, ...)
-when something happens; the HTTP thread calls `render()`. prometheus_client metrics are
-thread-safe, and the one piece of state of our own (the workers' figures) has its own lock.
-The registry is private (not prometheus_client's global one), so tests and several supervisors
-in one process never share series.
+when something happens; the HTTP thread calls `render()`. The series are `supervisor.observe.series`'
+(thread-safe, plain numbers until a scrape: prometheus_client is loaded by the first one, never
+at start), and the one piece of state of our own (the workers' figures) has its own lock. The
+registry is private (not prometheus_client's global one), so tests and several supervisors in
+one process never share series.
 
 Workers have no endpoint of their own: each heartbeat carries the worker's cumulative figures
 (worker/stats.py: `rpc_count:<m>`, `rpc_sum:<m>`, `rpc_bucket:<m>:<le>`, `count:<name>`,
@@ -25,15 +26,12 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector, generate_latest
-from prometheus_client.metrics_core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
+from supervisor.observe.series import Counter, Gauge, Registry
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 # Kept in step with supervisor.workers.lifecycle.WState (a test checks): the one-hot state gauge exports
 # every state of every worker, so a dashboard can tell "0 workers RUNNING" from "no data".
@@ -102,7 +100,7 @@ class _Figures:
         return out
 
 
-class _WorkerCollector(Collector):
+class _WorkerCollector:
     """Exposes the workers' heartbeat figures at scrape time (see the module docstring)."""
 
     def __init__(self) -> None:
@@ -124,6 +122,12 @@ class _WorkerCollector(Collector):
             self._by_resource.pop(resource, None)
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
         with self._lock:
             snapshot = {r: (f.totals(), dict(f.gauges)) for r, f in sorted(self._by_resource.items())}
         hist = HistogramMetricFamily(
@@ -168,6 +172,34 @@ class _WorkerCollector(Collector):
         yield from gauges.values()
 
 
+class _ProcessFigures:
+    """The supervisor's own CPU and memory (`gpuvisor_process_*`), read at scrape time."""
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client import ProcessCollector
+
+        yield from ProcessCollector(namespace="gpuvisor", registry=None).collect()
+
+
+class _BuildInfo:
+    """gpuvisor_build_info: the version is read from the installed metadata (importlib.metadata,
+    ~20 ms of imports) only when a scrape asks for it."""
+
+    def __init__(self, version: str | None) -> None:
+        self._version = version
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.metrics_core import GaugeMetricFamily
+
+        if self._version is None:
+            self._version = _version()
+        family = GaugeMetricFamily(
+            "gpuvisor_build_info", "Build information (always 1).", labels=["version", "python"]
+        )
+        family.add_metric([self._version, platform.python_version()], 1)
+        yield family
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -181,14 +213,11 @@ class Metrics:
     """Every gpuvisor_* series of the node, with the hooks the supervisor calls."""
 
     def __init__(self, version: str | None = None) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = Registry()
         r = self.registry
         self.up = Gauge("gpuvisor_up", "1 while the supervisor runs.", registry=r)
         self.ready = Gauge(
             "gpuvisor_ready", "1 when every planned resource is registered and streaming.", registry=r
-        )
-        self.build_info = Gauge(
-            "gpuvisor_build_info", "Build information (always 1).", ["version", "python"], registry=r
         )
         self.worker_states = Gauge(
             "gpuvisor_worker_state",
@@ -294,18 +323,17 @@ class Metrics:
         self._config_labels: tuple[str, str] | None = None
         self._workers = _WorkerCollector()
         r.register(self._workers)
-        ProcessCollector(namespace="gpuvisor", registry=r)  # the supervisor's own CPU and memory
+        r.register(_BuildInfo(version))
+        r.register(_ProcessFigures())  # the supervisor's own CPU and memory
         self.up.set(1)
         self.ready.set(0)
-        self.build_info.labels(version or _version(), platform.python_version()).set(1)
         self._restart_seen: dict[str, dict[str, int]] = {}
         self._pending_trigger: dict[str, str] = {}
 
     # ------------------------------------------------------------------ exposition
     def render(self) -> bytes:
         """The Prometheus text exposition of every series."""
-        data: bytes = generate_latest(self.registry)
-        return data
+        return self.registry.render()
 
     # ------------------------------------------------------------------ workers
     def worker_state(self, resource: str, state: str) -> None:

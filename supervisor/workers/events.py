@@ -19,7 +19,6 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from common.kubeletapi import KUBELET_SOCKET_NAME
 from common.messages import (
     ClaimReply,
     ClaimRequest,
@@ -31,7 +30,7 @@ from common.messages import (
     StatusReport,
 )
 from common.model import ResourcePlan
-from common.socketnames import SOCKET_PREFIX
+from common.socketnames import KUBELET_SOCKET_NAME, SOCKET_PREFIX
 from supervisor.control.endpoint import Binding
 from supervisor.health.hub import HealthHub
 from supervisor.observe.metrics import Metrics

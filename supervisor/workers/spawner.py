@@ -39,9 +39,22 @@ class WorkerSpawner:
         value the supervisor started with: the zygote runs or it does not)."""
         self.config = config
 
+    def adopt(self, zygote: Zygote) -> None:
+        """Take the zygote `gpuvisor run` started before the supervisor's imports (cli.py), as this
+        spawner's own; stop it instead when workers start by exec (`--zygote=false` in the config)."""
+        if self.zygote is None or self.zygote.proc is not None:
+            zygote.stop()
+            return
+        self.zygote = zygote
+
     def start(self) -> None:
-        """Start the zygote early: its imports overlap NVML start-up and discovery."""
-        if self.zygote is not None:
+        """Start the zygote early (unless one was adopted): its imports overlap NVML start-up and discovery."""
+        if self.zygote is not None and self.zygote.proc is not None:
+            log.info(
+                "worker zygote running (pid %d, started before the supervisor's imports)",
+                self.zygote.proc.pid,
+            )
+        elif self.zygote is not None:
             try:
                 self.zygote.start()
             except OSError as exc:

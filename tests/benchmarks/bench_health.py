@@ -22,7 +22,7 @@ GPU = "nvidia.com/gpu"
 PROFILE = "pcie-l4"
 EVENTS = 200
 EVENTS_QUICK = 40
-TARGET_P99_MS = 20.0
+TARGET_P99_MS = 5.0  # issue 30: nothing given back while starting faster and staying smaller
 WAIT_S = 10.0
 
 

@@ -77,3 +77,34 @@ def test_missing_module_is_not_available() -> None:
     """A benchmark module that does not exist loads as None ("not available"); an existing one gives its run()."""
     assert load("bench_that_does_not_exist") is None
     assert callable(load("bench_preferred"))
+
+
+def test_the_bare_plugin_registers_re_registers_and_cleans_up(tmp_path: Path) -> None:
+    """The floor's bare plugin is a working plugin: it registers 8 healthy devices with the kubelet
+    stand-in, registers again on a new socket after a kubelet restart, and removes its socket at
+    SIGTERM (so its figures are those of a real, if minimal, device plugin)."""
+    import signal
+
+    from supervisor.sim.kubelet import KubeletStandin
+    from tests.helpers import short_tmpdir, sockets_in
+
+    with short_tmpdir("gvbare") as plugin_dir, KubeletStandin(plugin_dir) as kubelet:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.benchmarks.bareplugin", "--kubelet-socket", kubelet.socket_path],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, 30)
+            first = kubelet.endpoint_socket("nvidia.com/gpu")
+            kubelet.restart()
+            assert kubelet.wait_for(
+                lambda: (
+                    kubelet.allocatable("nvidia.com/gpu") == 8
+                    and kubelet.endpoint_socket("nvidia.com/gpu") != first
+                ),
+                30,
+            )
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(15) == 0
+        assert sockets_in(plugin_dir) == ["kubelet.sock"]

@@ -217,6 +217,25 @@ def _loaded_config(
     return config
 
 
+def _labeller_settings(
+    docs: list[dict[str, Any]], labeller: dict[str, Any], tmp_path: Path, node_label: str = ""
+) -> tuple[str, Any]:
+    """The config `gpuvisor labels` chooses under the container's env on a node whose label is
+    `node_label` ("": none), and its settings with that config, as the labeller loads them."""
+    from supervisor.config.named import choose_config
+    from supervisor.labels.settings import load_label_settings
+
+    tmp_path.mkdir(exist_ok=True)
+    env = _container_env(docs, labeller, tmp_path)
+    settings = load_label_settings({}, env)
+    if not settings.config_file_srcdir:
+        return "", settings
+    choice = choose_config(
+        settings.config_file_srcdir, node_label, settings.default_config, settings.fallback_strategies
+    )
+    return choice.name, load_label_settings({}, env, choice.path)
+
+
 def _container_env(docs: list[dict[str, Any]], daemonset: dict[str, Any], tmp_path: Path) -> dict[str, str]:
     """The container's env on node NODE (the downward API's spec.nodeName; other fieldRefs left
     out), its ConfigMap's files written to tmp_path."""
@@ -536,10 +555,14 @@ def test_config_choice_follows_nvidias_config_manager_without_a_node_label(
     )
     assert _mounts(plugin)[CONFIG_DIR][1]["configMap"]["name"] == "gpuvisor-configs"
     assert _loaded_config(docs, plugin, tmp_path).config_name == chosen
-    if chosen:
-        assert _env(labeller)["CONFIG_FILE"] == f"{CONFIG_DIR}/{chosen}"
-    else:
-        assert "CONFIG_FILE" not in _env(labeller) and CONFIG_DIR not in _mounts(labeller)
+    # The labeller gets the same inputs and makes the same choice (supervisor/labels/nodeconfig.py).
+    names = ("CONFIG_FILE_SRCDIR", "NODE_LABEL", "DEFAULT_CONFIG", "FALLBACK_STRATEGIES", "NODE_NAME")
+    assert {n: _env(labeller)[n] for n in names} == {n: env[n] for n in names}
+    assert "CONFIG_FILE" not in _env(labeller)
+    assert _labeller_settings(docs, labeller, tmp_path / "labeller")[0] == chosen
+    assert manifests.pod(labeller)["automountServiceAccountToken"] is True
+    role = manifests.find(docs, "ClusterRole", "gpuvisor-gpu-feature-discovery")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
 
 
 def test_the_plugin_may_read_nodes_only_where_it_chooses_by_label() -> None:
@@ -568,7 +591,8 @@ def test_the_plugin_may_read_nodes_only_where_it_chooses_by_label() -> None:
 
 def test_external_config_map_is_mounted_with_its_default() -> None:
     """config.name + config.default: that ConfigMap, its default for unlabelled nodes, and every
-    feature it might enable is granted; without config.default the plugin still chooses per node."""
+    feature it might enable is granted; without config.default the plugin and the labeller still
+    choose per node."""
     docs = _render({"config": {"name": "nvidia-plugin-configs", "default": "config0"}})
     plugin = _plugin(docs)
     assert not [d for d in docs if d["kind"] == "ConfigMap"]
@@ -578,6 +602,10 @@ def test_external_config_map_is_mounted_with_its_default() -> None:
         == CONFIG_DIR
     )
     assert _mounts(plugin)[CONFIG_DIR][1]["configMap"] == {"name": "nvidia-plugin-configs"}
+    # The labeller too chooses per node from that ConfigMap, default or not (its keys are unknown here).
+    labeller = _labeller(_render({"config": {"name": "nvidia-plugin-configs"}, "gfd": {"enabled": True}}))
+    assert _env(labeller)["CONFIG_FILE_SRCDIR"] == CONFIG_DIR
+    assert _mounts(labeller)[CONFIG_DIR][1]["configMap"] == {"name": "nvidia-plugin-configs"}
     # Its contents are unknown at render time: MIG, MPS and CDI are all possible (NVIDIA's chart
     # likewise assumes MIG for an external ConfigMap: _helpers.tpl:146).
     assert _capabilities_added(plugin) == ["SYS_ADMIN"]
@@ -617,11 +645,6 @@ def test_external_config_map_is_mounted_with_its_default() -> None:
             'unknown strategy "nearest"',
         ),
         # gpuvisor's own.
-        (
-            {"config": {"name": "x"}, "gfd": {"enabled": True}},
-            NAMESPACE,
-            'config.name "x" without config.default',
-        ),
         ({"config": {"map": {"a": {"version": "v1"}}}}, NAMESPACE, "config.map.a must be a string"),
         ({"config": {"map": {"a": "version: [v1"}}}, NAMESPACE, "config.map.a is not a YAML mapping"),
         ({"config": {"map": {"my config": "version: v1"}}}, NAMESPACE, 'key "my config" is not a valid'),
@@ -829,19 +852,20 @@ def test_labeller_runs_gpuvisor_labels_with_gfds_env() -> None:
 @pytest.mark.parametrize("name", ["time-slicing", "mps", "mig-mixed", "cdi", "several-configs"])
 def test_labeller_reads_the_config_the_plugin_runs(name: str, tmp_path: Path) -> None:
     """With gfd.enabled, `gpuvisor labels`' own loader under the labeller's env resolves what the
-    plugin's loader resolves under the plugin's env: the MIG strategy, discovery, init-error rule
-    and the sharing the labels describe."""
+    plugin's loader resolves under the plugin's env: the config chosen, the MIG strategy,
+    discovery, init-error rule and the sharing the labels describe; on a labelled node too."""
     from supervisor.labels import SharingView
-    from supervisor.labels.settings import load_label_settings
 
     docs = _render(_values(name) | {"gfd": {"enabled": True}})
     (tmp_path / "plugin").mkdir()
-    (tmp_path / "labeller").mkdir()
-    plugin = _loaded_config(docs, _plugin(docs), tmp_path / "plugin")
-    labeller = load_label_settings({}, _container_env(docs, _labeller(docs), tmp_path / "labeller"))
-    for attribute in ("mig_strategy", "device_discovery_strategy", "fail_on_init_error"):
-        assert getattr(labeller, attribute) == getattr(plugin, attribute), attribute
-    assert labeller.sharing == SharingView.from_config(plugin.sharing)
+    labels = ["", "config1"] if name == "several-configs" else [""]
+    for node_label in labels:
+        plugin = _loaded_config(docs, _plugin(docs), tmp_path / "plugin", node_label=node_label)
+        chosen, labeller = _labeller_settings(docs, _labeller(docs), tmp_path / "labeller", node_label)
+        assert chosen == plugin.config_name
+        for attribute in ("mig_strategy", "device_discovery_strategy", "fail_on_init_error"):
+            assert getattr(labeller, attribute) == getattr(plugin, attribute), attribute
+        assert labeller.sharing == SharingView.from_config(plugin.sharing)
 
 
 def test_labeller_uses_the_node_feature_api_by_default() -> None:

@@ -49,10 +49,19 @@ def configs(tmp_path: Path) -> Path:
     return srcdir
 
 
-def cluster_node(api: RunningApiServer, tmp_path: Path, *, health: bool = True, **kw: object) -> SimNode:
+def cluster_node(
+    api: RunningApiServer,
+    tmp_path: Path,
+    *,
+    health: bool = True,
+    labels_file: Path | None = None,
+    **kw: object,
+) -> SimNode:
     args = ["--config-file-srcdir", str(configs(tmp_path)), "--default-config", "ts1"]
     if health:
         args.append("--node-health=true")
+    if labels_file is not None:
+        args += ["--labels-output-file", str(labels_file)]
     env = {"NODE_NAME": NODE, "KUBECONFIG": str(api.kubeconfig)}
     return SimNode("pcie-l4", args=args, env=env, **kw)  # type: ignore[arg-type]
 
@@ -113,10 +122,18 @@ def test_a_label_flip_under_load_switches_time_slicing_in_place(
     api: RunningApiServer, tmp_path: Path
 ) -> None:
     """ts1 -> ts4 -> ts1 by the node label while Allocate runs: 4 -> 16 -> 4 devices in the same
-    worker, allocatable never under 4, every Allocate of a listed device answered, and the config's
-    name and source in status and the metric."""
+    worker, allocatable never under 4, every Allocate of a listed device answered, the config's
+    name and source in status and the metric, and the node labels the daemon writes follow."""
     api.state.add_node(NODE)
-    with cluster_node(api, tmp_path, health=False) as node:
+    labels = tmp_path / "gfd"
+
+    def replicas() -> str:
+        lines = labels.read_text().splitlines() if labels.exists() else []
+        return next(
+            (line.split("=", 1)[1] for line in lines if line.startswith("nvidia.com/gpu.replicas=")), ""
+        )
+
+    with cluster_node(api, tmp_path, health=False, labels_file=labels) as node:
         node.wait_listed([GPU])
         pid = node.worker_pid(GPU)
         assert node.kubelet.capacity(GPU) == 4
@@ -124,13 +141,17 @@ def test_a_label_flip_under_load_switches_time_slicing_in_place(
             -3000:
         ]
         with Load(node).running() as load:
+            assert wait_until(lambda: replicas() == "1", 20)
             api.state.set_node_label(NODE, LABEL, "ts4")
             assert wait_until(lambda: node.kubelet.allocatable(GPU) == 16, 20), node.log()[-3000:]
             config = node.command("status")["config"]
             assert (config["name"], config["source"]) == ("ts4", "label")
+            assert wait_until(lambda: replicas() == "4", 20), labels.read_text()
             api.state.set_node_label(NODE, LABEL, "ts1")
             assert wait_until(lambda: node.kubelet.allocatable(GPU) == 4, 20), node.log()[-3000:]
-            time.sleep(0.5)
+            assert wait_until(lambda: replicas() == "1", 20), labels.read_text()
+            after = load.ok
+            assert wait_until(lambda: load.ok >= after + 10, 20)  # Allocate goes on after the flip back
         assert load.errors == [] and load.ok > 20, (load.errors[:5], load.ok)
         assert load.lowest >= 4
         assert node.worker_pid(GPU) == pid  # in place: the same worker

@@ -19,6 +19,7 @@ import yaml
 
 from common.model import ResourcePlan
 from supervisor.cdi import spec as cdi
+from supervisor.cdi.strategy import cdi_plans
 from supervisor.config import Config, config_from_data, parse_config_text
 from supervisor.node.planning import plan_resources
 from tests import nodes
@@ -187,8 +188,8 @@ def test_mig_minors_unreadable_is_a_clear_error(tmp_path: Path) -> None:
 def test_cdi_plans(strategies: str, needed: bool) -> None:
     """CDI is needed exactly when a plan's list strategies include cdi-annotations or cdi-cri."""
     plans = plan_resources(nodes.pcie_l4(), cfg(device_list_strategy=strategies))
-    assert bool(cdi.cdi_plans(plans)) is needed
-    assert cdi.cdi_plans({}) == []
+    assert bool(cdi_plans(plans)) is needed
+    assert cdi_plans({}) == []
 
 
 # --- validation ---------------------------------------------------------------------------------

@@ -51,7 +51,6 @@ def served() -> Iterator[tuple[ProbeServer, Probes]]:
         render=probes.render,
         liveness=lambda: probes.alive,
         readiness=lambda: probes.ready,
-        poll_interval=0.02,
     )
     server.start()
     try:
@@ -123,7 +122,6 @@ def test_stop_closes_the_port() -> None:
         render=lambda: b"",
         liveness=lambda: (True, ""),
         readiness=lambda: (True, ""),
-        poll_interval=0.02,
     )
     server.start()
     port = server.port
@@ -139,7 +137,6 @@ def test_all_interfaces_form_accepts_ipv4() -> None:
         render=lambda: b"x",
         liveness=lambda: (True, "ok"),
         readiness=lambda: (True, "ok"),
-        poll_interval=0.02,
     )
     server.start()
     try:
@@ -162,7 +159,6 @@ def test_ipv6_loopback() -> None:
         render=lambda: b"x",
         liveness=lambda: (True, "ok"),
         readiness=lambda: (True, "ok"),
-        poll_interval=0.02,
     )
     server.start()
     try:
@@ -282,3 +278,54 @@ def test_no_plans_is_not_ready_and_the_cell_starts_not_ready() -> None:
     assert cell()[0] is False
     cell.set((True, "ready"))
     assert cell() == (True, "ready")
+
+
+def raw(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(data)
+        out = b""
+        while chunk := conn.recv(65536):
+            out += chunk
+    return out
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"501"),
+        (b"nonsense\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
+        (b"GET /healthz HTTP/1.0\n\n", b"200"),
+    ],
+)
+def test_what_is_not_a_get_or_head_gets_a_clear_status(
+    served: tuple[ProbeServer, Probes], request_bytes: bytes, status: bytes
+) -> None:
+    """Another method is 501, a malformed request line 400, an oversized head 431; bare-LF line
+    ends are read too. Every answer says how long it is and closes the connection."""
+    server, _ = served
+    answer = raw(server.port, request_bytes)
+    head = answer.split(b"\r\n\r\n", 1)[0]
+    assert head.split(b" ")[1] == status
+    assert b"\r\nConnection: close" in head and b"\r\nContent-Length: " in head
+
+
+def test_head_sends_the_length_without_the_body(served: tuple[ProbeServer, Probes]) -> None:
+    """HEAD answers GET's headers (its Content-Length included) and no body."""
+    server, _ = served
+    answer = raw(server.port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"Content-Length: 3" in head and body == b""
+
+
+def test_stop_returns_at_once_without_polling() -> None:
+    """The serving thread sleeps until a client or stop(): stop() wakes it through a pipe, so an
+    idle endpoint costs no wake-ups and stopping it takes no poll interval."""
+    server = ProbeServer(
+        address="127.0.0.1:0", render=lambda: b"", liveness=lambda: (True, ""), readiness=lambda: (True, "")
+    )
+    server.start()
+    thread = server._thread
+    assert thread is not None and thread.is_alive()
+    server.stop()
+    assert not thread.is_alive() and not server.serving

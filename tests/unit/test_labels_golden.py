@@ -185,7 +185,7 @@ def compute(tmp_path: Path, profile: str, sharing: str, strategy: str) -> dict[s
         "output_file": str(tmp_path / "gfd"),
     }
     settings = load_label_settings(flags, {})
-    labeller = Labeller(settings, lambda: settings)
+    labeller = Labeller(settings, lambda chosen: settings)
     labeller.apply(settings)
     return labeller.compute()
 

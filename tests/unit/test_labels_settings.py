@@ -357,7 +357,7 @@ def test_the_longest_go_duration_is_a_sleep_interval_the_loop_can_wait_on() -> N
     the loop waits on it until a signal instead of failing (Event.wait refuses waits that long)."""
     s = load({"sleep_interval": "2562047h47m16.854775807s", "simulate": "pcie-l4"})
     assert s.sleep_interval == pytest.approx(9223372036.854776)
-    labeller = Labeller(s, lambda: s)
+    labeller = Labeller(s, lambda chosen: s)
     stopper = threading.Timer(0.2, lambda: labeller._on_stop(signal.SIGTERM, None))
     stopper.start()
     try:
@@ -373,3 +373,21 @@ def test_every_gfd_file_key_is_a_field_of_nvidias_config() -> None:
     for setting in LABEL_SETTINGS:
         if setting.file_key is not None and not setting.gpuvisor:
             assert isinstance(leaf_at(setting.file_key), Leaf), setting.file_key
+
+
+def test_named_configs_need_the_node_and_exclude_a_config_file(tmp_path: Path) -> None:
+    """--config-file-srcdir (config-manager's input) needs NODE_NAME and refuses CONFIG_FILE beside
+    it, as `gpuvisor run` does; the chosen config is then what the settings read."""
+    (tmp_path / "ts4").write_text(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n"
+    )
+    with pytest.raises(ConfigError, match="invalid <node-name>: must not be empty string"):
+        load_label_settings({}, {"CONFIG_FILE_SRCDIR": str(tmp_path)})
+    both = {"CONFIG_FILE_SRCDIR": str(tmp_path), "NODE_NAME": "n1", "CONFIG_FILE": str(tmp_path / "ts4")}
+    with pytest.raises(ConfigError, match=r"--config-file \(CONFIG_FILE\) is set too"):
+        load_label_settings({}, both)
+    settings = load_label_settings(
+        {}, {"CONFIG_FILE_SRCDIR": str(tmp_path), "NODE_NAME": "n1"}, str(tmp_path / "ts4")
+    )
+    assert settings.config_file == str(tmp_path / "ts4")
+    assert settings.sharing.replicas == {"nvidia.com/gpu": 4}

@@ -331,6 +331,39 @@ def test_registrar_ignores_a_trigger_when_nothing_was_lost(
         assert sockets_in(tmpdir_short) == ["kubelet.sock"]
 
 
+def test_serve_answers_on_a_socket_before_start_registers_it(tmpdir_short: str) -> None:
+    """serve() starts a server that answers at once and registers nothing; start() then registers
+    that same server (its socket name), with no second server start."""
+    with KubeletStandin(tmpdir_short) as kubelet:
+        registrar = Registrar(PluginService(DeviceBook(gpu_plan())), tmpdir_short, kubelet.socket_path)
+        registrar.serve()
+        try:
+            assert wait_until(lambda: registrar.server is not None and registrar.server.socket_present(), 10)
+            assert registrar.server is not None
+            name = registrar.server.name
+            with grpc.insecure_channel(unix_target(registrar.server.path)) as channel:
+                options = DevicePluginClient(channel).GetDevicePluginOptions(pb.Empty(), timeout=5)
+            assert options.get_preferred_allocation_available
+            assert kubelet.registrations == [] and registrar.state.value == "starting"
+            registrar.start()
+            assert kubelet.wait_listed([GPU], 15)
+            assert [r.endpoint for r in kubelet.registrations] == [name]
+        finally:
+            registrar.stop()
+        assert registrar.state is RegState.STOPPED and sockets_in(tmpdir_short) == ["kubelet.sock"]
+
+
+def test_a_registrar_stopped_while_only_serving_removes_its_socket(tmpdir_short: str) -> None:
+    """stop() before start() (the worker told to stop while its snapshot was on its way) ends the
+    waiting thread and removes the socket it served on."""
+    with KubeletStandin(tmpdir_short) as kubelet:
+        registrar = Registrar(PluginService(DeviceBook(gpu_plan())), tmpdir_short, kubelet.socket_path)
+        registrar.serve()
+        assert wait_until(lambda: registrar.server is not None, 10)
+        registrar.stop()
+        assert kubelet.registrations == [] and sockets_in(tmpdir_short) == ["kubelet.sock"]
+
+
 class HoldingKubelet(KubeletStandin):
     """Holds the first Register open (as a kubelet stuck dialling would) until released."""
 

@@ -85,11 +85,11 @@ labeller's DaemonSets select only their own pods (NVIDIA's two DaemonSets share 
 The configs, as JSON {"configMap": NAME or "", "key": KEY or ""}. The plugin gets the whole
 ConfigMap and picks a key per node itself, with NVIDIA's config-manager rules (the node label
 nvidia.com/device-plugin.config, else config.default, else the fallbacks in order:
-cmd/config-manager/main.go:335-393). `key` is the choice for a node without the label ("" for no
-config file), which the chart makes once: NVIDIA's chart refuses a map where none can be made
-(templates/validation.yml), and the labeller runs that key. With config.name the keys are read
-from the live ConfigMap (`lookup`, on install and upgrade); offline (helm template) they are
-unknown, so only config.default or a leading "empty" can choose, which only the labeller needs.
+cmd/config-manager/main.go:335-393), and so does the labeller. `key` is the choice for a node
+without the label ("" for no config file), which the chart makes once, to refuse a map where none
+can be made as NVIDIA's chart does (templates/validation.yml) and to grant what any config needs.
+With config.name the keys are read from the live ConfigMap (`lookup`, on install and upgrade);
+offline (helm template) they are unknown, and the pods choose at run time.
 */ -}}
 {{- define "gpuvisor.configChoice" -}}
 {{- $config := .Values.config -}}
@@ -122,9 +122,6 @@ unknown, so only config.default or a leading "empty" can choose, which only the 
     {{- range $strategy := $config.fallbackStrategies -}}
       {{- if not $found -}}
         {{- if and (not $known) (has $strategy (list "named" "single")) -}}
-          {{- if $.Values.gfd.enabled -}}
-            {{- fail (printf "gpuvisor chart: config.name %q without config.default: the labeller (gfd.enabled) runs the config of a node without a label, and the fallback %q needs the ConfigMap's keys, which cannot be read here (helm template, or the ConfigMap does not exist yet); set config.default" (toString $config.name) $strategy) -}}
-          {{- end -}}
           {{- $found = true -}}
         {{- end -}}
         {{- if eq $strategy "named" -}}

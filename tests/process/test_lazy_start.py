@@ -1,0 +1,78 @@
+"""A running `gpuvisor run` loads no module of a feature that is off, and its zygote starts first.
+
+Every process of the tree runs with PYTHONPROFILEIMPORTTIME=1, so each module any of them
+imports leaves a line (`import time: ... | <module>`) in the node's log, in the order it happened
+(tests/unit/test_lazy_imports.py reads the same from the source).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psutil
+
+from tests.harness import SimNode, get, metrics_url
+from tests.helpers import wait_until
+
+GPU = "nvidia.com/gpu"
+IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)\s*$", re.MULTILINE)
+# Off in the node below (no config file asks for them), so never loaded by any of its processes.
+OFF = (
+    "supervisor.labels.rules",  # the labeller (--labels-output-file); GFD's facts are the simulator's too
+    "supervisor.cdi.spec",  # CDI (a cdi-* device list strategy)
+    "supervisor.mps.daemons",  # MPS sharing
+    "supervisor.kube",  # the API-server layer (no cluster feature is on)
+    "psutil",  # no earlier life to clean up after
+)
+
+
+def imported(log: str) -> set[str]:
+    return set(IMPORTED.findall(log))
+
+
+def test_features_that_are_off_are_never_loaded_and_metrics_load_with_the_first_scrape() -> None:
+    """With metrics on and the labeller, CDI and MPS off, no process of the tree imports their
+    modules (nor psutil, nor the API-server layer); prometheus_client (and the http.server it brings) is imported
+    by the first scrape of /metrics, not before: the endpoint itself needs neither."""
+    args = ["--metrics-address", "127.0.0.1:0"]
+    with SimNode("dgx-h100", args=args, env={"PYTHONPROFILEIMPORTTIME": "1"}) as node:
+        node.wait_listed([GPU], 60)
+        url = metrics_url(node)
+        before = imported(node.log())
+        assert {"zmq", "grpc", "worker.server", "supervisor.main"} <= before  # the reading works
+        assert sorted(m for m in OFF if m in before) == []
+        assert "prometheus_client" not in before and "http.server" not in before
+        status, body = get(url + "/metrics")
+        assert status == 200 and "gpuvisor_up 1.0" in body
+        assert wait_until(lambda: "prometheus_client" in imported(node.log()), 10)
+        assert sorted(m for m in OFF if m in imported(node.log())) == []
+
+
+def test_the_zygote_is_started_before_the_supervisors_imports_and_taken_by_it() -> None:
+    """`gpuvisor run` starts the worker zygote first thing; the supervisor adopts that process
+    (its log names the pid) and forks the worker from it: one zygote, the worker its child."""
+    with SimNode("dgx-h100") as node:
+        node.wait_listed([GPU], 60)
+        found = re.search(
+            r"worker zygote running \(pid (\d+), started before the supervisor's imports\)", node.log()
+        )
+        assert found is not None, node.log()[-3000:]
+        zygotes = [p for p in node.workers() if "worker.zygote" in " ".join(p.cmdline())]
+        assert [p.pid for p in zygotes] == [int(found[1])]
+        worker = psutil.Process(node.worker_pid(GPU))
+        assert worker.ppid() == zygotes[0].pid
+
+
+def test_a_config_file_that_turns_the_zygote_off_leaves_no_zygote(tmp_path: Path) -> None:
+    """`gpuvisor.zygote: false` in the config file (which the CLI cannot see before it reads the
+    config): the zygote started early is stopped, and the worker is started by exec."""
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\ngpuvisor:\n  zygote: false\n")
+    with SimNode("dgx-h100", args=["--config-file", str(config)]) as node:
+        node.wait_listed([GPU], 60)
+        assert wait_until(
+            lambda: all("worker.zygote" not in " ".join(p.cmdline()) for p in node.workers()), 10
+        )
+        assert node.proc is not None
+        assert psutil.Process(node.worker_pid(GPU)).ppid() == node.proc.pid

@@ -1,0 +1,83 @@
+"""The spawner takes the zygote `gpuvisor run` started early (supervisor/cli.py), or stops it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from supervisor.cli import early_zygote
+from supervisor.host.rundir import RunDir
+from supervisor.workers.spawner import WorkerSpawner
+from supervisor.workers.zygote import Zygote
+from tests.fakes import sim_config
+
+
+class EarlyZygote:
+    """A zygote already running (its process stands in as a pid), as cli.main hands it over."""
+
+    def __init__(self) -> None:
+        self.proc = SimpleNamespace(pid=4242)
+        self.sock = None
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def spawner(tmp_path: Path, **env: str) -> WorkerSpawner:
+    return WorkerSpawner(config=sim_config(**env), rundir=RunDir(str(tmp_path)), record_tag=lambda r, t: None)
+
+
+def test_the_early_zygote_is_taken_and_no_second_one_is_started(tmp_path: Path) -> None:
+    """With the zygote on, adopt() makes the early one the spawner's own, and start() keeps it
+    (a second zygote would pay the imports the early start saved)."""
+    s = spawner(tmp_path)
+    early = EarlyZygote()
+    s.adopt(early)  # type: ignore[arg-type]
+    s.start()
+    assert s.zygote is early  # type: ignore[comparison-overlap]
+    assert not early.stopped
+
+
+def test_the_early_zygote_is_stopped_when_the_config_turns_the_zygote_off(tmp_path: Path) -> None:
+    """A config that says --zygote=false (a file or env the CLI could not see) stops the early
+    zygote: workers start by exec, and no idle zygote is left holding memory."""
+    s = spawner(tmp_path, GPUVISOR_ZYGOTE="false")
+    early = EarlyZygote()
+    s.adopt(early)  # type: ignore[arg-type]
+    assert early.stopped and s.zygote is None
+
+
+def test_a_zygote_already_started_by_the_spawner_is_kept_and_the_late_one_stopped(tmp_path: Path) -> None:
+    """adopt() after the spawner's own zygote started (never in gpuvisor run) keeps the running one."""
+    s = spawner(tmp_path)
+    own = EarlyZygote()
+    s.zygote = own  # type: ignore[assignment]
+    late = EarlyZygote()
+    s.adopt(late)  # type: ignore[arg-type]
+    assert s.zygote is own  # type: ignore[comparison-overlap]
+    assert late.stopped and not own.stopped
+
+
+@pytest.mark.parametrize(
+    ("words", "environ"),
+    [
+        (["run", "--help"], {}),
+        (["run", "-h"], {}),
+        (["run", "--version"], {}),
+        (["run", "--zygote=false"], {}),
+        (["run"], {"GPUVISOR_ZYGOTE": "false"}),
+        (["run"], {"GPUVISOR_ZYGOTE": "0"}),
+    ],
+)
+def test_no_early_zygote_for_a_run_that_will_not_use_one(words: list[str], environ: dict[str, str]) -> None:
+    """Help, a version, or the zygote turned off on the command line or in the environment: no
+    zygote process is started ahead of the config."""
+    assert early_zygote(words, environ) is None
+
+
+def test_a_fresh_zygote_handle_has_no_process() -> None:
+    """The spawner's own handle starts nothing until start(): adopt() can tell it from an early one."""
+    assert Zygote().proc is None
