@@ -2,7 +2,9 @@
 
 The kubelet's device-plugin API (`kubeletapi`) and its DRA-side APIs (`draapi`), the device and
 plan model (`model`), the ZeroMQ messages (`messages`), socket names (`socketnames`), exit codes
-(`exitcodes`), the one `Backoff` (`backoff`), the one atomic file write (`atomicfile`), process
+(`exitcodes`), the one `Backoff` (`backoff`), the one atomic file write (`atomicfile`), the DRA
+worker's checkpoint of prepared claims (`dracheckpoint`: the worker keeps it, the supervisor
+reads which devices it holds), process
 helpers (`procutil`), logging (`logs`), device nodes (`devnodes`) and IMEX channels (`imex`).
 Every module here is imported by both roles (tests/unit/test_structure.py checks it); what only
 one role needs lives with that role. Imports nothing of `supervisor/` or `worker/`.

@@ -2,7 +2,7 @@
 
 A reader sees the old content or the new one, never half of either. The supervisor writes its
 plans, its socket record, the labels file and the MPS markers with it (supervisor/host/rundir.py
-re-exports it), and the DRA worker its checkpoint of prepared claims (worker/dra/checkpoint.py).
+re-exports it), and the DRA worker its checkpoint of prepared claims (common/dracheckpoint.py).
 """
 
 from __future__ import annotations

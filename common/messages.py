@@ -413,6 +413,39 @@ class PlanUpdate:
 
 
 @dataclass(frozen=True)
+class ClaimRequest(_Flat):
+    """DRA worker -> supervisor: fetch this ResourceClaim from the API server for a prepare.
+
+    The supervisor holds the one API client of the node (its credentials, rate limiter and
+    counters); the worker names its request with `request_id` and waits for the `ClaimReply`.
+    """
+
+    KIND: ClassVar[str] = "claim-request"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (("resource", _str), ("request_id", _str), ("namespace", _str), ("name", _str))
+
+    resource: str
+    request_id: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ClaimReply(_Flat):
+    """Supervisor -> DRA worker: the claim as the API server served it (`claim_json`), or why not
+    (`error`; `not_found` when the API server said there is no such claim)."""
+
+    KIND: ClassVar[str] = "claim-reply"
+    TOPIC: ClassVar[bytes] = CONTROL_TOPIC
+    _FIELDS = (("request_id", _str), ("claim_json", _str), ("error", _str), ("not_found", _bool))
+
+    request_id: str
+    claim_json: str = ""
+    error: str = ""
+    not_found: bool = False
+
+
+@dataclass(frozen=True)
 class Command(_Flat):
     """CLI -> supervisor: a named command with JSON arguments (`status`, `sim-xid`, ...)."""
 
@@ -448,6 +481,8 @@ Message = (
     | Reregister
     | Shutdown
     | PlanUpdate
+    | ClaimRequest
+    | ClaimReply
     | Command
     | Reply
 )
@@ -463,6 +498,8 @@ _ALL_KINDS = (
     Reregister,
     Shutdown,
     PlanUpdate,
+    ClaimRequest,
+    ClaimReply,
     Command,
     Reply,
 )

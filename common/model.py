@@ -161,6 +161,9 @@ class DraSettings:
     plugin_dir: str  # <kubelet plugins dir>/<driver>: the service socket and the checkpoint
     registry_dir: str  # the kubelet's plugins_registry: the registration socket
     claims_dir: str = ""  # ResourceClaims read from JSON files here; "" for the API server
+    # The node runs as a device plugin now: this worker only finishes what it prepared (answers
+    # re-prepares from its checkpoint, unprepares) and refuses new claims.
+    drain: bool = False
 
 
 @dataclass(frozen=True)

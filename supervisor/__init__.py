@@ -6,7 +6,7 @@ area each. A subpackage imports `common/`, `supervisor.scheduler` and the subpac
 in this list, never one above it (tests/unit/test_structure.py checks this):
 
     desired   discovery, reload and rediscovery -> the wanted plans; the reconciler that owns them
-    dra       the DRA driver's ResourceSlices (`--mode dra`): what the node publishes
+    dra       the DRA driver (`--mode dra`): its ResourceSlices at the API server, the worker's claims
     cluster   what the API server holds for this node: its config label, health on the Node
     labels    GPU Feature Discovery's node labels (`gpuvisor labels`, and inside `gpuvisor run`)
     cdi       the CDI spec, kept in step with the plans

@@ -386,6 +386,36 @@ def _config_lines(data: dict[str, Any]) -> list[str]:
             )
         if health.get("error"):
             lines.append(f"  health on the Node failing: {health['error']}")
+        lines += _dra_lines(cluster.get("dra") or {})
+    return lines
+
+
+def _dra_lines(dra: dict[str, Any]) -> list[str]:
+    """The DRA pool at the API server and the claims fetched for the DRA worker."""
+    lines = []
+    pool = dra.get("slices") or {}
+    if pool:
+        state = pool.get("state")
+        if state == "published":
+            lines.append(
+                f"  DRA pool {pool.get('pool')}: generation {pool.get('generation')}, {pool.get('slices')} "
+                f"ResourceSlice(s), {pool.get('devices')} device(s), device taints {pool.get('taints')}"
+            )
+        else:
+            lines.append(f"  DRA pool {pool.get('pool')}: {state}")
+        held = pool.get("held_by_device_plugin") or {}
+        if held:
+            lines.append(
+                "  left out, held by device-plugin containers: "
+                + ", ".join(f"{name} ({', '.join(pods)})" for name, pods in held.items())
+            )
+        if pool.get("error"):
+            lines.append(f"  DRA slices failing since {pool.get('failing_since')}: {pool['error']}")
+    claims = dra.get("claims") or {}
+    if claims.get("fetched") or claims.get("failed"):
+        lines.append(f"  DRA claims fetched: {claims.get('fetched')}, failed: {claims.get('failed')}")
+    if claims.get("error"):
+        lines.append(f"  DRA claims failing: {claims['error']}")
     return lines
 
 

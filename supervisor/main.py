@@ -12,8 +12,15 @@ never ends the loop, which would take every resource of the node away.
 
 `Supervisor.__init__` is the list of parts (supervisor/__init__.py says what each package
 owns) in four groups, each built once with its neighbours by keyword; none is patched
-afterwards. The cluster side (the node's config label, health on the Node) starts from the loop
-once the kubelet path is up, and loads the API-server layer only then.
+afterwards. The cluster side (the node's config label, health on the Node, the DRA driver's
+ResourceSlices and claims) starts from the loop once the kubelet path is up, and loads the
+API-server layer only then.
+
+A switch between the device plugin and DRA is a reload like any other; what keeps a device from
+being handed out twice is planned (supervisor/node/planning.py): from DRA, the DRA worker drains
+first and the device plugin gets only what no prepared claim holds (`dra_hold`, read from the DRA
+worker's checkpoint once the worker confirms the drain); to DRA, the slices leave out what the
+device plugin's containers hold and go out only once its workers are gone (supervisor/dra/side.py).
 """
 
 from __future__ import annotations
@@ -25,14 +32,14 @@ import logging
 import os
 import signal
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from types import FrameType
 
 import zmq
 
 from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
-from common.messages import Json
+from common.messages import ClaimReply, Json
 from common.procutil import Mailbox
 from supervisor.cdi.sync import CdiSync
 from supervisor.cluster.side import ClusterSide
@@ -43,6 +50,7 @@ from supervisor.desired.discovery import NvmlLink, StartupError
 from supervisor.desired.follow import Follow, worker_policy
 from supervisor.desired.reconcile import Reconciler
 from supervisor.desired.replan import Replanner
+from supervisor.dra.side import DraSide
 from supervisor.health.book import ChangeBatch
 from supervisor.health.hub import HealthHub
 from supervisor.health.policy import HealthPolicy, PolicyError
@@ -51,6 +59,8 @@ from supervisor.host.sdnotify import Notifier
 from supervisor.host.watches import Watches
 from supervisor.labels.sync import NodeLabels
 from supervisor.mps.wiring import MpsWiring
+from supervisor.node.draplan import DRIVER, DraHold
+from supervisor.node.planning import NO_HOLD
 from supervisor.observe import status
 from supervisor.observe.http import AddressError, ProbeServer, loop_liveness
 from supervisor.observe.metrics import Metrics
@@ -109,6 +119,7 @@ class Supervisor:
         self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
         self._was_ready = False
         self._poller: zmq.Poller | None = None
+        self._dra_seen: tuple[float | None, float | None] = (None, None)
         self._watched: tuple[object, int] = (None, -1)
 
     def _build_loop_tools(self, config: Config) -> None:
@@ -192,11 +203,19 @@ class Supervisor:
             mps=self.mps,
             timers=self.timers,
             remember_label=self.rundir.remember_node_label,
+            dra_hold=self.dra_hold,
         )
 
     def _build_outside(self, config: Config) -> None:
         """What reaches the supervisor from outside, or looks in: worker messages and CLI commands,
         the file watches, the cluster side (the node's label, health on the Node), the probes."""
+        self.dra = DraSide(
+            node_name=config.node_name,
+            plugin_dir=self.plugin_dir,
+            pod_resources_socket=config.pod_resources_socket,
+            metrics=self.metrics,
+            reply=self.reply_claim,
+        )
         self.events = WorkerEvents(
             workers=self.workers,
             reconciler=self.reconciler,
@@ -204,6 +223,8 @@ class Supervisor:
             hub=self.hub,
             metrics=self.metrics,
             clock=self.clock,
+            claims=self.dra.request_claim,
+            on_stats=self.on_worker_stats,
         )
         self.commands = CommandTarget(
             status=self.status,
@@ -229,6 +250,7 @@ class Supervisor:
             timers=self.timers,
             post=self.mailbox.post,
             on_label=self.replan.node_label,
+            parts={"dra": self.dra},
         )
         self.metrics.set_config(config.config_name, config.config_source)
         self.readiness = status.ReadinessCell()
@@ -409,6 +431,7 @@ class Supervisor:
 
     def start_cluster(self) -> None:
         """The cluster side starts once the kubelet path is up (see supervisor/cluster/side.py)."""
+        self.dra.device_plugin_running(self._device_plugin_running())
         self.cluster.start_when(
             registered=any(h.registered for h in self.workers.workers.values()),
             nothing_to_register=self.reconciler.node is not None and not self.reconciler.plans,
@@ -416,12 +439,73 @@ class Supervisor:
         )
 
     def on_health_decision(self, batch: ChangeBatch, line: str) -> None:
-        """The health hub decided a change of devices: the Node hears of it (when asked to)."""
+        """The health hub decided a change of devices: the Node hears of it (when asked to), and
+        the DRA pool's taints follow."""
         self.cluster.health_changed(batch, line)
+        self._refresh_dra()
 
     def on_plans_applied(self) -> None:
-        """New plans are in place: the Node's condition counts their devices."""
+        """New plans are in place: the Node's condition counts their devices, the DRA pool shows
+        them (or is withdrawn)."""
         self.cluster.plans_changed()
+        self._refresh_dra()
+
+    def _refresh_dra(self) -> None:
+        self.dra.refresh(
+            self.reconciler.plans, self.reconciler.node, self.hub.book, self._device_plugin_running()
+        )
+
+    def _device_plugin_running(self) -> bool:
+        return any(h.proc is not None for r, h in self.workers.workers.items() if r != DRIVER)
+
+    # ------------------------------------------------------------------ DRA <-> device plugin
+    def dra_hold(self, config: Config) -> DraHold:
+        """What DRA claims hold while the node runs as a device plugin (planning's input): not
+        settled while a DRA worker that may still prepare claims runs (one not confirmed draining);
+        else the devices its checkpoint lists (the checkpoint is final once it drains)."""
+        if config.mode == "dra":
+            return NO_HOLD
+        from common.dracheckpoint import CheckpointError, held_devices  # loaded at planning, not at start
+
+        handle = self.workers.workers.get(DRIVER)
+        plan = self.reconciler.plans.get(DRIVER)
+        draining = plan is not None and plan.dra is not None and plan.dra.drain
+        if (
+            handle is not None
+            and handle.proc is not None
+            and not (draining and handle.stats.get("gauge:draining") == 1)
+        ):
+            return DraHold(settled=False)
+        directory = os.path.join(config.kubelet_plugins_dir, DRIVER)
+        try:
+            return DraHold(devices=held_devices(directory))
+        except CheckpointError as exc:
+            # The DRA worker moves such a file aside and starts empty: nothing it lists is held.
+            log.warning(
+                "the DRA checkpoint in %s cannot be read (%s): no device counts as held", directory, exc
+            )
+            return NO_HOLD
+
+    def on_worker_stats(self, resource: str, stats: Mapping[str, float]) -> None:
+        """A draining DRA worker confirmed the drain, or a claim was unprepared: plan again, so the
+        device plugin gets what no prepared claim holds any more."""
+        plan = self.reconciler.plans.get(DRIVER)
+        if resource != DRIVER or plan is None or plan.dra is None or not plan.dra.drain:
+            return
+        if stats.get("gauge:draining") != 1:
+            return
+        seen = (stats.get("gauge:draining"), stats.get("gauge:prepared_claims"))
+        if seen != self._dra_seen:
+            self._dra_seen = seen
+            self.replan.rediscover(f"the draining DRA worker holds {int(seen[1] or 0)} prepared claim(s)")
+
+    def reply_claim(self, resource: str, reply: ClaimReply) -> None:
+        """From the claim fetcher's threads: the DRA worker gets its answer from the loop."""
+
+        def send() -> None:
+            self.control.tell(resource, reply)  # a worker gone meanwhile: its successor asks again
+
+        self.mailbox.post(send)
 
     def drain_control(self) -> None:
         self.control.drain(self.events, partial(reply_to, self.commands))
@@ -498,6 +582,7 @@ class Supervisor:
     def shutdown(self) -> None:
         self.notifier.stopping()
         self._step("stop cluster side", self.cluster.stop)  # API calls in flight end now
+        self._step("stop DRA side", self.dra.close)
         log.info("stopping: %d workers", sum(1 for h in self.workers.workers.values() if h.proc is not None))
         self.workers.stop_and_wait("supervisor stopping", SHUTDOWN_GRACE_S)
         self.spawner.stop()

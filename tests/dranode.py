@@ -1,10 +1,13 @@
 """A simulated node in DRA mode for integration tests: `SimNode` plus the kubelet's DRA side.
 
 Beside the device-plugin kubelet stand-in (kept: a mode switch moves a node between the two),
-a `DraNode` has the DRA kubelet stand-in watching its registry dir, a claim store standing in for
-the API server (the supervisor reads it through `--dra-claims-dir`), its own CDI spec dir, and
-the supervisor started with `--node-name node-a` and those dirs. All in the node's short temp
-dir, removed on close; only processes started here are signalled, by PID.
+a `DraNode` has the DRA kubelet stand-in watching its registry dir, its own CDI spec dir, and the
+supervisor started with `--node-name node-a` and those dirs. Claims come from a claim store
+standing in for the API server (read through `--dra-claims-dir`), or, given the fake API server
+(`api`), from it: the supervisor then publishes the node's ResourceSlices there and fetches
+claims from it, the DRA kubelet stand-in wipes the node's slices when it restarts, and the
+device-plugin kubelet stand-in serves the pod-resources API. All in the node's short temp dir,
+removed on close; only processes started here are signalled, by PID.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from supervisor.kube.client import KubeClient
+from supervisor.kube.credentials import load_credentials
 from supervisor.sim.drakubelet import ClaimStore, DraKubeletStandin
 from tests.harness import SimNode
 from tests.helpers import wait_until
+from tests.kubeapi import RunningApiServer
 
 DRIVER = "gpu.nvidia.com"
 POOL = "node-a"
@@ -28,18 +34,29 @@ class DraNode(SimNode):
         profile: str | None = "pcie-l4",
         args: Sequence[str] = ("--mode", "dra"),
         env: dict[str, str] | None = None,
+        api: RunningApiServer | None = None,
         **kw: Any,
     ) -> None:
+        self.api = api
+        self.client: KubeClient | None = None
+        if api is not None:
+            env = {**(env or {}), "KUBECONFIG": str(api.kubeconfig)}
+            if POOL not in api.state.nodes:
+                api.state.add_node(POOL)
+            self.client = KubeClient(load_credentials(str(api.kubeconfig), {}), component="kubelet")
         super().__init__(profile, args=args, env=env, **kw)
         self.plugins_dir = os.path.join(self.base, "plugins")
         self.registry_dir = os.path.join(self.base, "reg")
         self.claims_dir = os.path.join(self.base, "claims")
         self.cdi_dir = os.path.join(self.base, "cdi")
-        self.dra = DraKubeletStandin(self.registry_dir, scan_interval=0.02)
+        self.pod_resources = os.path.join(self.base, "pr", "kubelet.sock")
+        self.dra = DraKubeletStandin(self.registry_dir, scan_interval=0.02, api=self.client, node_name=POOL)
         self.claims = ClaimStore(self.claims_dir)
 
     def __enter__(self) -> DraNode:
         self.dra.start()
+        if self.api is not None:
+            self.kubelet.serve_pod_resources(self.pod_resources)
         super().__enter__()
         return self
 
@@ -49,13 +66,38 @@ class DraNode(SimNode):
             "--node-name", POOL,
             "--kubelet-plugins-dir", self.plugins_dir,
             "--kubelet-registry-dir", self.registry_dir,
-            "--dra-claims-dir", self.claims_dir,
+            *(["--dra-claims-dir", self.claims_dir] if self.api is None else []),
+            "--pod-resources-socket", self.pod_resources,
             "--cdi-spec-dir", self.cdi_dir,
         ]  # fmt: skip
 
     def close(self) -> None:
         self.dra.stop()
         super().close()
+        if self.client is not None:
+            self.client.close()
+
+    def claim(self, name: str, devices: Sequence[str], namespace: str = "default") -> tuple[str, str, str]:
+        """An allocated claim, where this node's supervisor reads claims: (namespace, name, uid)."""
+        if self.api is not None:
+            return self.api.state.add_claim(namespace, name, POOL, list(devices))
+        return self.claims.allocate(namespace, name, POOL, list(devices))
+
+    def slices(self) -> list[dict[str, Any]]:
+        assert self.api is not None
+        return self.api.state.slices(POOL, DRIVER)
+
+    def published(self) -> dict[str, list[dict[str, Any]]]:
+        """Device name -> its taints, of the pool's newest generation as the API server has it."""
+        slices = self.slices()
+        newest = max((s["spec"]["pool"]["generation"] for s in slices), default=0)
+        current = [s for s in slices if s["spec"]["pool"]["generation"] == newest]
+        if not current or len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
+            return {}
+        return {d["name"]: d.get("taints", []) for s in current for d in s["spec"]["devices"]}
+
+    def generation(self) -> int:
+        return max((s["spec"]["pool"]["generation"] for s in self.slices()), default=0)
 
     # ---------------------------------------------------------------- queries
     @property

@@ -18,6 +18,15 @@ CA data and token, is exercised), with the real server's rules for them:
   `status.conditions` by `type` (other conditions untouched) or with a JSON merge patch;
 - core/v1 Events: created (validated: namespace rules for a cluster-scoped object, type, name,
   timestamps), PATCHed (count, lastTimestamp), listed;
+- resource.k8s.io/v1 ResourceSlices (cluster-scoped: get, list and watch by `fieldSelector`
+  `spec.nodeName` / `spec.driver` / `metadata.name` as the real server indexes them, any other
+  field a 400; create with `generateName`, update with optimistic concurrency and the immutable
+  driver, pool name and node name, delete with `preconditions`, deletecollection as the kubelet
+  wipes a node's slices, `dryRun=All`) and ResourceClaims (get, list, watch, create, delete),
+  each checked against the `resource.k8s.io/v1` schema (kubernetes-validate's, strict) and the
+  server's own rules (one controller owner, one of nodeName/nodeSelector/allNodes, device names,
+  counts, semver, taints); `device_taints=False` is a server without the DRADeviceTaints gate,
+  which drops `devices[].taints` on write; `dra=False` one that does not serve the API at all;
 - RBAC: with `allow` set, a request whose (verb, resource) is not in it gets the real 403 text;
 - NFD's NodeFeature (checked against NFD v0.19.0's CRD schema, `tests/data/`, as the structural
   schema it is, so unknown fields fail too) and pods (read only);
@@ -36,8 +45,10 @@ import base64
 import contextlib
 import copy
 import datetime
+import importlib
 import ipaddress
 import json
+import random
 import re
 import socket
 import ssl
@@ -46,6 +57,7 @@ import time
 import urllib.parse
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -181,6 +193,207 @@ def condition_problems(node: dict[str, Any]) -> list[str]:
     return problems
 
 
+# ---------------------------------------------------------------------------------- resource.k8s.io/v1
+
+RESOURCE_GROUP = "resource.k8s.io"
+GROUPS = {"nodefeatures": NFD_GROUP, "resourceslices": RESOURCE_GROUP, "resourceclaims": RESOURCE_GROUP}
+KINDS = {
+    "nodes": ("v1", "Node"),
+    "resourceslices": ("resource.k8s.io/v1", "ResourceSlice"),
+    "resourceclaims": ("resource.k8s.io/v1", "ResourceClaim"),
+}
+# The fields each resource can be selected by (the real server's field label conversions): a list
+# or watch with any other field is a 400.
+FIELD_LABELS = {
+    "nodes": ("metadata.name",),
+    "resourceslices": ("metadata.name", "spec.nodeName", "spec.driver"),
+    "resourceclaims": ("metadata.name", "metadata.namespace"),
+}
+SLICE_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices(?:/([^/]+))?$")
+CLAIM_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims(?:/([^/]+))?$")
+SCHEMA_VERSION = "1.34.0"  # the resource.k8s.io/v1 schema the objects are checked against
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
+)
+SLICE_MAX_DEVICES = 128  # ResourceSliceMaxDevices (1.34)
+DEVICE_MAX_TAINTS = 4  # DeviceTaintsMaxLength (1.34)
+DEVICE_MAX_ATTRIBUTES = 32  # attributes and capacities together
+GENERATED_SUFFIX = 5  # the API server's names.SimpleNameGenerator
+
+
+def field_value(obj: dict[str, Any], key: str) -> str:
+    """The value a field selector compares (absent is "", as the server's field sets give it)."""
+    value: Any = obj
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
+def schema_problems(obj: Any) -> list[str]:
+    """What the resource.k8s.io/v1 OpenAPI schema (strict: an unknown field fails) refuses."""
+    try:  # the test extra's validator, with the bundled schemas
+        kubernetes_validate: Any = importlib.import_module("kubernetes_validate")
+    except ImportError:  # pragma: no cover - without it only the server's own rules below apply
+        return []
+    try:
+        kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        where = ".".join(str(p) for p in exc.path) or "(object)"
+        return [f"{where}: {exc.message}"]
+    except Exception as exc:  # an unknown kind, a schema the validator lacks
+        return [f"schema: {exc}"]
+    return []
+
+
+def _owner_problems(meta: dict[str, Any]) -> list[str]:
+    problems = []
+    refs = meta.get("ownerReferences") or []
+    for i, ref in enumerate(refs):
+        missing = [k for k in ("apiVersion", "kind", "name", "uid") if not ref.get(k)]
+        if missing:
+            problems.append(f"metadata.ownerReferences[{i}]: missing {missing}")
+    if sum(1 for ref in refs if ref.get("controller")) > 1:
+        problems.append("metadata.ownerReferences: Only one reference can have Controller set to true")
+    return problems
+
+
+def _taint_problems(taints: Any, where: str) -> list[str]:
+    problems = []
+    if len(taints) > DEVICE_MAX_TAINTS:
+        problems.append(
+            f"{where}.taints: Too many: {len(taints)}: must have at most {DEVICE_MAX_TAINTS} items"
+        )
+    for j, taint in enumerate(taints):
+        at = f"{where}.taints[{j}]"
+        key = str(taint.get("key", ""))
+        prefix, _, name = key.rpartition("/")
+        if (
+            not name
+            or len(name) > 63
+            or not LABEL_NAME.match(name)
+            or (prefix and not DNS_SUBDOMAIN.match(prefix))
+        ):
+            problems.append(f"{at}.key: Invalid value: {key!r}: a qualified name")
+        value = str(taint.get("value", ""))
+        if len(value) > 63 or not LABEL_NAME.match(value):
+            problems.append(f"{at}.value: Invalid value: {value!r}: a label value")
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            problems.append(
+                f'{at}.effect: Unsupported value: {taint.get("effect")!r}: "NoExecute", "NoSchedule"'
+            )
+        if "timeAdded" in taint and not (
+            isinstance(taint["timeAdded"], str) and TIME.match(taint["timeAdded"])
+        ):
+            problems.append(f"{at}.timeAdded: not an RFC 3339 time")
+    return problems
+
+
+def resource_slice_problems(obj: Any) -> list[str]:
+    """What the API server refuses in a ResourceSlice: its schema, then the rules of
+    validation.ValidateResourceSlice (1.34) that gpuvisor's slices touch."""
+    if not isinstance(obj, dict):
+        return ["not an object"]
+    problems = schema_problems(obj)
+    if (obj.get("apiVersion"), obj.get("kind")) != ("resource.k8s.io/v1", "ResourceSlice"):
+        problems.append(
+            f"apiVersion/kind {obj.get('apiVersion')}/{obj.get('kind')} is not resource.k8s.io/v1 ResourceSlice"
+        )
+    meta = obj.get("metadata") or {}
+    name = meta.get("name", "")
+    if not (DNS_SUBDOMAIN.match(name) and len(name) <= 253):
+        problems.append(f"metadata.name: Invalid value: {name!r}: a DNS-1123 subdomain")
+    problems += _owner_problems(meta)
+    spec = obj.get("spec") or {}
+    driver = str(spec.get("driver", ""))
+    if not driver or len(driver) > 63 or not DNS_SUBDOMAIN.match(driver):
+        problems.append(
+            f"spec.driver: Invalid value: {driver!r}: a DNS-1123 subdomain of at most 63 characters"
+        )
+    pool = spec.get("pool") or {}
+    if not pool.get("name") or len(str(pool.get("name"))) > 253:
+        problems.append("spec.pool.name: Required value")
+    if int(pool.get("generation", 0)) < 0:
+        problems.append("spec.pool.generation: must be greater than or equal to 0")
+    if int(pool.get("resourceSliceCount", 0)) <= 0:
+        problems.append("spec.pool.resourceSliceCount: must be greater than zero")
+    where = [k for k in ("nodeName", "nodeSelector") if spec.get(k)] + [
+        k for k in ("allNodes", "perDeviceNodeSelection") if spec.get(k) is True
+    ]
+    if len(where) != 1:
+        problems.append(
+            "spec: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
+            f"`perDeviceNodeSelection` is required, got {where}"
+        )
+    devices = spec.get("devices") or []
+    if len(devices) > SLICE_MAX_DEVICES:
+        problems.append(
+            f"spec.devices: Too many: {len(devices)}: must have at most {SLICE_MAX_DEVICES} items"
+        )
+    names: set[str] = set()
+    for i, device in enumerate(devices):
+        at = f"spec.devices[{i}]"
+        dname = str(device.get("name", ""))
+        if not DNS_LABEL.match(dname) or len(dname) > 63:
+            problems.append(f"{at}.name: Invalid value: {dname!r}: a DNS-1123 label")
+        if dname in names:
+            problems.append(f"{at}.name: Duplicate value: {dname!r}")
+        names.add(dname)
+        attrs, capacity = device.get("attributes") or {}, device.get("capacity") or {}
+        if len(attrs) + len(capacity) > DEVICE_MAX_ATTRIBUTES:
+            problems.append(
+                f"{at}: Too many: attributes and capacities must have at most {DEVICE_MAX_ATTRIBUTES} items"
+            )
+        for key in [*attrs, *capacity]:
+            domain, sep, ident = key.rpartition("/")
+            if (sep and not (DNS_SUBDOMAIN.match(domain) and len(domain) <= 63)) or not (
+                C_IDENTIFIER.match(ident) and len(ident) <= 32
+            ):
+                problems.append(f"{at}: Invalid value: {key!r}: a qualified name")
+        for key, attr in attrs.items():
+            kinds = [k for k in ("int", "bool", "string", "version") if k in attr]
+            if len(kinds) != 1:
+                problems.append(f"{at}.attributes[{key}]: exactly one value must be specified")
+                continue
+            value = attr[kinds[0]]
+            if kinds[0] in ("string", "version") and len(value) > 64:
+                problems.append(f"{at}.attributes[{key}]: Too long: may not be more than 64 bytes")
+            if kinds[0] == "version" and not SEMVER.match(value):
+                problems.append(
+                    f"{at}.attributes[{key}].version: Invalid value: {value!r}: must be semantic version 2.0.0"
+                )
+        problems += _taint_problems(device.get("taints") or [], at)
+    return problems
+
+
+def resource_claim_problems(obj: Any, namespace: str) -> list[str]:
+    """What the API server refuses in a ResourceClaim sent to `namespace`."""
+    if not isinstance(obj, dict):
+        return ["not an object"]
+    problems = schema_problems(obj)
+    meta = obj.get("metadata") or {}
+    name = meta.get("name", "")
+    if not (DNS_SUBDOMAIN.match(name) and len(name) <= 253):
+        problems.append(f"metadata.name: Invalid value: {name!r}: a DNS-1123 subdomain")
+    if meta.get("namespace", namespace) != namespace:
+        problems.append("metadata.namespace: does not match the namespace of the request")
+    results = (
+        (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+    ) or []
+    if len(results) > 32:
+        problems.append(
+            f"status.allocation.devices.results: Too many: {len(results)}: must have at most 32 items"
+        )
+    return problems
+
+
+def _drop_taints(spec: dict[str, Any]) -> None:
+    """dropDisabledDRADeviceTaintsFields: without the DRADeviceTaints gate the field is dropped."""
+    for device in spec.get("devices") or []:
+        device.pop("taints", None)
+
+
 def strategic_merge(target: dict[str, Any], patch: dict[str, Any], path: tuple[str, ...] = ()) -> None:
     """A strategic-merge patch for the fields gpuvisor sends: maps merge, null deletes, lists with a
     merge key (a Node's conditions by `type`) merge element by element, other lists are replaced."""
@@ -246,11 +459,18 @@ class FakeApiServer:
     crds: set[str] = field(default_factory=lambda: {NFD_GROUP})  # API groups of installed CRDs
     allow: set[tuple[str, str]] | None = None  # (verb, resource[/subresource]); None allows all
     bookmark_s: float = 1.0
+    resource_slices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resource_claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    device_taints: bool = True  # the DRADeviceTaints gate: off, devices[].taints are dropped on write
+    dra: bool = True  # resource.k8s.io/v1 is served (off: a plain 404, as a server without it)
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = field(init=False)
     version: int = 0
     compacted: int = 0  # watches from a version at or below this get 410 Gone
-    history: deque[tuple[int, str, dict[str, Any]]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    # (version, resource, event type, object): one history for every watched resource
+    history: deque[tuple[int, str, str, dict[str, Any]]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY)
+    )
     watch_epoch: int = 0  # expire_watches() moves it: streams of an older epoch end with 410
     frozen: threading.Event = field(default_factory=threading.Event)
     thawed: threading.Event = field(default_factory=threading.Event)
@@ -325,7 +545,7 @@ class FakeApiServer:
             self.version += 1
             node = copy.deepcopy(node)
             node["metadata"]["resourceVersion"] = str(self.version)
-            self.history.append((self.version, "DELETED", node))
+            self.history.append((self.version, "nodes", "DELETED", node))
             self.changed.notify_all()
 
     def condition(self, node: str, kind: str) -> dict[str, Any] | None:
@@ -341,6 +561,107 @@ class FakeApiServer:
                 if e.get("involvedObject", {}).get("kind") == "Node"
                 and e["involvedObject"].get("name") == node
             ]
+
+    # ------------------------------------------------------------------ resource.k8s.io/v1
+    def slices(self, node: str | None = None, driver: str | None = None) -> list[dict[str, Any]]:
+        """The stored ResourceSlices (of a node, of a driver), by name."""
+        with self.lock:
+            return [
+                copy.deepcopy(o)
+                for _, o in sorted(self.resource_slices.items())
+                if (node is None or o["spec"].get("nodeName") == node)
+                and (driver is None or o["spec"].get("driver") == driver)
+            ]
+
+    def put_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a slice as another writer would (an earlier life, another tool): checked, then
+        kept with the metadata the server adds, and a watch event."""
+        problems = resource_slice_problems(obj)
+        if problems:
+            raise ValueError("; ".join(problems))
+        with self.lock:
+            stored = copy.deepcopy(obj)
+            meta = stored["metadata"]
+            old = self.resource_slices.get(meta["name"])
+            meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", now_rfc3339())
+            meta["generation"] = old["metadata"]["generation"] + 1 if old else 1
+            self.version += 1
+            meta["resourceVersion"] = str(self.version)
+            self.resource_slices[meta["name"]] = stored
+            self._record("resourceslices", "MODIFIED" if old else "ADDED", stored)
+            return copy.deepcopy(stored)
+
+    def delete_slices(self, node: str, driver: str | None = None) -> int:
+        """What the kubelet does at its start (DeleteCollection by spec.nodeName): how many went."""
+        with self.lock:
+            names = [s["metadata"]["name"] for s in self.slices(node, driver)]
+            for name in names:
+                self._delete_slice(name)
+            return len(names)
+
+    def _delete_slice(self, name: str) -> dict[str, Any]:
+        obj = self.resource_slices.pop(name)
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        self._record("resourceslices", "DELETED", obj)
+        return obj
+
+    def add_claim(
+        self,
+        namespace: str,
+        name: str,
+        pool: str,
+        devices: list[str],
+        *,
+        driver: str = "gpu.nvidia.com",
+        device_class: str = "gpu.nvidia.com",
+        request: str = "gpu",
+        uid: str | None = None,
+    ) -> tuple[str, str, str]:
+        """A claim as the scheduler leaves it once allocated to `devices` of `pool`: (namespace,
+        name, uid). Checked as the API server checks it."""
+        claim_uid = uid or str(uuid.uuid4())
+        obj = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": claim_uid},
+            "spec": {"devices": {"requests": [
+                {"name": request, "exactly": {"deviceClassName": device_class, "count": len(devices)}}]}},
+            "status": {"allocation": {
+                "devices": {"results": [{"request": request, "driver": driver, "pool": pool, "device": d}
+                                        for d in devices]},
+                "nodeSelector": {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}]},
+            }},
+        }  # fmt: skip
+        self.put_claim(obj)
+        return namespace, name, claim_uid
+
+    def put_claim(self, obj: dict[str, Any], *, validate: bool = True) -> None:
+        """Store a claim (`validate=False`: one the API server would refuse, to test a reader)."""
+        meta = obj["metadata"]
+        if validate:
+            problems = resource_claim_problems(obj, meta["namespace"])
+            if problems:
+                raise ValueError("; ".join(problems))
+        with self.lock:
+            self.version += 1
+            stored = copy.deepcopy(obj)
+            stored["metadata"]["resourceVersion"] = str(self.version)
+            stored["metadata"].setdefault("uid", str(uuid.uuid4()))
+            stored["metadata"].setdefault("creationTimestamp", now_rfc3339())
+            key = (meta["namespace"], meta["name"])
+            kind = "MODIFIED" if key in self.resource_claims else "ADDED"
+            self.resource_claims[key] = stored
+            self._record("resourceclaims", kind, stored)
+
+    def delete_claim(self, namespace: str, name: str) -> None:
+        with self.lock:
+            obj = self.resource_claims.pop((namespace, name))
+            self.version += 1
+            obj["metadata"]["resourceVersion"] = str(self.version)
+            self._record("resourceclaims", "DELETED", obj)
 
     def calls(self, method: str | None = None, path: str | None = None) -> list[Request]:
         with self.lock:
@@ -378,11 +699,15 @@ class FakeApiServer:
         node["metadata"]["resourceVersion"] = str(self.version)
         node["metadata"].setdefault("creationTimestamp", now_rfc3339())
         self.nodes[name] = node
-        self.history.append((self.version, kind, copy.deepcopy(node)))
+        self._record("nodes", kind, node)
+        return node
+
+    def _record(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
+        """A watch event at the current version (the caller bumped it and holds the lock)."""
+        self.history.append((self.version, resource, kind, copy.deepcopy(obj)))
         if len(self.history) == HISTORY:
             self.compacted = max(self.compacted, self.history[0][0] - 1)
         self.changed.notify_all()
-        return node
 
 
 def status(
@@ -396,8 +721,7 @@ def status(
         "status": "Failure",
         "message": message,
         "reason": reason,
-        "details": {"name": name, "group": (NFD_GROUP if kind == "nodefeatures" else "") if group is None else group,
-                    "kind": kind},
+        "details": {"name": name, "group": GROUPS.get(kind, "") if group is None else group, "kind": kind},
         "code": code,
     }  # fmt: skip
 
@@ -413,6 +737,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # As the real (Go) server: no Nagle delay. Without it an answer's body, written after its
+        # headers, waits for the client's delayed ACK (~200 ms a call on loopback).
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.live.add(self.connection)
 
     def finish(self) -> None:
@@ -489,6 +817,12 @@ class _Handler(BaseHTTPRequestHandler):
         if (m := EVENT_PATH.match(path)) is not None:
             self._event(method, m[1], m[2], body)
             return
+        if (m := SLICE_PATH.match(path)) is not None and state.dra:
+            self._slice(method, m[1], query, body)
+            return
+        if (m := CLAIM_PATH.match(path)) is not None and state.dra:
+            self._claim(method, m[1], m[2], query, body)
+            return
         nf = NF_PATH.match(path)
         if nf is None or NFD_GROUP not in state.crds:
             self._plain_404()
@@ -501,7 +835,7 @@ class _Handler(BaseHTTPRequestHandler):
         if allow is None or (verb, resource) in allow:
             return True
         who = f'{resource.split("/")[0]} "{name}"' if name else resource.split("/")[0]
-        group = NFD_GROUP if resource.startswith("nodefeatures") else ""
+        group = GROUPS.get(resource.split("/")[0], "")
         scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
         message = f'{who} is forbidden: User "{USER}" cannot {verb} resource "{resource}" in API group "{group}" {scope}'
         self._send(403, status(403, "Forbidden", message, name, resource.split("/")[0], group))
@@ -573,27 +907,51 @@ class _Handler(BaseHTTPRequestHandler):
             stored = state._store_node(name, updated, "MODIFIED")
             self._send(200, copy.deepcopy(stored))
 
-    def _selected(self, obj: dict[str, Any], query: dict[str, str]) -> bool:
-        selector = query.get("fieldSelector", "")
-        for term in filter(None, selector.split(",")):
-            key, _, value = term.partition("=")
-            if key == "metadata.name" and obj["metadata"]["name"] != value.lstrip("="):
-                return False
-        return True
+    def _selector(self, resource: str, query: dict[str, str]) -> list[tuple[str, str, bool]] | None:
+        """The query's fieldSelector as (field, value, equal) terms; None after answering 400 for a
+        field the resource does not index (the real server's words)."""
+        terms = []
+        for term in filter(None, query.get("fieldSelector", "").split(",")):
+            if "!=" in term:
+                key, _, value = term.partition("!=")
+                equal = False
+            else:
+                key, _, value = term.partition("=")
+                value, equal = value.removeprefix("="), True
+            if key not in FIELD_LABELS[resource]:
+                self._send(
+                    400,
+                    status(400, "BadRequest", f"field label not supported: {key}", kind=resource),
+                )
+                return None
+            terms.append((key, value, equal))
+        return terms
 
-    def _list_nodes(self, query: dict[str, str]) -> None:
+    def _selected(self, obj: dict[str, Any], terms: list[tuple[str, str, bool]]) -> bool:
+        return all((field_value(obj, key) == value) == equal for key, value, equal in terms)
+
+    def _list(self, resource: str, objects: list[dict[str, Any]], query: dict[str, str]) -> None:
+        terms = self._selector(resource, query)
+        if terms is None:
+            return
         with self.state.lock:
-            items = [copy.deepcopy(n) for n in self.state.nodes.values() if self._selected(n, query)]
+            items = [copy.deepcopy(o) for o in objects if self._selected(o, terms)]
             version = str(self.state.version)
+        api_version, kind = KINDS[resource]
         self._send(
             200,
             {
-                "kind": "NodeList",
-                "apiVersion": "v1",
+                "kind": f"{kind}List",
+                "apiVersion": api_version,
                 "metadata": {"resourceVersion": version},
                 "items": items,
             },
         )
+
+    def _list_nodes(self, query: dict[str, str]) -> None:
+        with self.state.lock:
+            nodes = list(self.state.nodes.values())
+        self._list("nodes", nodes, query)
 
     def _chunk(self, event: dict[str, Any]) -> None:
         data = json.dumps(event).encode() + b"\n"
@@ -601,24 +959,35 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _watch_nodes(self, query: dict[str, str]) -> None:
+        self._watch("nodes", lambda: list(self.state.nodes.values()), query)
+
+    def _watch(
+        self, resource: str, current: Callable[[], list[dict[str, Any]]], query: dict[str, str]
+    ) -> None:
+        """A watch of `resource` (`current()` gives its objects now, under the lock)."""
         state = self.state
+        terms = self._selector(resource, query)
+        if terms is None:
+            return
         start = query.get("resourceVersion", "")
         timeout = float(query.get("timeoutSeconds") or 1800)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        api_version, kind_name = KINDS[resource]
         with state.lock:
             if start not in ("", "0") and (not start.isdigit() or int(start) < state.compacted):
                 self._send(
                     410,
                     status(
-                        410, "Expired", f"too old resource version: {start} ({state.compacted})", kind="nodes"
+                        410,
+                        "Expired",
+                        f"too old resource version: {start} ({state.compacted})",
+                        kind=resource,
                     ),
                 )
                 return
             epoch = state.watch_epoch
             if start in ("", "0"):  # no version: the current state first, as ADDED events
-                pending = [
-                    ("ADDED", copy.deepcopy(n)) for n in state.nodes.values() if self._selected(n, query)
-                ]
+                pending = [("ADDED", copy.deepcopy(o)) for o in current() if self._selected(o, terms)]
                 seen = state.version
             else:
                 pending, seen = [], int(start)
@@ -641,23 +1010,23 @@ class _Handler(BaseHTTPRequestHandler):
                                     410,
                                     "Expired",
                                     "The resourceVersion for the provided watch is too old.",
-                                    kind="nodes",
+                                    kind=resource,
                                 ),
                             }
                         )
                         break
-                    events = [(v, k, o) for v, k, o in state.history if v > seen]
+                    events = [(v, k, o) for v, r, k, o in state.history if v > seen and r == resource]
                     if not events:
                         state.changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
-                        events = [(v, k, o) for v, k, o in state.history if v > seen]
-                    current = state.version
+                        events = [(v, k, o) for v, r, k, o in state.history if v > seen and r == resource]
+                    current_version = state.version
                 for version, kind, obj in events:
                     seen = version
-                    if self._selected(obj, query):
+                    if self._selected(obj, terms):
                         self._chunk({"type": kind, "object": copy.deepcopy(obj)})
                 if bookmarks and time.monotonic() >= next_bookmark:
-                    seen = max(seen, current)
-                    self._chunk({"type": "BOOKMARK", "object": {"kind": "Node", "apiVersion": "v1",
+                    seen = max(seen, current_version)
+                    self._chunk({"type": "BOOKMARK", "object": {"kind": kind_name, "apiVersion": api_version,
                                                                 "metadata": {"resourceVersion": str(seen)}}})  # fmt: skip
                     next_bookmark = time.monotonic() + state.bookmark_s
             self.wfile.write(b"0\r\n\r\n")
@@ -734,6 +1103,237 @@ class _Handler(BaseHTTPRequestHandler):
             stored["metadata"].setdefault("uid", str(uuid.uuid4()))
             state.events[key] = stored
             self._send(201 if method == "POST" else 200, stored)
+
+    # ------------------------------------------------------------------ ResourceSlices
+    def _slice(self, method: str, name: str | None, query: dict[str, str], body: Any) -> None:
+        """resource.k8s.io/v1 ResourceSlices (cluster-scoped): get, list, watch, create (with
+        generateName), update, delete (with preconditions), deletecollection, and `dryRun=All`."""
+        state = self.state
+        dry = query.get("dryRun") == "All"
+        if method == "GET":
+            if name is None:
+                watching = query.get("watch") in ("true", "1")
+                if self._allowed("watch" if watching else "list", "resourceslices"):
+
+                    def current() -> list[dict[str, Any]]:
+                        return list(state.resource_slices.values())
+
+                    if watching:
+                        self._watch("resourceslices", current, query)
+                    else:
+                        with state.lock:
+                            objects = current()
+                        self._list("resourceslices", objects, query)
+                return
+            if self._allowed("get", "resourceslices", name=name):
+                with state.lock:
+                    found = copy.deepcopy(state.resource_slices.get(name))
+                self._send(200, found) if found else self._not_found("resourceslices", name)
+            return
+        if method == "DELETE":
+            self._delete_slices(name, query, body, dry)
+            return
+        if method == "POST" and name is None:
+            if self._allowed("create", "resourceslices"):
+                self._create_slice(body, dry)
+            return
+        if method == "PUT" and name is not None:
+            if self._allowed("update", "resourceslices", name=name):
+                self._update_slice(name, body, dry)
+            return
+        self._send(
+            405, status(405, "MethodNotAllowed", f"{method} is not allowed here", kind="resourceslices")
+        )
+
+    def _not_found(self, resource: str, name: str) -> None:
+        group = GROUPS.get(resource, "")
+        qualified = f"{resource}.{group}" if group else resource
+        self._send(404, status(404, "NotFound", f'{qualified} "{name}" not found', name, resource))
+
+    def _invalid(self, resource: str, name: str, problems: list[str]) -> None:
+        self.state.errors.extend(problems)
+        kind = KINDS[resource][1]
+        self._send(
+            422,
+            status(
+                422,
+                "Invalid",
+                f'{kind}.{RESOURCE_GROUP} "{name}" is invalid: ' + "; ".join(problems),
+                name,
+                resource,
+            ),
+        )
+
+    def _create_slice(self, body: Any, dry: bool) -> None:
+        state = self.state
+        if not isinstance(body, dict):
+            self._send(
+                400, status(400, "BadRequest", "the body is not a ResourceSlice", kind="resourceslices")
+            )
+            return
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + "".join(
+                random.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(GENERATED_SUFFIX)
+            )
+        if not state.device_taints:
+            _drop_taints(obj.get("spec") or {})
+        for key in ("resourceVersion", "uid", "creationTimestamp", "generation"):
+            meta.pop(key, None)
+        problems = resource_slice_problems(obj)
+        if problems:
+            self._invalid("resourceslices", str(meta.get("name", "")), problems)
+            return
+        with state.lock:
+            if meta["name"] in state.resource_slices:
+                self._send(409, status(409, "AlreadyExists", f'resourceslices.{RESOURCE_GROUP} "{meta["name"]}" already exists',
+                                       meta["name"], "resourceslices"))  # fmt: skip
+                return
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = now_rfc3339()
+            meta["generation"] = 1
+            if not dry:
+                state.version += 1
+                meta["resourceVersion"] = str(state.version)
+                state.resource_slices[meta["name"]] = obj
+                state._record("resourceslices", "ADDED", obj)
+            self._send(201, copy.deepcopy(obj))
+
+    def _update_slice(self, name: str, body: Any, dry: bool) -> None:
+        state = self.state
+        if not isinstance(body, dict) or (body.get("metadata") or {}).get("name") != name:
+            self._send(400, status(400, "BadRequest", f"the name of the object does not match the name on the URL ({name})",
+                                   name, "resourceslices"))  # fmt: skip
+            return
+        with state.lock:
+            current = state.resource_slices.get(name)
+            if current is None:
+                self._not_found("resourceslices", name)
+                return
+            sent = body["metadata"].get("resourceVersion")
+            if sent and sent != current["metadata"]["resourceVersion"]:
+                self._send(409, status(409, "Conflict", f'Operation cannot be fulfilled on resourceslices.{RESOURCE_GROUP} "{name}": '
+                                       "the object has been modified; please apply your changes to the latest version and try again",
+                                       name, "resourceslices"))  # fmt: skip
+                return
+            obj = copy.deepcopy(body)
+            spec, old = obj.get("spec") or {}, current["spec"]
+            if not state.device_taints and not any(d.get("taints") for d in old.get("devices") or []):
+                _drop_taints(spec)
+            problems = resource_slice_problems(obj)
+            for key in ("driver", "nodeName"):
+                if spec.get(key) != old.get(key):
+                    problems.append(f"spec.{key}: Invalid value: {spec.get(key)!r}: field is immutable")
+            if (spec.get("pool") or {}).get("name") != old["pool"]["name"]:
+                problems.append("spec.pool.name: Invalid value: field is immutable")
+            if problems:
+                self._invalid("resourceslices", name, problems)
+                return
+            meta = obj["metadata"]
+            for key in ("uid", "creationTimestamp"):
+                meta[key] = current["metadata"][key]
+            meta["generation"] = current["metadata"]["generation"] + (spec != old)
+            if not dry:
+                state.version += 1
+                meta["resourceVersion"] = str(state.version)
+                state.resource_slices[name] = obj
+                state._record("resourceslices", "MODIFIED", obj)
+            else:
+                meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+            self._send(200, copy.deepcopy(obj))
+
+    def _delete_slices(self, name: str | None, query: dict[str, str], body: Any, dry: bool) -> None:
+        state = self.state
+        if name is None:  # deletecollection, as the kubelet wipes a node's slices
+            if not self._allowed("deletecollection", "resourceslices"):
+                return
+            terms = self._selector("resourceslices", query)
+            if terms is None:
+                return
+            with state.lock:
+                gone = [
+                    o if dry else state._delete_slice(n)
+                    for n, o in list(state.resource_slices.items())
+                    if self._selected(o, terms)
+                ]
+                version = str(state.version)
+            self._send(200, {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
+                             "metadata": {"resourceVersion": version}, "items": gone})  # fmt: skip
+            return
+        if not self._allowed("delete", "resourceslices", name=name):
+            return
+        pre = (body or {}).get("preconditions") or {} if isinstance(body, dict) else {}
+        with state.lock:
+            current = state.resource_slices.get(name)
+            if current is None:
+                self._not_found("resourceslices", name)
+                return
+            for key in ("uid", "resourceVersion"):
+                if pre.get(key) and pre[key] != current["metadata"][key]:
+                    self._send(409, status(409, "Conflict", f"Precondition failed: {key} in precondition: {pre[key]}, "
+                                           f"{key} in object meta: {current['metadata'][key]}", name, "resourceslices"))  # fmt: skip
+                    return
+            deleted = copy.deepcopy(current) if dry else state._delete_slice(name)
+        self._send(200, copy.deepcopy(deleted))
+
+    # ------------------------------------------------------------------ ResourceClaims
+    def _claim(self, method: str, namespace: str, name: str | None, query: dict[str, str], body: Any) -> None:
+        """resource.k8s.io/v1 ResourceClaims of a namespace: get, list, watch, create, delete."""
+        state = self.state
+        if method == "GET" and name is None:
+            watching = query.get("watch") in ("true", "1")
+            if self._allowed("watch" if watching else "list", "resourceclaims", namespace):
+
+                def current() -> list[dict[str, Any]]:
+                    return [o for (ns, _), o in state.resource_claims.items() if ns == namespace]
+
+                if watching:
+                    self._watch("resourceclaims", current, query)
+                else:
+                    with state.lock:
+                        objects = current()
+                    self._list("resourceclaims", objects, query)
+            return
+        if method == "GET":
+            assert name is not None
+            if self._allowed("get", "resourceclaims", namespace, name):
+                with state.lock:
+                    found = copy.deepcopy(state.resource_claims.get((namespace, name)))
+                self._send(200, found) if found else self._not_found("resourceclaims", name)
+            return
+        if method == "POST" and name is None:
+            if not self._allowed("create", "resourceclaims", namespace):
+                return
+            problems = resource_claim_problems(body, namespace)
+            claim_name = str(((body or {}).get("metadata") or {}).get("name", ""))
+            if problems:
+                self._invalid("resourceclaims", claim_name, problems)
+                return
+            with state.lock:
+                if (namespace, claim_name) in state.resource_claims:
+                    self._send(409, status(409, "AlreadyExists", f'resourceclaims.{RESOURCE_GROUP} "{claim_name}" already exists',
+                                           claim_name, "resourceclaims"))  # fmt: skip
+                    return
+                body["metadata"]["namespace"] = namespace
+                body["metadata"].pop("uid", None)
+                state.put_claim(body, validate=False)
+                self._send(201, copy.deepcopy(state.resource_claims[(namespace, claim_name)]))
+            return
+        if method == "DELETE" and name is not None:
+            if not self._allowed("delete", "resourceclaims", namespace, name):
+                return
+            with state.lock:
+                if (namespace, name) not in state.resource_claims:
+                    self._not_found("resourceclaims", name)
+                    return
+                gone = copy.deepcopy(state.resource_claims[(namespace, name)])
+                state.delete_claim(namespace, name)
+            self._send(200, gone)
+            return
+        self._send(
+            405, status(405, "MethodNotAllowed", f"{method} is not allowed here", kind="resourceclaims")
+        )
 
     # ------------------------------------------------------------------ NodeFeature
     def _node_feature(self, method: str, namespace: str, name: str | None, body: Any) -> None:
@@ -819,6 +1419,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:
         self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
 
 
 def _certificates(directory: Path) -> tuple[bytes, Path, Path]:

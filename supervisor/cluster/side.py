@@ -18,6 +18,11 @@ Once started, on threads of their own, never the main loop's:
   and the batch's Event and hands both to the writer. Events that happen before the start are
   kept (the last `MAX_EARLY_EVENTS`) and sent once it starts, with the condition as it is then.
 
+Parts of higher layers join through `ClusterPart` (the DRA driver's ResourceSlices and claims,
+supervisor/dra/side.py): each says whether it needs the API server now (`wanted`), and is started
+with the client once the cluster side is up, or as soon as it becomes wanted after that (a node
+switched to mode dra at run time); it is stopped with the cluster side.
+
 A failure to start (a kubeconfig that cannot be read, a service account token not mounted yet)
 is logged once per distinct error, shown in status, and retried with backoff; it never stops the
 supervisor.
@@ -28,7 +33,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from common.backoff import Backoff
 from common.messages import Json
@@ -50,6 +55,25 @@ TIMER = "cluster-start"
 MAX_EARLY_EVENTS = 50
 
 
+class ClusterPart(Protocol):
+    """A feature of a higher layer that talks to the API server through the cluster side's client."""
+
+    @property
+    def wanted(self) -> bool:
+        """Does it need the API server now?"""
+        ...
+
+    def start(self, client: KubeClient) -> None:
+        """The client is up (its threads start here; nothing may block)."""
+        ...
+
+    def stop(self) -> None:
+        """The client is being aborted: end its threads' work now."""
+        ...
+
+    def status(self) -> dict[str, Json]: ...
+
+
 class ClusterSide:
     def __init__(
         self,
@@ -61,6 +85,7 @@ class ClusterSide:
         timers: Scheduler,
         post: Callable[[Callable[[], None]], None],
         on_label: Callable[[str], object],
+        parts: Mapping[str, ClusterPart] | None = None,
     ) -> None:
         self.node = config.node_name
         self.label_key = config.node_label
@@ -84,13 +109,15 @@ class ClusterSide:
         self.client: KubeClient | None = None
         self.watch: ObjectWatch | None = None
         self.writer: NodeHealthWriter | None = None
+        self.parts = dict(parts or {})
+        self.parts_started: set[str] = set()
         self.label: str | None = None  # the label's value as last seen, posted or not
         self._absent = False  # the Node was not there the last time the watch looked
         self._early: deque[NodeEvent] = deque(maxlen=MAX_EARLY_EVENTS)
 
     @property
     def wanted(self) -> bool:
-        return self.watch_label or self.node_health
+        return self.watch_label or self.node_health or any(p.wanted for p in self.parts.values())
 
     @property
     def started(self) -> bool:
@@ -99,7 +126,10 @@ class ClusterSide:
     # ------------------------------------------------------------------ start and stop
     def start_when(self, *, registered: bool, nothing_to_register: bool, awaiting_label: bool) -> None:
         """Start once the kubelet path is up (called every loop turn; cheap until then)."""
-        if not self.wanted or self.started or self.timers.when(TIMER) is not None:
+        if self.started:
+            self._start_parts()
+            return
+        if not self.wanted or self.timers.when(TIMER) is not None:
             return
         if registered:
             self.start("a worker registered with the kubelet")
@@ -149,10 +179,21 @@ class ClusterSide:
                 for what, on in (
                     (f"config by the node label {self.label_key}", self.watch_label),
                     ("GPU health on the Node", self.node_health),
+                    *((name, part.wanted) for name, part in self.parts.items()),
                 )
                 if on
             ),
         )
+        self._start_parts()
+
+    def _start_parts(self) -> None:
+        """Each part that wants the API server and has not got it yet gets the client."""
+        if self.client is None:
+            return
+        for name, part in self.parts.items():
+            if name not in self.parts_started and part.wanted:
+                self.parts_started.add(name)
+                part.start(self.client)
 
     def stop(self) -> None:
         """End every API call now (a pod's grace period is short); threads are not waited for long."""
@@ -162,6 +203,9 @@ class ClusterSide:
     def _stop_parts(self) -> None:
         if self.client is not None:
             self.client.abort()
+        for name in sorted(self.parts_started):
+            self.parts[name].stop()
+        self.parts_started.clear()
         for part in (self.watch, self.writer):
             if part is not None:
                 part.stop(join=0.5)
@@ -244,6 +288,8 @@ class ClusterSide:
             out["node_health"] = (
                 self.writer.status() if self.writer is not None else {"events_waiting": len(self._early)}
             )
+        for name, part in self.parts.items():
+            out[name] = part.status() if name in self.parts_started else None
         if self.client is not None:
             out["api_requests"] = self.client.requests
         return out

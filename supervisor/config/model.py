@@ -146,6 +146,7 @@ class Config:
     kubelet_plugins_dir: str
     kubelet_registry_dir: str
     dra_claims_dir: str
+    pod_resources_socket: str
     disable_healthchecks: tuple[str, ...]
     enable_healthchecks: tuple[str, ...]
     resources: ResourcesConfig = ResourcesConfig()

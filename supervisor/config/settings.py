@@ -384,6 +384,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _s("dra_claims_dir", ("--dra-claims-dir",), ("GPUVISOR_DRA_CLAIMS_DIR",), "gpuvisor.draClaimsDir", "string", "",
        own_string, "Read ResourceClaims from <dir>/<namespace>/<name>.json (resource.k8s.io/v1 JSON) instead "
        "of the API server: simulated nodes, the demo, tests.", default_doc="(the API server)", gpuvisor=True),
+    _s("pod_resources_socket", ("--pod-resources-socket",), ("GPUVISOR_POD_RESOURCES_SOCKET",),
+       "gpuvisor.podResourcesSocket", "string", "/var/lib/kubelet/pod-resources/kubelet.sock", own_string,
+       "The kubelet's pod-resources API: in mode dra, devices that device-plugin containers still hold are "
+       "left out of the ResourceSlices (empty: the kubelet's device-manager checkpoint is read instead).",
+       gpuvisor=True),
     _s("disable_healthchecks", (), ("DP_DISABLE_HEALTHCHECKS",), None, "string", (), token_list,
        "NVIDIA's health-check switch: all, xids, or a comma list of XIDs to ignore.", gpuvisor=True),
     _s("enable_healthchecks", (), ("DP_ENABLE_HEALTHCHECKS",), None, "string", (), token_list,

@@ -6,8 +6,8 @@ and hands typed messages to typed handlers (`ControlHandlers`); it replies to co
 
 Who may say what. A worker's first message on its DEALER is a `Hello` with the secret the
 supervisor gave that spawn (`supervisor/workers/spawner.py`); `accept_hello` checks it, and the DEALER's
-route is then bound to (resource, pid). A Heartbeat, StatusReport or
-SnapshotRequest is taken only from a bound route, for the resource and pid bound to it. So a late
+route is then bound to (resource, pid). A Heartbeat, StatusReport,
+SnapshotRequest or ClaimRequest is taken only from a bound route, for the resource and pid bound to it. So a late
 message of a replaced worker (its route was unbound when its successor was spawned), or a forged
 one from any other process on the socket, is dropped and counted by reason; a Heartbeat from such
 a route is answered with `Shutdown` (a worker nobody here started must not serve beside ours).
@@ -30,6 +30,7 @@ import zmq
 
 from common.messages import (
     MAX_MESSAGE_BYTES,
+    ClaimRequest,
     Command,
     HealthSnapshot,
     Heartbeat,
@@ -79,6 +80,10 @@ class ControlHandlers(Protocol):
 
     def snapshot_for(self, resource: str) -> HealthSnapshot | None:
         """The health snapshot for a worker's request, or None (the resource is going away)."""
+        ...
+
+    def on_claim_request(self, request: ClaimRequest) -> None:
+        """The DRA worker asks for a ResourceClaim; the answer goes back later (`tell`)."""
         ...
 
 
@@ -203,7 +208,7 @@ class ControlEndpoint:
             self._bind(route[0], binding)
             handlers.on_bound(binding)
             return
-        if not isinstance(message, Heartbeat | StatusReport | SnapshotRequest):
+        if not isinstance(message, Heartbeat | StatusReport | SnapshotRequest | ClaimRequest):
             self._drop(f"{message.KIND} is not for the supervisor")
             return
         binding = self._routes.get(route[0]) if len(route) == 1 else None
@@ -226,6 +231,8 @@ class ControlEndpoint:
             handlers.on_heartbeat(message)
         elif isinstance(message, StatusReport):
             handlers.on_status_report(message)
+        elif isinstance(message, ClaimRequest):
+            handlers.on_claim_request(message)
         else:
             snapshot = handlers.snapshot_for(message.resource)
             if snapshot is not None:

@@ -42,7 +42,8 @@ from supervisor.desired.reconcile import Deferred, Desired, Outcome, Reconciler,
 from supervisor.health.policy import HealthPolicy, PolicyError
 from supervisor.mps.layout import MpsError
 from supervisor.mps.wiring import MpsWiring
-from supervisor.node.planning import PlanningError, plan_resources
+from supervisor.node.draplan import DraHold
+from supervisor.node.planning import NO_HOLD, PlanningError, plan_resources
 from supervisor.scheduler import Scheduler
 
 log = logging.getLogger("gpuvisor.supervisor")
@@ -57,6 +58,7 @@ RESTART_ONLY = (
     "log_level",
     "fail_on_init_error",
     "node_health",
+    "pod_resources_socket",
 )
 
 
@@ -80,6 +82,7 @@ class Replanner:
         mps: MpsWiring,
         timers: Scheduler,
         remember_label: Callable[[str], None] = lambda value: None,
+        dra_hold: Callable[[Config], DraHold] = lambda config: NO_HOLD,
     ) -> None:
         self.argv_flags = argv_flags
         self.environ = environ
@@ -91,6 +94,10 @@ class Replanner:
         self.rediscoveries = 0
         self.label: str | None = None  # the node's config label as last read (None: not yet)
         self.remember_label = remember_label  # kept for a restart in the same run dir
+        # What DRA claims hold while the node runs as a device plugin (the main loop reads the DRA
+        # worker's checkpoint and state), and what the running plans were made with.
+        self.dra_hold = dra_hold
+        self.planned_hold: DraHold | None = None
         self.config_fp = self._source_fingerprint()
 
     # ------------------------------------------------------------------ triggers
@@ -107,11 +114,13 @@ class Replanner:
                 config.awaiting_label,
             )
             return False
+        hold = self.dra_hold(config)
         try:
-            plans = plan_resources(node, config)
+            plans = plan_resources(node, config, hold)
             self.mps.validate(config, plans)
         except (PlanningError, MpsError) as exc:
             raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
+        self._note_hold(hold)
         log.info(
             "discovered %d GPUs; resources: %s",
             len(node.gpus),
@@ -233,14 +242,37 @@ class Replanner:
             node = self.nvml.rediscover(node_now)
         except Exception as exc:  # NVML trouble during rediscovery: keep what runs
             return Refusal(what, f"discovery failed: {exc}", trigger)
-        if node == node_now and config == running and self.reconciler.pending is None:
+        hold = self.dra_hold(config)
+        if (
+            node == node_now
+            and config == running
+            and hold == self.planned_hold
+            and self.reconciler.pending is None
+        ):
             return Unchanged(what, trigger)  # the common case of a periodic rediscovery
         try:
-            plans = plan_resources(node, config)
+            plans = plan_resources(node, config, hold)
             self.mps.validate(config, plans)
         except (PlanningError, MpsError) as exc:
             return Refusal(what, str(exc), trigger)
+        self._note_hold(hold)
         return Desired(config, node, plans, trigger, what)
+
+    def _note_hold(self, hold: DraHold) -> None:
+        """The running plans are made with `hold`: one line when what DRA holds changes."""
+        before, self.planned_hold = self.planned_hold or NO_HOLD, hold
+        if hold == before:
+            return
+        if not hold.settled:
+            log.info("switching from DRA: the DRA worker drains first; the device plugin waits for it")
+        elif hold.devices:
+            log.info(
+                "devices of prepared DRA claims stay with their pods, out of the device plugin, until "
+                "unprepared: %s",
+                ", ".join(sorted(hold.devices)),
+            )
+        else:
+            log.info("no prepared DRA claim holds a device: every device is the device plugin's")
 
     def _live_part(self, config: Config) -> Config:
         """`config` with the settings a running supervisor cannot change held at their values."""

@@ -1,8 +1,18 @@
-"""The supervisor's side of DRA (`--mode dra`): what the node publishes to the API server.
+"""The supervisor's side of DRA (`--mode dra`): what the node publishes to the API server, and the
+DRA worker's claims.
 
-Owns: `slices` (the node's ResourceSlices as NVIDIA's DRA driver publishes them: devices,
-attributes, capacities and health taints, a pure function of the node and the health book's
-conditions; and the API server's rules for them). Publishing them, and the API-server claim
-source of the DRA worker, come with the API-server layer (gpuvisor issue 28). May import:
-`common/`, `supervisor.config`, `supervisor.node`, `supervisor.health`.
+- `slices`   the node's ResourceSlices as NVIDIA's DRA driver publishes them (devices, attributes,
+             capacities, health taints): a pure function of the node and the health book's
+             conditions, the API server's rules for them, and `PoolWant` (what the pool should show);
+- `publish`  `SlicePublisher`: the thread that keeps them at the API server (owned by the Node,
+             a new pool generation per change, republished after the kubelet wipes them, taints
+             where the server keeps them), and withdraws them when the node turns device plugin;
+- `held`     devices the device plugin's containers still hold, as DRA device names (left out);
+- `claims`   `ClaimFetcher`: the DRA worker's ResourceClaims, fetched with the node's API client;
+- `side`     `DraSide`: the part the cluster side starts (supervisor/cluster `ClusterPart`), fed
+             by the main loop.
+
+`publish` (and through it `supervisor.kube`) is imported only when the cluster side starts.
+May import: `common/`, `supervisor.kube`, `supervisor.config`,
+`supervisor.node`, `supervisor.health`, `supervisor.observe`.
 """

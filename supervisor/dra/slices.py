@@ -31,14 +31,16 @@ v25.12.0 does. A slice holds at most 128 devices, 64 when any carries taints (1.
 
 `slice_problems(obj)` checks an object against the API server's rules that the JSON schema does
 not carry (names, lengths, counts, semver): the publisher refuses to send what the server would
-reject, with the reason. Publishing itself (generation bumps, owner reference to the Node,
-republishing after the kubelet wipes the node's slices) needs the API-server layer.
+reject, with the reason. `PoolWant` is what the main loop wants the pool to show; publishing it
+(generations, the owner reference to the Node, republishing after the kubelet wipes the node's
+slices) is `supervisor.dra.publish`'s.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -220,6 +222,21 @@ def device_taints(
 # ---------------------------------------------------------------------------------- slices
 
 
+@dataclass(frozen=True)
+class PoolWant:
+    """What the pool should show, as the main loop sees it (the publisher's input).
+
+    `publish` False: the node is not a DRA node now; every slice of this node and driver goes.
+    `wait`: why not to publish yet (the device plugin's workers are still running after a switch:
+    a device they hand out now must not also be offered here); nothing is written meanwhile.
+    """
+
+    publish: bool
+    node: Node | None = None
+    conditions: tuple[ConditionView, ...] = ()
+    wait: str = ""
+
+
 def build_slices(
     node: Node,
     conditions: Sequence[ConditionView],
@@ -228,14 +245,18 @@ def build_slices(
     generation: int = 1,
     taints: bool = True,
     driver: str = DRIVER,
+    exclude: Container[str] = (),
 ) -> list[dict[str, Any]]:
     """The pool's ResourceSlice objects (without owner references: the publisher adds the Node's UID).
 
     `generation` is the pool's (the publisher bumps it for each new content); `taints=False`
-    leaves unhealthy devices out instead of tainting them.
+    leaves unhealthy devices out instead of tainting them; `exclude` names devices left out
+    (held by containers of the device plugin this node ran before).
     """
     devices: list[dict[str, Any]] = []
     for gpu, mig, name in dra_devices(node):
+        if name in exclude:
+            continue
         device = gpu_device(gpu, node, name) if mig is None else mig_device(gpu, mig, node, name)
         marks = device_taints(gpu, mig, conditions)
         if marks and not taints:

@@ -2,14 +2,15 @@
 
 Everything that reads or writes API objects goes through this layer: the NodeFeature labels
 (`gpuvisor labels`), the node's config chosen by its label and health on the Node (the
-`cluster` package inside `gpuvisor run`). It owns, once each:
+`cluster` package inside `gpuvisor run`), the DRA driver's ResourceSlices and claims (`dra`). It owns, once each:
 
 - `credentials`  a kubeconfig or the pod's service account, with client-go's rules;
 - `client`       `KubeClient`: one bounded HTTPS call per connection over the standard library,
                  gpuvisor's user agent and field manager, counted; `abort()` ends every call now;
 - `limiter`      client-go's token bucket (`--kube-api-qps`, `--kube-api-burst`);
-- `watch`        `ObjectWatch`: list, then watch one named object, resourceVersion kept, a new
-                 list on 410 Gone, capped backoff, each failure logged once and counted;
+- `watch`        `ListWatch` / `ObjectWatch`: list, then watch a collection by field selector
+                 (or one named object), resourceVersion kept, a new list on 410 Gone, capped
+                 backoff, each failure logged once and counted;
 - `recorder`     Events correlated as client-go's recorder does (counts, combining, spam filter);
 - `errors`       `ApiError` (with what the server said, or that it said nothing), `Stopped`,
                  `CredentialsError`.

@@ -39,7 +39,7 @@ import socket
 import ssl
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from supervisor.kube.credentials import Credentials
@@ -127,7 +127,7 @@ class KubeClient:
 
     def stream(
         self, path: str, *, what: str, query: Mapping[str, str], timeout: float
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         """A watch: each JSON line of the answer as it arrives, until the server ends the stream.
         `timeout` bounds the wait for one line. Raises ApiError (a bad answer, an event over
         MAX_LINE_BYTES, a broken stream) or Stopped."""
@@ -254,6 +254,10 @@ class KubeClient:
                 sock.setblocking(True)
                 sock.settimeout(timeout)
                 _keepalive(sock)
+                # As Go's net package and http.client do: a request's last small write never waits
+                # for the server's delayed ACK.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if creds.ssl_context is None:
                     return sock
                 return creds.ssl_context.wrap_socket(

@@ -1,8 +1,9 @@
-"""One named object, kept in view: a list, then a watch from its resourceVersion, forever.
+"""A collection (or one named object) kept in view: a list, then a watch from its resourceVersion.
 
-client-go's reflector, for one object selected by `metadata.name` (the supervisor's own Node):
+client-go's reflector, for the objects a field selector picks (`ListWatch`: the node's
+ResourceSlices) or one object by `metadata.name` (`ObjectWatch`: the supervisor's own Node):
 
-- a list gives the object (or its absence) and the resourceVersion to watch from;
+- a list gives the objects (or the one's absence) and the resourceVersion to watch from;
 - the watch asks for bookmarks, so the kept resourceVersion moves even when the object does not;
 - a stream the server ends (its `timeoutSeconds`, 5 to 10 minutes) is watched again at once from
   the kept resourceVersion; `410 Gone` (a version the server no longer keeps) means a new list;
@@ -10,9 +11,8 @@ client-go's reflector, for one object selected by `metadata.name` (the superviso
   from the kept version first, as client-go does; each distinct failure is logged once and every
   one counted, and the first success after failures logs that it works again.
 
-It runs on its own thread and only calls `on_object` (the object, or None when it is deleted or
-absent) from there: the owner posts what it needs to its own loop. `stop()` ends it at once: it
-aborts the client, which cuts the stream's read short.
+It runs on its own thread and calls its callbacks only from there: the owner posts what it needs
+to its own loop. `stop()` ends it at once: it aborts the client, which cuts the stream's read short.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from common.backoff import Backoff
@@ -40,24 +40,31 @@ def backoff() -> Backoff:
     return Backoff(0.8, 30.0, jitter=0.5)
 
 
-class ObjectWatch:
+class ListWatch:
+    """A collection kept in view: `on_list` gets every listed object (the truth at that version),
+    `on_event` each watch event after it ("ADDED", "MODIFIED", "DELETED"). `selector` is the
+    query's `fieldSelector` (e.g. "spec.nodeName=n1,spec.driver=gpu.nvidia.com"). Both callbacks
+    run on the watch's thread."""
+
     def __init__(
         self,
         client: KubeClient,
         *,
         path: str,
-        name: str,
+        selector: str,
         what: str,
-        on_object: Callable[[dict[str, Any] | None], None],
+        on_list: Callable[[list[dict[str, Any]]], None],
+        on_event: Callable[[str, dict[str, Any]], None],
         on_count: Callable[[str], None] = lambda event: None,
         retry: Backoff | None = None,
         watch_seconds: Callable[[], int] = lambda: random.randint(MIN_WATCH_S, 2 * MIN_WATCH_S),
     ) -> None:
         self.client = client
         self.path = path  # the collection, e.g. /api/v1/nodes
-        self.name = name
+        self.selector = selector
         self.what = what  # e.g. "Node gpu-1", for logs
-        self.on_object = on_object
+        self.on_list = on_list
+        self.on_event = on_event
         self.on_count = on_count  # "list", "watch", "gone", "failure": what the metrics count
         self.retry = retry or backoff()
         self.watch_seconds = watch_seconds
@@ -79,7 +86,7 @@ class ObjectWatch:
             self._thread.join(join)
 
     def run(self) -> None:
-        selector = {"fieldSelector": f"metadata.name={self.name}"}
+        selector = {"fieldSelector": self.selector} if self.selector else {}
         while not self.client.stopped:
             try:
                 if not self.resource_version:
@@ -116,10 +123,9 @@ class ObjectWatch:
         meta = answer.get("metadata") if isinstance(answer, dict) else None
         if not isinstance(items, list) or not isinstance(meta, dict):
             raise ApiError(f"list {self.what}", 200, "BadList", "the answer is not a list")
-        found = next((o for o in items if _name(o) == self.name), None)
         self.resource_version = str(meta.get("resourceVersion") or "")
         self._works()
-        self.on_object(found)
+        self.on_list([o for o in items if isinstance(o, dict)])
 
     def _watch(self, selector: dict[str, str]) -> None:
         seconds = self.watch_seconds()
@@ -133,6 +139,15 @@ class ObjectWatch:
         self.on_count("watch")
         stream = self.client.stream(self.path, what=f"watch {self.what}", query=query, timeout=seconds + 60.0)
         self.state = "watching"
+        try:
+            self._events(stream)
+        finally:
+            # Closed here, not when the generator is collected: an ERROR event or a callback's
+            # exception leaves it suspended, and with it the stream's socket open until a GC.
+            stream.close()
+        # The server ended the stream (its timeout): watch again from where it left off.
+
+    def _events(self, stream: Iterable[dict[str, Any]]) -> None:
         first = True
         for event in stream:
             if first:
@@ -152,13 +167,8 @@ class ObjectWatch:
             version = (obj.get("metadata") or {}).get("resourceVersion")
             if version:
                 self.resource_version = str(version)
-            if kind == "BOOKMARK" or _name(obj) != self.name:
-                continue
-            if kind in ("ADDED", "MODIFIED"):
-                self.on_object(obj)
-            elif kind == "DELETED":
-                self.on_object(None)
-        # The server ended the stream (its timeout): watch again from where it left off.
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                self.on_event(str(kind), obj)
 
     def _failed(self, exc: ApiError) -> None:
         self.failures += 1
@@ -189,6 +199,45 @@ class ObjectWatch:
             "error": self.last_error or None,
             "failing_since": self.failing_since,
         }
+
+
+class ObjectWatch(ListWatch):
+    """One object of a collection, by `metadata.name`: `on_object` gets it as listed or changed,
+    or None when it is deleted or absent."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        path: str,
+        name: str,
+        what: str,
+        on_object: Callable[[dict[str, Any] | None], None],
+        on_count: Callable[[str], None] = lambda event: None,
+        retry: Backoff | None = None,
+        watch_seconds: Callable[[], int] = lambda: random.randint(MIN_WATCH_S, 2 * MIN_WATCH_S),
+    ) -> None:
+        super().__init__(
+            client,
+            path=path,
+            selector=f"metadata.name={name}",
+            what=what,
+            on_list=self._listed,
+            on_event=self._changed,
+            on_count=on_count,
+            retry=retry,
+            watch_seconds=watch_seconds,
+        )
+        self.name = name
+        self.on_object = on_object
+
+    def _listed(self, items: list[dict[str, Any]]) -> None:
+        self.on_object(next((o for o in items if _name(o) == self.name), None))
+
+    def _changed(self, kind: str, obj: dict[str, Any]) -> None:
+        if _name(obj) != self.name:
+            return
+        self.on_object(None if kind == "DELETED" else obj)
 
 
 def _name(obj: object) -> str:

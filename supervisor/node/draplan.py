@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from common.model import AllocatableDevice, AllocateSettings, DraSettings, Gpu, MigDevice, Node, ResourcePlan
 from supervisor.config import DRA_DRIVER, Config
@@ -94,9 +95,62 @@ def _device(gpu: Gpu, mig: MigDevice | None, name: str) -> AllocatableDevice:
     )
 
 
-def dra_plan(node: Node, config: Config) -> ResourcePlan:
-    """The DRA worker's plan for this node (see the module docstring)."""
-    devices = tuple(_device(gpu, mig, name) for gpu, mig, name in dra_devices(node))
+@dataclass(frozen=True)
+class DraHold:
+    """What the DRA side holds while the node runs as a device plugin (planning's input).
+
+    `settled` is False while a DRA worker may still prepare claims (a switch from mode dra is
+    under way and the worker has not confirmed that it drains): then nothing is offered through
+    the device plugin yet. `devices` are the DRA device names that prepared claims hold (the DRA
+    worker's checkpoint): they stay with their pods, out of the device plugin's plans, and a
+    draining DRA worker keeps serving their unprepare.
+    """
+
+    settled: bool = True
+    devices: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class HeldUuids:
+    """The device-plugin devices that DRA-held devices make unavailable, by UUID."""
+
+    gpus: frozenset[str]  # full GPUs held: every device of the GPU (replicas, MIG devices) goes
+    migs: frozenset[str]  # MIG devices held: each goes...
+    mig_parents: frozenset[str]  # ...and so does the full GPU they are part of
+
+    def blocks(self, device: AllocatableDevice) -> bool:
+        """Is this device-plugin device (or replica) in use through DRA?"""
+        if device.gpu_uuid in self.gpus or device.uuid in self.migs:
+            return True
+        whole = device.mig_gi is None  # the full GPU (mig strategy none on a MIG-enabled GPU)
+        return whole and device.gpu_uuid in self.mig_parents
+
+
+def held_uuids(node: Node, names: frozenset[str]) -> HeldUuids:
+    """The UUIDs behind DRA device names (names this node no longer has are skipped)."""
+    gpus: set[str] = set()
+    migs: set[str] = set()
+    parents: set[str] = set()
+    for gpu, mig, name in dra_devices(node):
+        if name not in names:
+            continue
+        if mig is None:
+            gpus.add(gpu.uuid)
+        else:
+            migs.add(mig.uuid)
+            parents.add(gpu.uuid)
+    return HeldUuids(frozenset(gpus), frozenset(migs), frozenset(parents))
+
+
+def dra_plan(
+    node: Node, config: Config, *, drain: bool = False, only: frozenset[str] | None = None
+) -> ResourcePlan:
+    """The DRA worker's plan for this node (see the module docstring). `drain`: the node runs as
+    a device plugin, and the worker only finishes the claims it prepared, whose devices are
+    `only` (the plan lists those that still exist)."""
+    devices = tuple(
+        _device(gpu, mig, name) for gpu, mig, name in dra_devices(node) if only is None or name in only
+    )
     allocate = AllocateSettings(
         # The claims' devices reach containers through CDI only: the supervisor's spec names them.
         device_list_strategies=("cdi-cri",),
@@ -117,5 +171,6 @@ def dra_plan(node: Node, config: Config) -> ResourcePlan:
             plugin_dir=os.path.join(config.kubelet_plugins_dir, DRIVER),
             registry_dir=config.kubelet_registry_dir,
             claims_dir=config.dra_claims_dir,
+            drain=drain,
         ),
     )

@@ -30,13 +30,14 @@ NVIDIA parses but ignores and gpuvisor honours: custom `resources` names, `renam
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from common.model import AllocatableDevice, AllocateSettings, Gpu, Link, MigDevice, Node, ResourcePlan
 from supervisor.config import RESOURCE_DOMAIN, Config, DeviceSelector, ResourcePattern
-from supervisor.node.draplan import DRIVER, dra_plan
+from supervisor.node.draplan import DRIVER, DraHold, dra_plan, held_uuids
 from supervisor.node.plansize import (
     KUBELET_MAX_RECEIVE_BYTES,
     LIST_AND_WATCH_BUDGET,
@@ -50,6 +51,7 @@ GPU_RESOURCE = f"{RESOURCE_DOMAIN}/gpu"
 # for its JSON, plus the health book and the protobuf message), so 131,072 keep that near
 # 128 MiB; no real node needs more than a few thousand.
 MAX_PLANNED_DEVICES = 131_072
+NO_HOLD = DraHold()
 
 # How many MPS clients one GPU serves: 48 from compute capability 7.5 on, 16 before (the MPS
 # server's per-device client limit). A replica is a client slot, so replicas may not exceed it.
@@ -76,13 +78,32 @@ class _Placed:
     device: AllocatableDevice
 
 
-def plan_resources(node: Node, config: Config) -> dict[str, ResourcePlan]:
+def plan_resources(node: Node, config: Config, hold: DraHold = NO_HOLD) -> dict[str, ResourcePlan]:
     """One plan per advertised resource, keyed by the full resource name, ordered by name.
 
     In `--mode dra` the node advertises no extended resource: its one plan is the DRA worker's
-    (supervisor/node/draplan.py), so no GPU is ever offered through both APIs."""
+    (supervisor/node/draplan.py), so no GPU is ever offered through both APIs. In mode
+    device-plugin, `hold` is what DRA claims prepared before still hold (a node switched from
+    mode dra): while a DRA worker may still prepare claims, its draining plan is the only plan;
+    once settled, the held devices stay out of the device plugin's plans (every replica, and a
+    full GPU whose MIG device is held) and a draining DRA plan keeps serving their unprepare."""
     if config.mode == "dra":
         return {DRIVER: dra_plan(node, config)}
+    if not hold.settled:
+        return {DRIVER: dra_plan(node, config, drain=True)}
+    plans = _device_plugin_plans(node, config)
+    if not hold.devices:
+        return plans
+    blocked = held_uuids(node, hold.devices)
+    out = {DRIVER: dra_plan(node, config, drain=True, only=hold.devices)}
+    for resource, plan in plans.items():
+        kept = tuple(d for d in plan.devices if not blocked.blocks(d))
+        if kept:  # a resource whose every device is held is not advertised until one comes back
+            out[resource] = dataclasses.replace(plan, devices=kept)
+    return dict(sorted(out.items()))
+
+
+def _device_plugin_plans(node: Node, config: Config) -> dict[str, ResourcePlan]:
     if config.sharing.strategy == "mps":
         _check_mps_config(config)
     base = _base_devices(node, config)

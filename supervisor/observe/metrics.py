@@ -307,6 +307,13 @@ class Metrics:
             ["what", "result"],
             registry=r,
         )
+        self.dra_api = Counter(
+            "gpuvisor_dra_api",
+            "The DRA driver's API-server work: ResourceSlice creates, updates and deletes, taint probes, "
+            "publishing passes, the slices' watch, and claims fetched for the DRA worker, by result.",
+            ["what", "result"],
+            registry=r,
+        )
         self.config_info = Gauge(
             "gpuvisor_config_info",
             "The config that runs (1): its name among the named configs and where the choice came from.",
@@ -450,6 +457,10 @@ class Metrics:
 
     def node_health_write(self, what: str, result: str) -> None:
         self.node_health_writes.labels(what, result).inc()
+
+    def dra_call(self, what: str, result: str) -> None:
+        """Called from the DRA side's threads."""
+        self.dra_api.labels(what, result).inc()
 
     def set_config(self, name: str, source: str) -> None:
         """The config that runs now: one series, moved when it changes."""

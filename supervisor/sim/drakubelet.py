@@ -16,7 +16,9 @@ pkg/kubelet/cm/dra, v1.34), so tests and benchmarks exercise the DRA worker the 
   a `NodeWatchResources` stream is kept open, re-opened when it ends, and each message's devices
   recorded with the time they arrived.
 - `restart()`: streams end, registrations are forgotten, and the watcher starts over: as the
-  real kubelet, it deletes nothing in the registry dir and finds the sockets that are there.
+  real kubelet, it deletes nothing in the registry dir and finds the sockets that are there. Given
+  an API client and the node's name (`api`, `node_name`), it first deletes every ResourceSlice of
+  the node, as the kubelet does when it starts (a DeleteCollection by `spec.nodeName`).
 
 `ClaimStore` stands in for the API server and the scheduler: it writes allocated
 ResourceClaims (resource.k8s.io/v1 JSON, as the API server serves them) where the DRA worker's
@@ -34,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -49,6 +51,9 @@ from common.draapi import (
     v1beta1,
 )
 from common.draapi.rpc import DraV1beta1Client, DraV1Client, HealthClient, RegistrationClient
+
+if TYPE_CHECKING:
+    from supervisor.kube.client import KubeClient
 
 log = logging.getLogger("gpuvisor.drakubelet")
 
@@ -107,8 +112,13 @@ class DraKubeletStandin:
         versions: Sequence[str] = KUBELET_VERSIONS,
         health_streams: bool = True,
         scan_interval: float = SCAN_S,
+        api: KubeClient | None = None,
+        node_name: str = "",
     ) -> None:
         self.registry_dir = os.path.abspath(registry_dir)
+        self.api = api
+        self.node_name = node_name
+        self.wipes = 0
         self.versions = tuple(versions)
         self.health_streams = health_streams
         self.scan_interval = scan_interval
@@ -143,9 +153,23 @@ class DraKubeletStandin:
             self._close(plugin)
 
     def restart(self) -> None:
-        """A kubelet restart: streams end, registrations go, the registry dir is read again."""
+        """A kubelet restart: streams end, registrations go, the node's ResourceSlices are deleted
+        (with an API client), the registry dir is read again."""
         self.stop()
+        if self.api is not None:
+            self.wipe_slices()
         self.start()
+
+    def wipe_slices(self) -> None:
+        """What the kubelet's DRA manager does at its start: DeleteCollection of the node's slices."""
+        assert self.api is not None
+        self.api.request(
+            "DELETE",
+            "/apis/resource.k8s.io/v1/resourceslices",
+            what=f"delete the ResourceSlices of Node {self.node_name}",
+            query={"fieldSelector": f"spec.nodeName={self.node_name}"},
+        )
+        self.wipes += 1
 
     def __enter__(self) -> DraKubeletStandin:
         self.start()

@@ -19,6 +19,9 @@ plugin the way a node would:
   the IDs in random order, one container request each, as the kubelet does at pod admission.
 - `restart()` closes every stream, deletes every socket file in the plugin dir (regular files and
   folders stay) and creates a fresh kubelet.sock.
+- `serve_pod_resources(path)` serves the kubelet's pod-resources API (`v1.PodResourcesLister/List`)
+  there: each `allocate()` is one pod's container holding its devices until `release()`, as the
+  kubelet lists them (what gpuvisor reads to keep device-plugin-held devices out of DRA slices).
 """
 
 from __future__ import annotations
@@ -144,6 +147,9 @@ class KubeletStandin:
         self.registrations: list[Registration] = []
         self._epoch = 0  # bumped by restart(): a Register begun before it must not install after it
         self.listeners: list[Callable[[str, list[DeviceState]], None]] = []
+        self._pods: dict[str, tuple[str, list[str]]] = {}  # pod name -> (resource, device IDs held)
+        self._pod_count = 0
+        self._pod_resources: grpc.Server | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -157,8 +163,42 @@ class KubeletStandin:
         self._server = server
         log.info("kubelet stand-in listening on %s", self.socket_path)
 
+    def serve_pod_resources(self, path: str) -> None:
+        """The pod-resources API on `path` (stopped by stop())."""
+        from supervisor.observe.podresources import lister_handler, prpb
+
+        def list_pods(request: Any, context: grpc.ServicerContext) -> Any:
+            with self._cond:
+                pods = sorted(self._pods.items())
+            return prpb.ListPodResourcesResponse(
+                pod_resources=[
+                    prpb.PodResources(
+                        name=name,
+                        namespace="default",
+                        containers=[
+                            prpb.ContainerResources(
+                                name="main",
+                                devices=[prpb.ContainerDevices(resource_name=resource, device_ids=ids)],
+                            )
+                        ],
+                    )
+                    for name, (resource, ids) in pods
+                    if ids
+                ]
+            )
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="podresources"))
+        server.add_generic_rpc_handlers((lister_handler(list_pods),))
+        server.add_insecure_port(unix_target(path))
+        server.start()
+        self._pod_resources = server
+
     def stop(self) -> None:
         """Stop serving and close every plugin stream; leaves kubelet.sock removed."""
+        if self._pod_resources is not None:
+            self._pod_resources.stop(grace=None).wait()
+            self._pod_resources = None
         with self._cond:
             endpoints = [r.endpoint for r in self._resources.values() if r.endpoint is not None]
         for ep in endpoints:
@@ -461,13 +501,27 @@ class KubeletStandin:
         response = self.allocate_ids(name, chosen)
         with self._cond:
             res.allocated.update(chosen)
+            self._pod_count += 1
+            self._pods[f"pod-{self._pod_count}"] = (name, list(chosen))
         return chosen, response
 
     def release(self, name: str, ids: Iterable[str]) -> None:
+        gone = set(ids)
         with self._cond:
             res = self._resources.get(name)
             if res is not None:
-                res.allocated.difference_update(ids)
+                res.allocated.difference_update(gone)
+            for pod, (resource, held) in list(self._pods.items()):
+                if resource == name:
+                    held[:] = [i for i in held if i not in gone]
+                    if not held:
+                        del self._pods[pod]
+
+    def held(self, name: str) -> set[str]:
+        """The device IDs of `name` that containers hold now."""
+        with self._cond:
+            res = self._resources.get(name)
+            return set(res.allocated) if res is not None else set()
 
 
 def _rpc_text(exc: grpc.RpcError) -> str:

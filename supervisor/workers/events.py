@@ -16,10 +16,19 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from common.messages import HealthSnapshot, Heartbeat, Hello, Message, Reregister, StatusReport
+from common.messages import (
+    ClaimReply,
+    ClaimRequest,
+    HealthSnapshot,
+    Heartbeat,
+    Hello,
+    Message,
+    Reregister,
+    StatusReport,
+)
 from common.model import ResourcePlan
 from common.socketnames import KUBELET_SOCKET_NAME, SOCKET_PREFIX
 from supervisor.control.endpoint import Binding
@@ -83,6 +92,8 @@ class WorkerEvents:
         hub: HealthHub,
         metrics: Metrics,
         clock: Clock,
+        claims: Callable[[ClaimRequest], None] | None = None,
+        on_stats: Callable[[str, Mapping[str, float]], None] = lambda resource, stats: None,
     ) -> None:
         self.workers = workers
         self.reconciler = reconciler
@@ -90,6 +101,10 @@ class WorkerEvents:
         self.hub = hub
         self.metrics = metrics
         self.clock = clock
+        # The DRA worker's claim requests go to the API-server side (supervisor/dra/claims.py);
+        # without it each is answered at once with why not.
+        self.claims = claims or self._no_claims
+        self.on_stats = on_stats  # a worker's changed figures (the DRA worker's prepared claims)
         self._metered = metered(metrics)
         self._registered_life: dict[str, int] = {}  # resource -> pid of the worker life that registered
         self._kubelet_restarted: set[str] = (
@@ -117,6 +132,7 @@ class WorkerEvents:
             self.metrics.worker_stats(beat.resource, beat.stats, pid=beat.pid)
             if beat.registered and beat.stats.get("gauge:streams", 0) >= 1:
                 self.workers.served(beat.resource, beat.pid)
+            self.on_stats(beat.resource, beat.stats)
 
     def on_status_report(self, report: StatusReport) -> None:
         log.debug("worker %s: %s (%s)", report.resource, report.event, report.detail)
@@ -129,6 +145,15 @@ class WorkerEvents:
             self.workers.heartbeat(
                 report.resource, handle.pid, True, handle.socket_path, self.clock.monotonic()
             )
+
+    def on_claim_request(self, request: ClaimRequest) -> None:
+        self.claims(request)
+
+    def _no_claims(self, request: ClaimRequest) -> None:
+        self.control.tell(
+            request.resource,
+            ClaimReply(request.request_id, error="this supervisor fetches no ResourceClaims"),
+        )
 
     def snapshot_for(self, resource: str) -> HealthSnapshot | None:
         # A resource a reload just removed has no snapshot: its worker is being stopped.

@@ -8,12 +8,35 @@ A real supervisor and DRA worker, the DRA kubelet stand-in (v1 client) and claim
 - XID -> UNHEALTHY in the kubelet's health stream: `sim xid 48` on a GPU until the stand-in holds
   the device UNHEALTHY (its receive time), then `sim reset` until HEALTHY again;
 - ResourceSlice content after a health change: `build_slices` for the node with the book's
-  conditions (mig-a100: 21 devices). Publishing needs the API-server layer and is not measured.
+  conditions (mig-a100: 21 devices).
+
+Then the same node with the fake API server (tests/kubeapi.py, in this process, TLS on loopback):
+- claim prepare latency with the claim fetched from the API server: the DRA worker asks the
+  supervisor over the control channel, the supervisor GETs it with the node's one client;
+- the slice publication after a health change: `sim xid 48` until the pool's new generation with
+  gpu.nvidia.com/xid=48 on the device is stored at the API server, and `sim reset` until the
+  generation without it is; a kubelet wipe (DeleteCollection by spec.nodeName) until the pool is
+  complete again;
+- the claim-source choice (README, "DRA mode"): what a claim GET costs when made directly with the
+  kube layer's client from a process of its own (a worker holding a client), and what loading that
+  client costs a fresh interpreter that has the DRA worker's modules loaded already (time, RSS and
+  PSS, medians of 7): against the round trip through the supervisor above.
+
+The supervisor's API client has client-go's limiter (5 requests a second, bursts of 10), which a
+loop of calls would measure instead of gpuvisor: the claims and health changes here are spaced
+(`SPACING_S`) so that each finds a token, as a pod's claim or one XID does on a real node.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from supervisor.dra.slices import build_slices
 from supervisor.health.book import ConditionView, Recovery
@@ -21,8 +44,12 @@ from supervisor.node.nvml import Nvml
 from supervisor.sim.nvml import load_simulator
 from tests.benchmarks.common import Row, Timer, p50, p99
 from tests.dranode import DRIVER, POOL, DraNode
+from tests.harness import child_env
+from tests.helpers import REPO
 
 CLAIMS, CLAIMS_QUICK = 500, 60
+SPACING_S = 0.3  # between two calls that reach the API server: under the 5/s of its limiter
+EVENT_SPACING_S = 1.0  # between two health changes (each is a list and a write, twice)
 EVENTS, EVENTS_QUICK = 100, 20
 WAIT_S = 10.0
 
@@ -35,8 +62,10 @@ def run(quick: bool) -> list[Row]:
         prepare, unprepare, again = _claims(node, claims)
         unhealthy, healthy = _health(node, events)
     slices = _slices(200 if quick else 2000)
+    api_rows = _with_api_server(20 if quick else 60, 5 if quick else 20)
     note = f"{claims} claims, one GPU each, v1"
     return [
+        *api_rows,
         Row("prepare p50", p50(prepare.ms()), "ms", "", note),
         Row("prepare p99", p99(prepare.ms()), "ms", "", "claim read + checks + checkpoint fsync + answer"),
         Row("unprepare p50", p50(unprepare.ms()), "ms", "", "checkpoint rewritten and fsync'd"),
@@ -51,10 +80,11 @@ def run(quick: bool) -> list[Row]:
     ]
 
 
-def _claims(node: DraNode, count: int) -> tuple[Timer, Timer, Timer]:
+def _claims(node: DraNode, count: int, spacing: float = 0.0) -> tuple[Timer, Timer, Timer]:
     prepare, unprepare, again = Timer(), Timer(), Timer()
     for i in range(count + 10):
-        ref = node.claims.allocate("bench", f"c{i}", POOL, [f"gpu-{i % 4}"])
+        time.sleep(spacing)
+        ref = node.claim(f"c{i}", [f"gpu-{i % 4}"], namespace="bench")
         warm = i < 10
         with prepare:
             result = node.dra.prepare(DRIVER, [ref], timeout=WAIT_S)
@@ -67,7 +97,10 @@ def _claims(node: DraNode, count: int) -> tuple[Timer, Timer, Timer]:
         if warm:
             for timer in (prepare, again, unprepare):
                 timer.samples.pop()
-        node.claims.delete("bench", f"c{i}")
+        if node.api is not None:
+            node.api.state.delete_claim("bench", f"c{i}")
+        else:
+            node.claims.delete("bench", f"c{i}")
     return prepare, unprepare, again
 
 
@@ -113,3 +146,140 @@ def _slices(rounds: int) -> Timer:
         with timer:
             build_slices(node, conditions, node_name=POOL, generation=i + 1)
     return timer
+
+
+# ---------------------------------------------------------------------------------- with the API server
+
+# What a DRA worker holding its own client would load: the client and the credentials (kubeconfig or
+# service account); on top of the modules the DRA worker has loaded already.
+WORKER = "import worker.dra.main, zmq, grpc"
+CLIENT = "import supervisor.kube.client, supervisor.kube.credentials"
+PROBE = (
+    "import time\n"
+    "def mem():\n"
+    "    rss = int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+    "    pss = next(int(l.split()[1]) * 1024 for l in open('/proc/self/smaps_rollup') if l.startswith('Pss:'))\n"
+    "    return rss / 2**20, pss / 2**20\n"
+    "{before}\n"
+    "t, (r, p) = time.perf_counter(), mem()\n"
+    "{what}\n"
+    "r2, p2 = mem()\n"
+    "print(time.perf_counter() - t, r2 - r, p2 - p)\n"
+)
+
+
+def _import_cost(before: str, what: str, rounds: int = 7) -> tuple[float, float, float]:
+    """(ms, RSS MiB, PSS MiB) the statement adds after `before`: medians of fresh interpreters."""
+    samples: list[list[float]] = [[], [], []]
+    for _ in range(rounds):
+        proc = subprocess.run(
+            [sys.executable, "-c", PROBE.format(before=before, what=what)],
+            capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=60, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            return math.nan, math.nan, math.nan
+        for i, value in enumerate(proc.stdout.split()):
+            samples[i].append(float(value) * (1000.0 if i == 0 else 1.0))
+    ms, rss, pss = (statistics.median(s) for s in samples)
+    return ms, rss, pss
+
+
+def _wait_at_api(node: DraNode, predicate: Callable[[], bool]) -> float:
+    """The monotonic time the fake API server first held `predicate` (woken by each change)."""
+    assert node.api is not None
+    state = node.api.state
+    with state.changed:
+        if not state.changed.wait_for(predicate, WAIT_S):
+            raise RuntimeError(f"the API server did not get there within {WAIT_S:g}s")
+        return time.monotonic()
+
+
+def _shows(node: DraNode, device: str, taints: list[str]) -> Callable[[], bool]:
+    """Does the pool's newest generation have `device` with these taint values?"""
+
+    def check() -> bool:
+        published = node.published()
+        return device in published and [str(t.get("value", "")) for t in published[device]] == taints
+
+    return check
+
+
+def _complete_after(node: DraNode, generation: int) -> Callable[[], bool]:
+    return lambda: len(node.published()) == 4 and node.generation() > generation
+
+
+def _with_api_server(claims: int, events: int) -> list[Row]:
+    from supervisor.kube.client import KubeClient
+    from supervisor.kube.credentials import load_credentials
+    from tests.kubeapi import RunningApiServer
+
+    with tempfile.TemporaryDirectory(prefix="gvbd") as tmp:
+        api = RunningApiServer(Path(tmp))
+        try:
+            with DraNode("pcie-l4", args=("--mode", "dra", "--log-level", "warning"), api=api) as node:
+                node.wait_registered()
+                if not node.dra.wait_for(lambda: len(node.published()) == 4, 30):
+                    raise RuntimeError("the pool was not published")
+                prepare, _, _ = _claims(node, claims, SPACING_S)
+                direct = Timer()
+                client = KubeClient(load_credentials(str(api.kubeconfig), {}), component="bench", qps=-1)
+                try:
+                    api.state.add_claim("bench", "direct", POOL, ["gpu-0"])
+                    path = "/apis/resource.k8s.io/v1/namespaces/bench/resourceclaims/direct"
+                    for i in range(claims + 10):
+                        time.sleep(SPACING_S)
+                        with direct:
+                            client.get(path, what="get a claim")
+                        if i < 10:
+                            direct.samples.pop()
+                finally:
+                    client.close()
+                tainted, cleared = _publication(node, events)
+                wipes = _wipes(node, max(3, events // 2))
+        finally:
+            api.close()
+    load_ms, load_rss, load_pss = _import_cost(WORKER, CLIENT)
+    note = f"{claims} claims; the worker asks the supervisor, which GETs it"
+    return [
+        Row("prepare (API server) p50", p50(prepare.ms()), "ms", "", note + f", {SPACING_S:g} s apart"),
+        Row("prepare (API server) p99", p99(prepare.ms()), "ms"),
+        Row("claim GET, own client p50", p50(direct.ms()), "ms", "", "a process's own kube client (TLS, a connection each)"),
+        Row("claim GET, own client p99", p99(direct.ms()), "ms"),
+        Row("kube client load time", load_ms, "ms", "", "into a fresh process with the DRA worker's modules"),
+        Row("kube client load RSS", load_rss, "MiB", "", "the same, RSS added"),
+        Row("kube client load PSS", load_pss, "MiB", "", "the same, PSS added"),
+        Row("xid->slice taint p50", p50(tainted), "ms", "", f"{events} events: the new generation stored at the API server"),
+        Row("xid->slice taint p99", p99(tainted), "ms"),
+        Row("reset->taint gone p50", p50(cleared), "ms"),
+        Row("wipe->republished p50", p50(wipes), "ms", "", "the kubelet's DeleteCollection until the pool is complete"),
+    ]  # fmt: skip
+
+
+def _publication(node: DraNode, events: int) -> tuple[list[float], list[float]]:
+    uuids = _gpu_uuids(node)
+    tainted: list[float] = []
+    cleared: list[float] = []
+    for i in range(events):
+        k = i % len(uuids)
+        device = f"gpu-{k}"
+        time.sleep(EVENT_SPACING_S)
+        start = time.monotonic()
+        node.sim("xid", device=uuids[k], xid=48)
+        tainted.append((_wait_at_api(node, _shows(node, device, ["48"])) - start) * 1000.0)
+        time.sleep(EVENT_SPACING_S)
+        start = time.monotonic()
+        node.sim("reset", device=uuids[k])
+        cleared.append((_wait_at_api(node, _shows(node, device, [])) - start) * 1000.0)
+    return tainted, cleared
+
+
+def _wipes(node: DraNode, rounds: int) -> list[float]:
+    times = []
+    for _ in range(rounds):
+        time.sleep(EVENT_SPACING_S)
+        before = node.generation()
+        start = time.monotonic()
+        node.dra.wipe_slices()
+        done = _wait_at_api(node, _complete_after(node, before))
+        times.append((done - start) * 1000.0)
+    return times

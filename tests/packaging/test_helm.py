@@ -104,6 +104,20 @@ gfd:
   useNodeFeatureAPI: false
 migStrategy: single
 """,
+    # gpuvisor's DRA mode: every node the DRA driver gpu.nvidia.com.
+    "dra": "gpuvisor:\n  mode: dra\n",
+    # A node moved to DRA by its label: one named config chooses mode dra.
+    "dra-by-label": """
+config:
+  default: plugin
+  map:
+    plugin: |-
+      version: v1
+    dra: |-
+      version: v1
+      gpuvisor:
+        mode: dra
+""",
     "service-monitor": """
 gpuvisor:
   metrics:
@@ -597,7 +611,7 @@ def test_external_config_map_is_mounted_with_its_default() -> None:
     assert _capabilities_added(plugin) == ["SYS_ADMIN"]
     assert {"/var/run/cdi", "/run/nvidia/mps", "/dev/shm"} <= _host_paths(plugin).keys()
     # ... unless the operator says which it never uses.
-    narrowed = {"mig": False, "mps": False, "cdi": False, "volumeMounts": False}
+    narrowed = {"mig": False, "mps": False, "cdi": False, "volumeMounts": False, "dra": False}
     plugin = _plugin(_render({"config": {"name": "c", "default": "k"}, "gpuvisor": {"features": narrowed}}))
     assert _capabilities_added(plugin) == []
     assert set(_host_paths(plugin)) == {PLUGINS, "/var/lib/kubelet/pod-resources"}
@@ -992,3 +1006,96 @@ def test_readme_per_node_configs_render_as_described(tmp_path: Path) -> None:
     sliced = _loaded_config(docs, plugin, tmp_path, node_label="ts4").sharing
     assert [(r.name, r.replicas) for r in sliced.resources] == [("nvidia.com/gpu", 4)]
     assert _capabilities_added(plugin) == ["SYS_ADMIN"]
+
+
+# --- DRA -----------------------------------------------------------------------------------------
+
+DRA_PLUGINS = "/var/lib/kubelet/plugins"
+DRA_REGISTRY = "/var/lib/kubelet/plugins_registry"
+
+
+def test_dra_mode_makes_the_device_classes_nvidias_driver_makes(tmp_path: Path) -> None:
+    """gpuvisor.mode dra: DeviceClasses gpu.nvidia.com (type 'gpu', extendedResourceName
+    nvidia.com/gpu) and mig.nvidia.com (type 'mig'), each valid against resource.k8s.io/v1 as the
+    1.34 API server serves it (kubernetes-validate, strict)."""
+    docs = _render(_values("dra"))
+    classes = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DeviceClass"}
+    assert sorted(classes) == ["gpu.nvidia.com", "mig.nvidia.com"]
+    for name, kind in (("gpu.nvidia.com", "gpu"), ("mig.nvidia.com", "mig")):
+        spec = classes[name]["spec"]
+        assert spec["selectors"] == [
+            {"cel": {"expression": f"device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == '{kind}'"}}
+        ]  # fmt: skip
+    assert classes["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" not in classes["mig.nvidia.com"]["spec"]
+    path = tmp_path / "classes.yaml"
+    path.write_text(yaml.safe_dump_all(list(classes.values())))
+    proc = manifests.validate_strict([path], "--kubernetes-version", "1.34.0")
+    assert proc.returncode == 0 and proc.stdout.count(" passed for resource ") == 2, proc.stdout + proc.stderr
+
+
+def test_dra_mode_grants_the_plugin_dirs_cdi_rbac_and_its_node_name(tmp_path: Path) -> None:
+    """The kubelet's plugins and plugins_registry dirs are host paths at the same place, CDI's spec
+    dir too; NODE_NAME from the downward API; RBAC for resourceslices (create/get/list/watch/update/
+    patch/delete), resourceclaims (get/list/watch) and get nodes; gpuvisor's own loader reads the
+    pod's env as mode dra with those dirs."""
+    docs = _render(_values("dra"))
+    plugin = _plugin(docs)
+    paths = _host_paths(plugin)
+    assert paths[DRA_PLUGINS] == DRA_PLUGINS and paths[DRA_REGISTRY] == DRA_REGISTRY
+    assert "/var/run/cdi" in paths
+    env = _env(plugin)
+    assert env["NODE_NAME"] == "fieldRef:spec.nodeName" and env["GPUVISOR_MODE"] == "dra"
+    rules = {(tuple(r["apiGroups"]), r["resources"][0]): r["verbs"] for r in manifests.find(docs, "ClusterRole", "gpuvisor")["rules"]}  # fmt: skip
+    assert rules[(("resource.k8s.io",), "resourceslices")] == [
+        "create", "get", "list", "watch", "update", "patch", "delete"
+    ]  # fmt: skip
+    assert rules[(("resource.k8s.io",), "resourceclaims")] == ["get", "list", "watch"]
+    assert "get" in rules[(("",), "nodes")]
+    assert manifests.pod(plugin)["automountServiceAccountToken"] is True
+    config = _loaded_config(docs, plugin, tmp_path)
+    assert (config.mode, config.node_name) == ("dra", NODE)
+    assert (config.kubelet_plugins_dir, config.kubelet_registry_dir) == (DRA_PLUGINS, DRA_REGISTRY)
+    assert config.cdi_spec_dir == "/var/run/cdi" and config.dra_claims_dir == ""
+
+
+def test_a_named_config_may_choose_dra_for_its_nodes(tmp_path: Path) -> None:
+    """One config of config.map says mode dra: the chart grants what DRA needs (dirs, RBAC, the
+    DeviceClasses) but sets no GPUVISOR_MODE, which would override the node's choice: a node
+    labelled with that config runs mode dra, the others the device plugin."""
+    docs = _render(_values("dra-by-label"))
+    plugin = _plugin(docs)
+    assert "GPUVISOR_MODE" not in _env(plugin)
+    assert DRA_PLUGINS in _host_paths(plugin)
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass"] == [
+        "gpu.nvidia.com",
+        "mig.nvidia.com",
+    ]
+    assert _loaded_config(docs, plugin, tmp_path).mode == "device-plugin"
+    assert _loaded_config(docs, plugin, tmp_path, node_label="dra").mode == "dra"
+
+
+def test_device_plugin_mode_has_nothing_of_dra() -> None:
+    """The default install (and configs that never say dra) mounts no plugin dir, grants nothing of
+    resource.k8s.io and makes no DeviceClass."""
+    for name in ("default", "several-configs", "time-slicing"):
+        docs = _render(_values(name))
+        assert not [d for d in docs if d["kind"] == "DeviceClass"], name
+        assert DRA_PLUGINS not in _host_paths(_plugin(docs)), name
+        roles = [d for d in docs if d["kind"] == "ClusterRole"]
+        assert not [r for role in roles for r in role["rules"] if "resource.k8s.io" in r["apiGroups"]], name
+
+
+def test_device_classes_can_be_left_to_another_chart() -> None:
+    """gpuvisor.dra.deviceClasses false: none (NVIDIA's DRA chart makes them); an empty
+    extendedResourceName leaves the field out; other plugin dirs are mounted and passed on."""
+    values = {"gpuvisor": {"mode": "dra", "dra": {"deviceClasses": False}}}
+    assert not [d for d in _render(values) if d["kind"] == "DeviceClass"]
+    values = {"gpuvisor": {"mode": "dra", "dra": {"extendedResourceName": ""}}}
+    gpu = manifests.find(_render(values), "DeviceClass", "gpu.nvidia.com")
+    assert "extendedResourceName" not in gpu["spec"]
+    values = {"gpuvisor": {"mode": "dra", "dra": {"kubeletPluginsDir": "/data/kubelet/plugins"}}}
+    plugin = _plugin(_render(values))
+    assert _host_paths(plugin)["/data/kubelet/plugins"] == "/data/kubelet/plugins"
+    assert _env(plugin)["GPUVISOR_KUBELET_PLUGINS_DIR"] == "/data/kubelet/plugins"
+    assert "/gpuvisor/mode" in _refusal({"gpuvisor": {"mode": "both"}})

@@ -35,13 +35,16 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 def test_the_dra_examples_are_valid_kubernetes_objects() -> None:
     """Every object in the README's DRA section passes the resource.k8s.io/v1 (and core) 1.34 schema
-    strictly, and the DeviceClass selects gpu.nvidia.com's GPUs under NVIDIA's names."""
+    strictly, the DeviceClass selects gpu.nvidia.com's GPUs under NVIDIA's names and maps
+    nvidia.com/gpu, which the second pod asks for."""
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     text = _readme()
     section = text[text.index("## DRA mode") : text.index("## Node labels")]
     docs = [d for block in re.findall(r"```yaml\n(.*?)```", section, re.S) for d in yaml.safe_load_all(block)]
-    assert [d["kind"] for d in docs] == ["DeviceClass", "ResourceClaimTemplate", "Pod"]
+    assert [d["kind"] for d in docs] == ["DeviceClass", "ResourceClaimTemplate", "Pod", "Pod"]
     for doc in docs:
         kubernetes_validate.validate(doc, "1.34.0", strict=True)
     selector = docs[0]["spec"]["selectors"][0]["cel"]["expression"]
     assert "device.driver == 'gpu.nvidia.com'" in selector and "['gpu.nvidia.com'].type == 'gpu'" in selector
+    assert docs[0]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert docs[3]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}

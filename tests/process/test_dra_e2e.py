@@ -125,9 +125,10 @@ def test_an_xid_reaches_the_kubelets_health_stream_and_recovers() -> None:
 def test_sighup_switches_the_node_between_device_plugin_and_dra(tmp_path: Path) -> None:
     """A node in device-plugin mode with a container holding a GPU switches to dra by its config and
     SIGHUP: nvidia.com/gpu goes to 0 allocatable at the kubelet (the container keeps its Allocate
-    answer), gpu.nvidia.com registers and prepares claims; switching back brings nvidia.com/gpu
-    back to every GPU and removes the DRA registration, and the prepared claim stays in the
-    checkpoint for a DRA worker to unprepare."""
+    answer), gpu.nvidia.com registers and prepares claims. Switching back while a claim holds gpu-3:
+    nvidia.com/gpu returns for the 3 other GPUs only, the DRA worker stays registered to finish
+    (the prepared claim answers as before, a new one is refused), and once the kubelet unprepares
+    the claim gpu-3 is the device plugin's again and the DRA registration goes."""
     config = tmp_path / "config.yaml"
     config.write_text("version: v1\n")
     with DraNode("pcie-l4", args=("--config-file", str(config))) as node:
@@ -143,13 +144,22 @@ def test_sighup_switches_the_node_between_device_plugin_and_dra(tmp_path: Path) 
         assert wait_until(lambda: node.kubelet.allocatable(GPU) == 0, 15)
         assert node.wait_ready()["workers"][0]["resource"] == DRIVER
         ref = node.claims.allocate("default", "c1", POOL, ["gpu-3"])
-        assert node.dra.prepare(DRIVER, [ref]).claims[ref[2]].error == ""
+        first = node.dra.prepare(DRIVER, [ref]).claims[ref[2]]
+        assert first.error == ""
 
         config.write_text("version: v1\ngpuvisor: {mode: device-plugin}\n")
         sighup_and_wait(node)
         node.wait_listed([GPU])
-        assert wait_until(lambda: node.kubelet.allocatable(GPU) == 4, 15)
+        assert wait_until(lambda: node.kubelet.allocatable(GPU) == 3, 15), node.log()[-4000:]
+        assert gpu_uuid(node, "gpu-3") not in node.kubelet.devices(GPU)
+        assert node.dra.registered(DRIVER) and node.prepared_uids() == {ref[2]}
+        assert node.dra.prepare(DRIVER, [ref]).claims[ref[2]] == first  # a kubelet restart re-prepares
+        late = node.claims.allocate("default", "c2", POOL, ["gpu-1"])
+        refused = node.dra.prepare(DRIVER, [late]).claims[late[2]].error
+        assert "serves its GPUs through the device plugin now" in refused
+
+        assert node.dra.unprepare(DRIVER, [ref]).claims[ref[2]].error == ""
+        assert wait_until(lambda: node.kubelet.allocatable(GPU) == 4, 15), node.log()[-4000:]
         assert node.dra.wait_for(lambda: not node.dra.registered(DRIVER), 15)
         assert sockets_in(node.registry_dir) == []
-        assert node.prepared_uids() == {ref[2]}
-        assert "1 prepared claim(s) stay in the checkpoint" in node.log()
+        assert node.prepared_uids() == set()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from common.backoff import Backoff
+from common.messages import Json
 from supervisor.cluster.health import (
     CONDITION_TYPE,
     NodeCondition,
@@ -229,8 +230,26 @@ def test_events_wait_in_a_bounded_queue(node_api: RunningApiServer) -> None:
 # --- the side: when it starts, what it forwards --------------------------------------------------
 
 
+class RecordingPart:
+    """A higher layer's part (as the DRA side): says whether it is wanted, records what it got."""
+
+    def __init__(self, wanted: bool = False) -> None:
+        self.wanted = wanted
+        self.clients: list[KubeClient] = []
+        self.stops = 0
+
+    def start(self, client: KubeClient) -> None:
+        self.clients.append(client)
+
+    def stop(self) -> None:
+        self.stops += 1
+
+    def status(self) -> dict[str, Json]:
+        return {"started": len(self.clients)}
+
+
 class Side:
-    def __init__(self, api: RunningApiServer | None, **env: str) -> None:
+    def __init__(self, api: RunningApiServer | None, part: RecordingPart | None = None, **env: str) -> None:
         self.clock = FakeClock()
         self.timers = Scheduler(self.clock)
         self.metrics = Metrics(version="test")
@@ -247,6 +266,7 @@ class Side:
             timers=self.timers,
             post=self.posted.append,
             on_label=self.labels.append,
+            parts={"dra": part} if part is not None else None,
         )
         self.hub.listeners.append(self.side.health_changed)
 
@@ -271,6 +291,38 @@ def test_it_waits_for_the_kubelet_path(node_api: RunningApiServer) -> None:
     try:
         assert s.side.started_because == "a worker registered with the kubelet"
         assert wait_until(lambda: node_api.state.condition(NODE, CONDITION_TYPE) is not None)
+    finally:
+        s.side.stop()
+
+
+def test_a_part_alone_makes_the_side_start_and_gets_the_client(node_api: RunningApiServer) -> None:
+    """A part that wants the API server (a node in mode dra) is enough for the side to start after
+    the first registration; the part gets the side's client, shows in status, and is stopped with
+    it."""
+    part = RecordingPart(wanted=True)
+    s = Side(node_api, part)
+    assert s.side.wanted
+    s.side.start_when(registered=True, nothing_to_register=False, awaiting_label=False)
+    try:
+        assert s.side.started and part.clients == [s.side.client]
+        assert s.side.status()["dra"] == {"started": 1}
+    finally:
+        s.side.stop()
+    assert part.stops == 1
+
+
+def test_a_part_that_becomes_wanted_later_starts_then(node_api: RunningApiServer) -> None:
+    """The side runs for node health; a part not wanted then (mode device-plugin) is not started;
+    once it is (a switch to mode dra) the next loop turn starts it with the same client, once."""
+    part = RecordingPart(wanted=False)
+    s = Side(node_api, part, GPUVISOR_NODE_HEALTH="true")
+    s.side.start_when(registered=True, nothing_to_register=False, awaiting_label=False)
+    try:
+        assert s.side.started and part.clients == [] and s.side.status()["dra"] is None
+        part.wanted = True
+        s.side.start_when(registered=True, nothing_to_register=False, awaiting_label=False)
+        s.side.start_when(registered=True, nothing_to_register=False, awaiting_label=False)
+        assert part.clients == [s.side.client]
     finally:
         s.side.stop()
 
@@ -333,7 +385,16 @@ def test_gpuvisor_status_says_which_config_runs_and_how_the_cluster_side_is() ->
                     "node_health": {"condition": {"status": "True", "reason": "GpuLost"}, "written": False,
                                     "error": "403 Forbidden"}},
     }  # fmt: skip
+    data["cluster"]["dra"] = {
+        "slices": {"state": "published", "pool": NODE, "generation": 3, "slices": 1, "devices": 3,
+                   "taints": "dropped", "held_by_device_plugin": {"gpu-1": ["default/train"]},
+                   "error": None},
+        "claims": {"fetched": 4, "failed": 1, "error": "403 Forbidden: resourceclaims"},
+    }  # fmt: skip
     text = format_status(data)
+    assert f"DRA pool {NODE}: generation 3, 1 ResourceSlice(s), 3 device(s), device taints dropped" in text
+    assert "left out, held by device-plugin containers: gpu-1 (default/train)" in text
+    assert "DRA claims fetched: 4, failed: 1" in text and "DRA claims failing: 403 Forbidden" in text
     assert "config: ts4 (source: label); node label nvidia.com/device-plugin.config='ts4'" in text
     assert f"cluster side for Node {NODE}: started (a worker registered)" in text
     assert "node label watch failing since 1.0: no answer" in text

@@ -9,6 +9,7 @@ from typing import Any, cast
 import zmq
 
 from common.messages import (
+    ClaimRequest,
     Command,
     HealthSnapshot,
     Heartbeat,
@@ -51,6 +52,7 @@ class Handlers:
         self.beats: list[Heartbeat] = []
         self.reports: list[StatusReport] = []
         self.bound: list[Binding] = []
+        self.claims: list[ClaimRequest] = []
         self.fail_on_beat = False
 
     def accept_hello(self, hello: Hello) -> Binding | None:
@@ -70,6 +72,9 @@ class Handlers:
 
     def snapshot_for(self, resource: str) -> HealthSnapshot | None:
         return HealthSnapshot(seq=3, resource=resource, devices=(), epoch="e") if resource == GPU else None
+
+    def on_claim_request(self, request: ClaimRequest) -> None:
+        self.claims.append(request)
 
     def on_command(self, command: Command) -> Reply:
         return Reply(ok=True, error="", data={"echo": command.name})
@@ -162,6 +167,20 @@ def test_a_snapshot_request_from_a_bound_worker_is_answered() -> None:
     ep.receive(frames(ROUTE_A, SnapshotRequest(resource=GPU)), h, h.on_command)
     route, message = sock.sent[-1]
     assert route == ROUTE_A and isinstance(message, SnapshotReply) and message.snapshot.seq == 3
+
+
+def test_a_claim_request_reaches_the_handler_only_from_its_bound_worker() -> None:
+    """The DRA worker's ClaimRequest is handed over from its own bound route; from an unbound route,
+    or naming another resource, it is dropped and counted (no one else may make the supervisor
+    fetch claims)."""
+    ep, h, _sock, counted = endpoint()
+    request = ClaimRequest(resource=GPU, request_id="1", namespace="default", name="c1")
+    ep.receive(frames(ROUTE_B, request), h, h.on_command)
+    ep.receive(frames(ROUTE_A, hello()), h, h.on_command)
+    ep.receive(frames(ROUTE_A, request), h, h.on_command)
+    ep.receive(frames(ROUTE_A, ClaimRequest("nvidia.com/other", "2", "default", "c2")), h, h.on_command)
+    assert h.claims == [request]
+    assert counted == ["unbound sender", "unbound sender"]
 
 
 def test_commands_need_no_binding_and_get_a_reply() -> None:

@@ -4,23 +4,32 @@ and unprepare after a restart."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from common import dracheckpoint as checkpoint_module
+from common.dracheckpoint import Checkpoint, CheckpointError
+from common.messages import ClaimReply, ClaimRequest
 from common.model import ResourcePlan
 from supervisor.cdi.spec import build_spec
 from supervisor.config import config_from_data
 from supervisor.node.draplan import dra_plan
 from supervisor.sim.drakubelet import ClaimStore
 from tests import nodes
-from worker.dra import checkpoint as checkpoint_module
-from worker.dra.checkpoint import Checkpoint, CheckpointError
-from worker.dra.claims import ClaimError, ClaimNotFound, ClaimRef, DirectoryClaimSource
+from worker.dra.claims import (
+    ClaimError,
+    ClaimNotFound,
+    ClaimRef,
+    DirectoryClaimSource,
+    SupervisorClaimSource,
+)
 from worker.dra.health import Health
 from worker.dra.prepare import MAX_CLAIMS_PER_CALL, Preparer, cdi_device_id
 
@@ -246,12 +255,82 @@ def test_names_that_are_no_kubernetes_names_are_refused_before_any_lookup(
 
 
 def test_without_a_claim_source_a_new_claim_says_what_is_missing(s: Setup) -> None:
-    """No claims dir (the API server source is not wired yet): a new claim's error says so."""
+    """No claim source (a worker run alone, without a claims dir): a new claim's error says so."""
     assert s.plan.dra is not None
     checkpoint = Checkpoint(s.plan.dra.plugin_dir)
     preparer = Preparer(s.plan, None, checkpoint)
     ref = s.claim("c1", "gpu-0")
-    assert "API server source is not wired yet" in preparer.prepare([ref])[ref.uid].error
+    assert "no claim source" in preparer.prepare([ref])[ref.uid].error
+
+
+def test_a_draining_plan_finishes_prepared_claims_and_refuses_new_ones(s: Setup) -> None:
+    """After a switch to device-plugin mode (a draining plan): a claim prepared before answers the
+    same again (a kubelet restart re-prepares it) and unprepares; a new claim is refused with why,
+    without a fetch."""
+    before = s.claim("c1", "gpu-0")
+    first = s.preparer.prepare([before])[before.uid]
+    assert s.plan.dra is not None
+    s.preparer.set_plan(dataclasses.replace(s.plan, dra=dataclasses.replace(s.plan.dra, drain=True)))
+    assert s.preparer.draining
+    fetches = s.source.fetches
+    assert s.preparer.prepare([before])[before.uid] == first
+    new = s.claim("c2", "gpu-1")
+    assert "serves its GPUs through the device plugin now" in s.preparer.prepare([new])[new.uid].error
+    assert s.source.fetches == fetches
+    assert s.preparer.unprepare([before]) == {before.uid: ""}
+    assert s.preparer.prepared() == 0
+
+
+def test_a_drain_that_comes_during_a_fetch_records_nothing(s: Setup) -> None:
+    """A claim whose fetch was under way when the draining plan came is refused, not recorded:
+    once the drain is in force the checkpoint the supervisor reads is final."""
+    assert s.plan.dra is not None
+    draining = dataclasses.replace(s.plan, dra=dataclasses.replace(s.plan.dra, drain=True))
+
+    class SwitchingSource(CountingSource):
+        def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+            claim = super().get(namespace, name)
+            s.preparer.set_plan(draining)  # the switch lands between the fetch and the record
+            return claim
+
+    s.source = SwitchingSource(s.plan.dra.claims_dir)
+    s.preparer = s.new_preparer()
+    ref = s.claim("c1", "gpu-2")
+    assert "serves its GPUs through the device plugin now" in s.preparer.prepare([ref])[ref.uid].error
+    assert s.preparer.prepared() == 0
+
+
+def test_the_supervisor_source_sends_a_request_and_takes_its_reply(tmp_path: Path) -> None:
+    """SupervisorClaimSource: each get sends a ClaimRequest and returns the claim of the matching
+    ClaimReply; a not-found reply is ClaimNotFound, an error reply a ClaimError with its text, and
+    no reply within the timeout a ClaimError saying so (nothing is left waiting)."""
+    store = ClaimStore(str(tmp_path))
+    ns, name, uid = store.allocate("default", "c1", POOL, ["gpu-0"])
+    claim_json = json.dumps(store.get(ns, name))
+    replies: dict[str, ClaimReply] = {}
+    source: SupervisorClaimSource
+
+    def send(request: ClaimRequest) -> None:  # the supervisor, answering on another thread
+        assert (request.resource, request.namespace, request.name) == ("gpu.nvidia.com", ns, request.name)
+        reply = replies.get(request.name)
+        if reply is not None:
+            threading.Timer(
+                0.01, source.answer, (dataclasses.replace(reply, request_id=request.request_id),)
+            ).start()
+
+    source = SupervisorClaimSource("gpu.nvidia.com", send, timeout=0.5)
+    replies["c1"] = ClaimReply("", claim_json=claim_json)
+    replies["gone"] = ClaimReply("", error='resourceclaims.resource.k8s.io "gone" not found', not_found=True)
+    replies["forbidden"] = ClaimReply("", error="403 Forbidden: cannot get resourceclaims")
+    assert source.get(ns, "c1")["metadata"]["uid"] == uid
+    with pytest.raises(ClaimNotFound, match="not found"):
+        source.get(ns, "gone")
+    with pytest.raises(ClaimError, match="403 Forbidden"):
+        source.get(ns, "forbidden")
+    with pytest.raises(ClaimError, match=r"did not answer within 0\.5s"):
+        source.get(ns, "silent")
+    assert source.waiting() == 0
+    source.answer(ClaimReply("999", claim_json="{}"))  # a late reply for nobody is dropped
 
 
 def test_claim_files_that_are_not_claims_are_errors_not_crashes(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from common.draapi.rpc import (
     health_handler,
     registration_handler,
 )
+from common.dracheckpoint import Checkpoint
 from common.procutil import unix_socket_listening
 from supervisor.config import config_from_data
 from supervisor.node.draplan import dra_plan
@@ -30,7 +31,6 @@ from supervisor.sim.drakubelet import ClaimStore, DraKubeletStandin
 from tests import nodes
 from tests.helpers import short_tmpdir, wait_until
 from worker.dra import services as services_module
-from worker.dra.checkpoint import Checkpoint
 from worker.dra.claims import DirectoryClaimSource
 from worker.dra.health import Health, HealthBoard
 from worker.dra.prepare import Preparer

@@ -10,7 +10,7 @@ import pytest
 
 from common.model import MigDevice, Node, ResourcePlan
 from supervisor.config import Config, ConfigError, config_from_data, parse_config_text
-from supervisor.node.draplan import DRIVER, dra_devices, dra_plan, mig_device_name, profile_label
+from supervisor.node.draplan import DRIVER, DraHold, dra_devices, dra_plan, mig_device_name, profile_label
 from supervisor.node.nvml import Nvml
 from supervisor.node.planning import plan_resources
 from supervisor.sim.nvml import load_simulator
@@ -139,3 +139,61 @@ def test_mode_dra_refuses_socket_paths_longer_than_a_unix_socket_address() -> No
     naming the setting, not a worker retrying forever."""
     with pytest.raises(ConfigError, match=r"gpuvisor\.kubeletPluginsDir.*over the 107"):
         cfg("version: v1\ngpuvisor: {mode: dra, kubeletPluginsDir: /" + "d" * 100 + "}\n", node_name="n")
+
+
+# --- a node switched from DRA to the device plugin: what DRA claims still hold -------------------
+
+
+def dp_cfg(text: str = "version: v1\n") -> Config:
+    return cfg(text, node_name="node-a")
+
+
+def test_while_the_dra_worker_may_still_prepare_only_its_draining_plan_is_planned() -> None:
+    """A switch from DRA under way (the DRA worker has not confirmed its drain): no device-plugin
+    resource is planned, only the DRA worker's plan, draining, with every device."""
+    plans = plan_resources(nodes.pcie_l4(), dp_cfg(), DraHold(settled=False))
+    assert list(plans) == [DRIVER]
+    dra = plans[DRIVER].dra
+    assert dra is not None and dra.drain and len(plans[DRIVER].devices) == 4
+
+
+def test_devices_of_prepared_claims_stay_out_of_the_device_plugin_with_every_replica() -> None:
+    """Claims hold gpu-1 and gpu-3: nvidia.com/gpu has the other GPUs only (under time-slicing not
+    one replica of the held GPUs), and the draining DRA plan has just the held devices."""
+    node = nodes.pcie_l4()
+    config = dp_cfg(
+        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 2}\n"
+    )
+    plans = plan_resources(node, config, DraHold(devices=frozenset({"gpu-1", "gpu-3"})))
+    assert list(plans) == [DRIVER, "nvidia.com/gpu"]
+    kept = {d.gpu_uuid for d in plans["nvidia.com/gpu"].devices}
+    assert kept == {node.gpus[0].uuid, node.gpus[2].uuid} and len(plans["nvidia.com/gpu"].devices) == 4
+    assert [d.id for d in plans[DRIVER].devices] == ["gpu-1", "gpu-3"]
+    dra = plans[DRIVER].dra
+    assert dra is not None and dra.drain
+
+
+def test_a_held_mig_device_takes_its_full_gpu_out_too() -> None:
+    """Under mig strategy none a MIG-enabled GPU is offered whole: when a claim holds one of its
+    MIG devices, the whole GPU is not offered; under mixed only that MIG device goes."""
+    node = nodes.mig_a100()
+    gpu = next(g for g in node.gpus if g.mig_enabled)
+    held = next(name for g, m, name in dra_devices(node) if g is gpu and m is not None)
+    hold = DraHold(devices=frozenset({held}))
+    none = dp_cfg("version: v1\nflags: {migStrategy: none}\n")
+    assert gpu.uuid in {d.gpu_uuid for p in plan_resources(node, none).values() for d in p.devices}
+    whole = plan_resources(node, none, hold)
+    assert gpu.uuid not in {d.gpu_uuid for p in whole.values() if p.dra is None for d in p.devices}
+    mixed = plan_resources(node, dp_cfg("version: v1\nflags: {migStrategy: mixed}\n"), hold)
+    offered = {d.uuid for p in mixed.values() if p.dra is None for d in p.devices}
+    held_uuid = next(m.uuid for g, m, name in dra_devices(node) if name == held and m is not None)
+    assert held_uuid not in offered
+    assert {m.uuid for m in gpu.mig_devices} - {held_uuid} <= offered
+
+
+def test_no_hold_plans_as_before_and_mode_dra_ignores_it() -> None:
+    """Nothing held: the device-plugin plans are exactly those without a hold; in mode dra a hold
+    changes nothing (the DRA worker owns every device)."""
+    node = nodes.pcie_l4()
+    assert plan_resources(node, dp_cfg(), DraHold()) == plan_resources(node, dp_cfg())
+    assert plan_resources(node, dra_cfg(), DraHold(settled=False)) == plan_resources(node, dra_cfg())

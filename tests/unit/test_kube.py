@@ -581,4 +581,4 @@ def test_fake_streams_chunked_json_lines(node_api: RunningApiServer) -> None:
     first = next(stream)
     assert first["type"] == "ADDED" and first["object"]["metadata"]["name"] == NODE
     assert json.dumps(first)
-    stream.close()  # type: ignore[attr-defined]  # a generator
+    stream.close()

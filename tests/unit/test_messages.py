@@ -16,6 +16,8 @@ from common.messages import (
     HEALTH_TOPIC,
     KINDS,
     PROTOCOL_VERSION,
+    ClaimReply,
+    ClaimRequest,
     Command,
     DeviceHealth,
     HealthBeacon,
@@ -63,6 +65,9 @@ EXAMPLES: list[Message] = [
     PlanUpdate(
         plan_json="{}", snapshot=HealthSnapshot(seq=4, resource="nvidia.com/gpu", devices=(BAD,), epoch="e1")
     ),
+    ClaimRequest(resource="gpu.nvidia.com", request_id="7", namespace="default", name="pod-gpu-x2"),
+    ClaimReply(request_id="7", claim_json='{"kind":"ResourceClaim"}'),
+    ClaimReply(request_id="8", error='resourceclaims "c" not found', not_found=True),
     Command(name="sim-xid", args={"gpu": 0, "xid": 79, "nested": {"a": [1, 2, None]}}),
     Reply(ok=False, error="no GPU with index 9", data={}),
     Reply(ok=True, data={"workers": [{"resource": "nvidia.com/gpu", "state": "RUNNING"}]}),

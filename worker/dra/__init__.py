@@ -4,6 +4,7 @@
 socket, then register through the plugin watcher's socket; keep both up), `services` (the gRPC
 servicers: DRAPlugin v1 and v1beta1, DRAResourceHealth, Registration), `prepare` (what preparing
 and unpreparing a claim means, as data), `claims` (where claims come from, `ClaimSource`, and what
-is checked in one), `checkpoint` (the prepared claims on disk) and `health` (the devices' health as
-the kubelet's health stream shows it). May import: `common/` and the rest of `worker/`.
+is checked in one) and `health` (the devices' health as the kubelet's health stream shows it). The
+prepared claims on disk are `common.dracheckpoint`, which the supervisor reads too. May import:
+`common/` and the rest of `worker/`.
 """

@@ -8,23 +8,31 @@ kubelet asked for) and, beyond that, that its results for this driver name this 
 devices this node has. Everything wrong becomes a `ClaimError` whose text goes into the
 response for that claim.
 
-Sources: `DirectoryClaimSource` reads `<dir>/<namespace>/<name>.json` (simulated nodes, the demo,
-the tests: the DRA kubelet stand-in writes claims there as a scheduler would allocate them). The
-API server source is the API-server layer's (gpuvisor issue 28) and is not wired yet; until it
-is, a claim that is not in the checkpoint cannot be prepared without a claims dir, and says so.
+Sources: `SupervisorClaimSource` asks the supervisor over the control channel, which fetches the
+claim from the API server with the node's one API client (`GET resourceclaims/<ns>/<name>`; why
+the worker holds no client of its own is measured in the README, "DRA mode");
+`DirectoryClaimSource` reads `<dir>/<namespace>/<name>.json` (`--dra-claims-dir`: simulated
+nodes, the demo, tests without an API server).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
-from collections.abc import Container, Mapping
+import threading
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from common.messages import ClaimReply, ClaimRequest
+
 MAX_CLAIM_BYTES = 1 << 20  # a ResourceClaim is a few KiB; the API server caps objects at 1.5 MiB
 MAX_RESULTS = 32  # AllocationResultsMaxSize (resource.k8s.io/v1)
+# How long a prepare waits for the supervisor's answer: under the kubelet's 45 s call timeout, so
+# the kubelet gets this claim's error (and retries) rather than a failed call.
+SUPERVISOR_TIMEOUT_S = 20.0
 # Namespaces and claim names are DNS labels / subdomains: no '/', no "..", nothing a path could abuse.
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -98,15 +106,83 @@ class DirectoryClaimSource:
             raise ClaimNotFound(f"claim {namespace}/{name} not found ({path} does not exist)") from None
         except OSError as exc:
             raise ClaimError(f"claim {namespace}/{name}: cannot read {path}: {exc.strerror or exc}") from None
-        if len(data) > MAX_CLAIM_BYTES:
-            raise ClaimError(f"claim {namespace}/{name}: {path} is over {MAX_CLAIM_BYTES} bytes")
+        return parse_claim(data, path, f"claim {namespace}/{name}")
+
+
+def parse_claim(data: bytes | str, where: str, what: str) -> dict[str, Any]:
+    """A claim's JSON text as an object; ClaimError saying what is wrong with it."""
+    if len(data) > MAX_CLAIM_BYTES:
+        raise ClaimError(f"{what}: {where} is over {MAX_CLAIM_BYTES} bytes")
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise ClaimError(f"{what}: {where} is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ClaimError(f"{what}: {where} holds a {type(obj).__name__}, not an object")
+    return obj
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.reply: ClaimReply | None = None
+
+
+class SupervisorClaimSource:
+    """Claims the supervisor fetches from the API server, asked for over the control channel.
+
+    `get` runs on a gRPC thread: it hands a `ClaimRequest` to `send` (which posts it to the main
+    thread, the owner of the DEALER socket) and waits for `answer` (called on the main thread with
+    the supervisor's `ClaimReply`) at most `timeout` seconds. Unanswered requests are dropped at
+    their timeout, so nothing waits forever on a supervisor that is restarting.
+    """
+
+    def __init__(
+        self, resource: str, send: Callable[[ClaimRequest], None], timeout: float = SUPERVISOR_TIMEOUT_S
+    ) -> None:
+        self.resource = resource
+        self.send = send
+        self.timeout = timeout
+        self._ids = itertools.count(1)
+        self._waiting: dict[str, _Waiter] = {}
+        self._lock = threading.Lock()
+
+    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
+        check_ref(ClaimRef(namespace, name, "-"))
+        what = f"claim {namespace}/{name}"
+        waiter = _Waiter()
+        with self._lock:
+            request_id = str(next(self._ids))
+            self._waiting[request_id] = waiter
         try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise ClaimError(f"claim {namespace}/{name}: {path} is not JSON: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ClaimError(f"claim {namespace}/{name}: {path} holds a {type(obj).__name__}, not an object")
-        return obj
+            self.send(ClaimRequest(self.resource, request_id, namespace, name))
+            if not waiter.done.wait(self.timeout):
+                raise ClaimError(
+                    f"{what}: the supervisor, which fetches claims from the API server, did not answer "
+                    f"within {self.timeout:g}s"
+                )
+        finally:
+            with self._lock:
+                self._waiting.pop(request_id, None)
+        reply = waiter.reply
+        assert reply is not None
+        if reply.not_found:
+            raise ClaimNotFound(f"{what} not found: {reply.error}")
+        if reply.error:
+            raise ClaimError(f"{what}: {reply.error}")
+        return parse_claim(reply.claim_json, "the API server's answer", what)
+
+    def answer(self, reply: ClaimReply) -> None:
+        """The supervisor's reply (main thread); one nobody waits for any more is dropped."""
+        with self._lock:
+            waiter = self._waiting.get(reply.request_id)
+        if waiter is not None:
+            waiter.reply = reply
+            waiter.done.set()
+
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
 
 
 def _field(obj: Mapping[str, Any], path: str) -> Any:

@@ -14,20 +14,26 @@ and in each heartbeat `registered` plus its figures. `gauge:streams` is 1 while 
 confirmed the registration: for readiness and the restart rules that confirmation stands where a
 device plugin's ListAndWatch stream stands (a DRA kubelet holds no stream unless its
 ResourceHealthStatus gate is on; those streams are `gauge:health_streams`). `gauge:prepared_claims`
-counts the checkpoint's claims.
+counts the checkpoint's claims and `gauge:draining` is 1 once a draining plan is in force (the
+supervisor plans the device plugin's devices on that confirmation).
+
+Claims come from the supervisor (a `ClaimRequest` over the DEALER, answered by a `ClaimReply`:
+the supervisor holds the node's API client), or from `--dra-claims-dir` when the plan names one.
 
 A plan update with new devices (a MIG change, a reload) waits for their health snapshot and then
-swaps the device list in place; prepared claims keep what they were answered. A plan update that
-changes the DRA settings themselves (sockets' directories, pool, claims dir) ends the process
-cleanly, so that the supervisor restarts it on the new plan file with fresh sockets.
+swaps the device list in place; prepared claims keep what they were answered. A draining plan (a
+switch to device-plugin mode) is taken the same way, in place. A plan update that changes the
+DRA settings themselves (sockets' directories, pool, claims dir) ends the process cleanly, so
+that the supervisor restarts it on the new plan file with fresh sockets.
 
 Threads: the main thread owns the ZeroMQ sockets; the registrar thread and gRPC's pool reach it
-only through the mailbox.
+only through the mailbox (a claim request too).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -38,8 +44,11 @@ from types import FrameType
 
 from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
 from common.draapi.rpc import dra_v1_handler, dra_v1beta1_handler, health_handler, registration_handler
+from common.dracheckpoint import Checkpoint, CheckpointError
 from common.exitcodes import EXIT_FAILURE
 from common.messages import (
+    ClaimReply,
+    ClaimRequest,
     DeviceHealth,
     HealthBeacon,
     HealthDelta,
@@ -59,8 +68,7 @@ from common.messages import (
 )
 from common.model import ResourcePlan
 from common.procutil import Mailbox
-from worker.dra.checkpoint import Checkpoint, CheckpointError
-from worker.dra.claims import ClaimSource, DirectoryClaimSource
+from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
 from worker.dra.health import Health, HealthBoard
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
@@ -76,10 +84,11 @@ SNAPSHOT_RETRY_S = 1.0
 STANDALONE_TICK_S = 1.0
 
 
-def claim_source(plan: ResourcePlan) -> ClaimSource | None:
-    """Where claims come from: the claims dir, or (not wired yet) the API server."""
-    assert plan.dra is not None
-    return DirectoryClaimSource(plan.dra.claims_dir) if plan.dra.claims_dir else None
+def same_settings(a: ResourcePlan, b: ResourcePlan) -> bool:
+    """Do two plans need the same sockets and claim source? (A drain is taken in place.)"""
+    if a.dra is None or b.dra is None:
+        return a.dra is b.dra
+    return dataclasses.replace(a.dra, drain=False) == dataclasses.replace(b.dra, drain=False)
 
 
 class DraWorker:
@@ -96,8 +105,15 @@ class DraWorker:
         self.board = HealthBoard(plan)
         self.checkpoint = Checkpoint(dra.plugin_dir)
         self.checkpoint.load()  # raises CheckpointError: unreadable (the caller says so, exits)
+        self.claims: SupervisorClaimSource | None = None
+        source: ClaimSource | None = None
+        if dra.claims_dir:
+            source = DirectoryClaimSource(dra.claims_dir)
+        elif args.control:  # the supervisor fetches them from the API server
+            self.claims = SupervisorClaimSource(plan.resource, self._ask_claim)
+            source = self.claims
         self.preparer = Preparer(
-            plan, claim_source(plan), self.checkpoint, health=self.board.health_of, count=self.stats.count
+            plan, source, self.checkpoint, health=self.board.health_of, count=self.stats.count
         )
         self.service = DraPluginService(self.preparer, observe=self.stats.observe)
         self.health = HealthService(self.board)
@@ -145,6 +161,10 @@ class DraWorker:
             self._next_heartbeat = 0.0  # the supervisor's view follows the kubelet's at once
 
         self.mailbox.post(tell)
+
+    def _ask_claim(self, request: ClaimRequest) -> None:
+        """A gRPC thread's claim request: sent by the main thread, the DEALER's owner."""
+        self.mailbox.post(lambda: self._send(request))
 
     def _beat_soon(self) -> None:
         def beat() -> None:
@@ -276,6 +296,8 @@ class DraWorker:
             self.stopping = True
         elif isinstance(message, PlanUpdate):
             self._update_plan(message.plan_json)
+        elif isinstance(message, ClaimReply) and self.claims is not None:
+            self.claims.answer(message)
 
     def _apply_result(self, result: ApplyResult) -> None:
         if result.outcome is ApplyOutcome.APPLIED:
@@ -292,9 +314,20 @@ class DraWorker:
         if plan is not None and replace:
             # The new device list and the snapshot that covers it go in as one change.
             self.board.set_plan(plan, items)
+            was_draining = self.preparer.draining
             self.preparer.set_plan(plan)
             self.plan, self._pending_plan = plan, None
             log.info("plan updated in place: %d devices; unhealthy now: %s", len(plan.devices), self._bad())
+            if self.preparer.draining != was_draining:
+                log.info(
+                    "%s: %d prepared claim(s) kept",
+                    "draining (the node runs as a device plugin): new claims are refused, prepared ones "
+                    "unprepare"
+                    if self.preparer.draining
+                    else "taking new claims again",
+                    self.preparer.prepared(),
+                )
+                self._next_heartbeat = 0.0  # the supervisor plans on the drain at once
         elif self.board.set_health(items, replace=replace):
             log.info("device health changed; unhealthy now: %s", self._bad())
 
@@ -310,7 +343,7 @@ class DraWorker:
         if plan.resource != self.plan.resource:
             log.error("refused a plan update for another resource (%s)", plan.resource)
             return
-        if plan.dra != self.plan.dra:
+        if not same_settings(plan, self.plan):
             log.info(
                 "the DRA settings changed (%s -> %s): stopping, to be started again on them",
                 self.plan.dra,
@@ -340,6 +373,7 @@ class DraWorker:
             streams=1 if registered else 0,
             health_streams=self.health.streams,
             prepared_claims=self.preparer.prepared(),
+            draining=1 if self.preparer.draining else 0,
         )
         if stats == self._last_stats and time.monotonic() < self._stats_refresh_at:
             stats = {}

@@ -16,6 +16,11 @@ asks again for it. For each claim:
    supervisor holds unhealthy is refused with the reason (admin access excepted: that is how a
    sick device is inspected); the claims are recorded in the checkpoint, and only then answered.
 
+A draining plan (the node switched to device-plugin mode while claims were prepared) answers
+claims of the checkpoint as before and refuses every other with why; the drain is checked again
+under the lock before a claim is recorded, so once `set_plan` has taken a draining plan no new
+claim can be recorded: the supervisor then reads the checkpoint as final.
+
 Each device is answered with its CDI device ID from the spec the supervisor writes for the plan
 (`<vendor>/<class>=<uuid>`, or `=<i>` / `=<i:j>` under the index strategy: the device-plugin
 names). `unprepare(claims)` forgets them; a claim it never prepared is a success.
@@ -29,8 +34,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from common.dracheckpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from common.model import AllocatableDevice, ResourcePlan
-from worker.dra.checkpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
 from worker.dra.claims import (
     AllocatedDevice,
     ClaimError,
@@ -44,9 +49,10 @@ from worker.dra.health import Health
 log = logging.getLogger("gpuvisor.worker")
 
 MAX_CLAIMS_PER_CALL = 256  # a pod's claims for one driver; more is no kubelet's request
-NO_SOURCE = (
-    "no claim source: this gpuvisor reads ResourceClaims from --dra-claims-dir; the API server "
-    "source is not wired yet"
+NO_SOURCE = "no claim source: neither the supervisor nor --dra-claims-dir can give this worker ResourceClaims"
+DRAINING = (
+    "this node serves its GPUs through the device plugin now (gpuvisor mode device-plugin): the DRA "
+    "driver only finishes the claims it prepared before the switch"
 )
 
 
@@ -90,8 +96,15 @@ class Preparer:
         return self._plan
 
     def set_plan(self, plan: ResourcePlan) -> None:
-        """A new device list (rediscovery, a reload): prepared claims keep what they were answered."""
-        self._plan = plan
+        """A new device list (rediscovery, a reload), or the drain of a switch to device-plugin
+        mode: prepared claims keep what they were answered. Under the lock, so once this returns
+        no claim fetched under the old plan is recorded under it any more."""
+        with self._lock:
+            self._plan = plan
+
+    @property
+    def draining(self) -> bool:
+        return self._plan.dra is not None and self._plan.dra.drain
 
     def prepared(self) -> int:
         with self._lock:
@@ -129,6 +142,8 @@ class Preparer:
 
     def _fetch(self, ref: ClaimRef) -> list[AllocatedDevice]:
         check_ref(ref)
+        if self.draining:
+            raise ClaimError(f"claim {ref}: {DRAINING}")
         if self._source is None:
             raise ClaimError(f"claim {ref}: {NO_SOURCE}")
         claim = self._source.get(ref.namespace, ref.name)
@@ -139,14 +154,17 @@ class Preparer:
 
     def _record(self, fetched: list[tuple[ClaimRef, list[AllocatedDevice]]]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
-        plan = self._plan
-        by_id = {d.id: d for d in plan.devices}
         new: list[PreparedClaim] = []
         with self._lock:
+            plan = self._plan
+            by_id = {d.id: d for d in plan.devices}
             for ref, allocated in fetched:
                 done = self._checkpoint.get(ref.uid)  # another call prepared it meanwhile
                 if done is not None:
                     results[ref.uid] = PrepareResult(done.devices)
+                    continue
+                if self.draining:  # the switch came while this claim was being fetched
+                    results[ref.uid] = PrepareResult(error=f"claim {ref}: {DRAINING}")
                     continue
                 try:
                     devices = tuple(self._device(ref, a, by_id, new) for a in allocated)
@@ -181,6 +199,8 @@ class Preparer:
     ) -> PreparedDevice:
         """One allocated device, checked against the other claims and its health (under the lock)."""
         name = allocated.device
+        if name not in by_id:  # the plan changed (a MIG change) while the claim was fetched
+            raise ClaimError(f"claim {ref}: device {name} is not on this node any more")
         if not (allocated.admin_access or allocated.share_id):
             holders = self._checkpoint.holders(name) + [
                 c for c in pending if any(d.device == name and d.exclusive for d in c.devices)

@@ -5,10 +5,10 @@ and back), and the object templates only lay them out:
                           so that the first problem is reported whatever order Helm renders in;
   gpuvisor.configChoice   which ConfigMap holds the configs, and which key a node without the
                           label nvidia.com/device-plugin.config runs (the labeller runs it);
-  gpuvisor.features       whether MIG, MPS, CDI or volume-mounts may be in use, which decides
+  gpuvisor.features       whether MIG, MPS, CDI, volume-mounts or DRA may be in use, which decides
                           capabilities, host paths and host namespaces (least privilege otherwise);
   gpuvisor.apiAccess      what the plugin asks of the API server (the node's label, health on the
-                          Node), which decides its token and RBAC.
+                          Node, the DRA driver's slices and claims), which decides its token and RBAC.
 */ -}}
 
 {{- define "gpuvisor.name" -}}
@@ -193,7 +193,11 @@ chart assumes MIG for an external ConfigMap. gpuvisor.features.* (true/false) ov
   {{- $parsed := fromYaml (toString $text) -}}
   {{- if not (hasKey $parsed "Error") -}}{{- $configs = append $configs $parsed -}}{{- end -}}
 {{- end -}}
-{{- $f := dict "mig" $external "mps" $external "cdi" $external "volumeMounts" $external -}}
+{{- $f := dict "mig" $external "mps" $external "cdi" $external "volumeMounts" $external "dra" $external -}}
+{{- if eq (toString $v.gpuvisor.mode) "dra" -}}{{- $_ := set $f "dra" true -}}{{- end -}}
+{{- range $configs -}}
+  {{- if eq (toString (include "gpuvisor.get" (dict "in" . "path" (list "gpuvisor" "mode")) | fromJson).v) "dra" -}}{{- $_ := set $f "dra" true -}}{{- end -}}
+{{- end -}}
 {{- if kindIs "string" $v.migStrategy -}}
   {{- $_ := set $f "mig" (ne $v.migStrategy "none") -}}
 {{- else -}}
@@ -220,6 +224,8 @@ chart assumes MIG for an external ConfigMap. gpuvisor.features.* (true/false) ov
 {{- range $name, $forced := ($v.gpuvisor.features | default dict) -}}
   {{- if kindIs "bool" $forced -}}{{- $_ := set $f $name $forced -}}{{- end -}}
 {{- end -}}
+{{- /* A DRA worker answers claims with CDI device names: the spec dir must be the runtime's. */ -}}
+{{- if $f.dra -}}{{- $_ := set $f "cdi" true -}}{{- end -}}
 {{- toJson $f -}}
 {{- end -}}
 
@@ -243,14 +249,16 @@ unprivileged containers: NVIDIA #856), exactly when NVIDIA's chart adds it.
 {{- end -}}
 
 {{- /*
-What the plugin asks of the API server, as JSON {"nodes": bool, "health": bool}: the node's label
-when it has configs to choose from (NVIDIA's config-manager reads it: get/list/watch nodes), GPU
-health on the Node when gpuvisor.nodeHealth is on (patch nodes/status, create/patch events).
-Neither: no token, no RBAC, as the plugin then never calls the API server.
+What the plugin asks of the API server, as JSON {"nodes": bool, "health": bool, "dra": bool}: the
+node's label when it has configs to choose from (NVIDIA's config-manager reads it: get/list/watch
+nodes), GPU health on the Node when gpuvisor.nodeHealth is on (patch nodes/status, create/patch
+events), the DRA driver's ResourceSlices (owned by the Node: get nodes) and ResourceClaims when
+DRA may be in use. None: no token, no RBAC, as the plugin then never calls the API server.
 */ -}}
 {{- define "gpuvisor.apiAccess" -}}
 {{- $choice := include "gpuvisor.configChoice" . | fromJson -}}
-{{- toJson (dict "nodes" (ne $choice.configMap "") "health" (eq (toString .Values.gpuvisor.nodeHealth) "true")) -}}
+{{- $f := include "gpuvisor.features" . | fromJson -}}
+{{- toJson (dict "nodes" (ne $choice.configMap "") "health" (eq (toString .Values.gpuvisor.nodeHealth) "true") "dra" $f.dra) -}}
 {{- end -}}
 
 {{- /* An env entry for a value NVIDIA's chart passes only when it has the right type. */ -}}

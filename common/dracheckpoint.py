@@ -1,5 +1,8 @@
 """The DRA worker's record of prepared claims, on disk: what an unprepare needs after a restart.
 
+The DRA worker keeps it (`Checkpoint`); the supervisor only reads which devices it holds
+(`held_devices`), to keep them out of the device plugin while the node runs as one.
+
 `<kubelet plugins dir>/<driver>/checkpoint.json` (a host path, so it outlives the pod and the
 worker) holds every prepared claim by UID with what the kubelet was answered: namespace, name
 and, per device, the request, pool, device name and CDI device IDs. A prepare of a claim already
@@ -123,6 +126,40 @@ def _strings(value: Any) -> list[str]:
     return [_string(v) for v in value]
 
 
+class UntrustedCheckpoint(CheckpointError):
+    """The file is there but is not a checkpoint gpuvisor wrote (or is over the limits)."""
+
+
+def read_claims(path: str) -> dict[str, PreparedClaim]:
+    """The claims in the checkpoint file at `path`, by UID ({} when there is none); nothing is
+    changed on disk. Raises CheckpointError (unreadable) or UntrustedCheckpoint (not ours)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        if len(data) > MAX_BYTES:
+            raise ValueError(f"over {MAX_BYTES} bytes")
+        raw = json.loads(data)
+        if not isinstance(raw, dict) or raw.get("version") != VERSION or not isinstance(raw["claims"], dict):
+            raise ValueError(f"not a version-{VERSION} gpuvisor checkpoint")
+        if len(raw["claims"]) > MAX_CLAIMS:
+            raise ValueError(f"{len(raw['claims'])} claims, at most {MAX_CLAIMS}")
+        return {uid: PreparedClaim.from_json(uid, c) for uid, c in raw["claims"].items()}
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise UntrustedCheckpoint(str(exc)) from None
+
+
+def held_devices(directory: str) -> frozenset[str]:
+    """The devices that prepared claims in `<directory>/checkpoint.json` hold (admin access and
+    shares included: the device is in a container either way). Raises CheckpointError."""
+    claims = read_claims(os.path.join(directory, CHECKPOINT_NAME))
+    return frozenset(d.device for c in claims.values() for d in c.devices)
+
+
 class Checkpoint:
     """The prepared claims, in memory and on disk. Not thread-safe: the caller serializes."""
 
@@ -144,27 +181,8 @@ class Checkpoint:
         moved aside and logged; the claims it held unprepare as successes, and prepare again by
         fetching them."""
         try:
-            with open(self.path, "rb") as fh:
-                data = fh.read(MAX_BYTES + 1)
-        except FileNotFoundError:
-            self._claims = {}
-            return
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {self.path}: {exc.strerror or exc}") from None
-        try:
-            if len(data) > MAX_BYTES:
-                raise ValueError(f"over {MAX_BYTES} bytes")
-            raw = json.loads(data)
-            if (
-                not isinstance(raw, dict)
-                or raw.get("version") != VERSION
-                or not isinstance(raw["claims"], dict)
-            ):
-                raise ValueError(f"not a version-{VERSION} gpuvisor checkpoint")
-            if len(raw["claims"]) > MAX_CLAIMS:
-                raise ValueError(f"{len(raw['claims'])} claims, at most {MAX_CLAIMS}")
-            claims = {uid: PreparedClaim.from_json(uid, c) for uid, c in raw["claims"].items()}
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            self._claims = read_claims(self.path)
+        except UntrustedCheckpoint as exc:
             aside = f"{self.path}.bad-{int(time.time())}"
             with contextlib.suppress(OSError):
                 os.replace(self.path, aside)
@@ -175,8 +193,6 @@ class Checkpoint:
                 aside,
             )
             self._claims = {}
-            return
-        self._claims = claims
 
     def put(self, claims: Iterable[PreparedClaim]) -> None:
         """Record these claims, then write; on failure nothing changes (raises CheckpointError)."""
