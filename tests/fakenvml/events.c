@@ -157,9 +157,9 @@ static nvmlReturn_t wait_event(const char *function, nvmlEventSet_t set, nvmlEve
         if (remaining <= 0)
             LEAVE(NVML_ERROR_TIMEOUT);
         struct pollfd fds[2] = {{s->wakeFd, POLLIN, 0}, {fake.notifyFd, POLLIN, 0}};
-        pthread_mutex_unlock(&fake.lock);
+        pthread_mutex_unlock(&fake_lock);
         int ready = poll(fds, 2, remaining > 60000 ? 60000 : (int)remaining);
-        pthread_mutex_lock(&fake.lock);
+        pthread_mutex_lock(&fake_lock);
         if (ready < 0 && errno != EINTR) {
             fake_warn("poll in an event wait failed: %s", strerror(errno));
             LEAVE(NVML_ERROR_UNKNOWN);

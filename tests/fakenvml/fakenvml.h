@@ -130,7 +130,6 @@ typedef struct {
 } FakeFailure;
 
 typedef struct {
-    pthread_mutex_t lock;
     int loaded, loadTried;
     nvmlReturn_t loadResult; /* what nvmlInit answers when the node file could not be read */
     int initCount;
@@ -155,6 +154,7 @@ typedef struct {
 } FakeState;
 
 extern FakeState fake;
+extern pthread_mutex_t fake_lock; /* held by every exported function between ENTER and LEAVE */
 
 #define FAKE_MAGIC_DEVICE 0x6e766d6cu
 #define FAKE_MAGIC_GI 0x6e76676au

@@ -35,11 +35,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-FakeState fake = {
-    .lock = PTHREAD_MUTEX_INITIALIZER,
-    .controlFd = -1,
-    .notifyFd = -1,
-};
+/* Zero-initialised, so the 17 MB of room for 64 GPUs lies in .bss: only the pages a node
+ * uses are ever made resident (an initialiser would put all of it in .data, in the file and,
+ * as it is read, in the memory of the process under test). What must not start at zero is set
+ * at the first call (fake_enter), under the lock, which is therefore kept apart. */
+FakeState fake;
+pthread_mutex_t fake_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void fake_warn(const char *fmt, ...)
 {
@@ -53,21 +54,23 @@ void fake_warn(const char *fmt, ...)
 
 nvmlReturn_t fake_enter(const char *function, int needsInit)
 {
-    pthread_mutex_lock(&fake.lock);
-    if (!fake.loadTried) /* the node first, so that the control file's faults find its GPUs */
+    pthread_mutex_lock(&fake_lock);
+    if (!fake.loadTried) { /* the node first, so that the control file's faults find its GPUs */
+        fake.controlFd = fake.notifyFd = -1;
         fake.loadResult = fake_load_node();
+    }
     fake_sync_control();
     nvmlReturn_t rc = fake_failure(function);
     if (rc == NVML_SUCCESS && needsInit && fake.initCount == 0)
         rc = NVML_ERROR_UNINITIALIZED;
     if (rc != NVML_SUCCESS)
-        pthread_mutex_unlock(&fake.lock);
+        pthread_mutex_unlock(&fake_lock);
     return rc;
 }
 
 nvmlReturn_t fake_leave(nvmlReturn_t rc)
 {
-    pthread_mutex_unlock(&fake.lock);
+    pthread_mutex_unlock(&fake_lock);
     return rc;
 }
 
@@ -483,7 +486,9 @@ nvmlReturn_t fake_load_node(void)
         fake_warn("%s: %s", path, strerror(errno));
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
-    memset(fake.gpus, 0, sizeof fake.gpus);
+    /* No memset of fake.gpus: it is static storage, zero until this one read fills it, and
+     * writing zeros over all of it would make every page of it resident (a megabyte the
+     * process under test would be charged for, though a node uses a few GPUs of the 64). */
     fake.nGpus = 0;
     Line l = {.path = path};
     FakeGpu *current = NULL;
