@@ -21,7 +21,6 @@ laughs" file), and the nesting depth.
 
 from __future__ import annotations
 
-import calendar
 import functools
 import math
 import os
@@ -58,12 +57,19 @@ class GoTimestamp(str):
     """A YAML timestamp, held as the RFC 3339 text Go's JSON encoder writes for it."""
 
 
+def _days_in(year: int, month: int) -> int:
+    """Days in `month` (1-12) of `year`, Gregorian (calendar.monthrange without the calendar module)."""
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
 def _timestamp(text: str) -> GoTimestamp | None:
     match = _TIMESTAMP.fullmatch(text)
     if match is None:
         return None
     year, month, day = int(match[1]), int(match[2]), int(match[3])
-    if not 1 <= month <= 12 or not 1 <= day <= calendar.monthrange(year, month)[1]:
+    if not 1 <= month <= 12 or not 1 <= day <= _days_in(year, month):
         return None
     if match[4] is not None:  # 2006-1-2T15:4:5.999999999Z07:00
         clock, fraction, zone = match.group(4, 5, 6), match[7] or "", match[8]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Callable, Mapping
 
@@ -64,6 +63,8 @@ RESTART_ONLY = (
 
 def file_fingerprint(path: str) -> str:
     """What the config file holds now (through any symlinks), cheap to compare."""
+    import hashlib  # here: a node without a config file never loads it (and OpenSSL with it)
+
     try:
         with open(path, "rb") as fh:
             return hashlib.sha256(fh.read()).hexdigest()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -88,6 +87,8 @@ def find_control_binary(
             "fix --mps-control-binary (GPUVISOR_MPS_CONTROL)"
         )
     search = os.environ.get("PATH", os.defpath) if path is None else path
+    import shutil  # here: a node without MPS never loads it (nor bz2 and lzma with it)
+
     found = shutil.which(binary, path=search)
     if found:
         return found

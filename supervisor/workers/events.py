@@ -13,9 +13,11 @@ registered before, so it names the trigger.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
+
+# hmac.compare_digest is this function; importing hmac would load OpenSSL (~0.6 MB) for nothing else.
+from _operator import _compare_digest
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -116,7 +118,7 @@ class WorkerEvents:
         handle = self.workers.workers.get(hello.resource)
         if handle is None or handle.proc is None or handle.pid != hello.pid or not handle.secret:
             return None
-        if not hmac.compare_digest(handle.secret.encode(), hello.secret.encode()):
+        if not _compare_digest(handle.secret.encode(), hello.secret.encode()):
             return None
         return Binding(hello.resource, hello.pid)
 
