@@ -171,7 +171,7 @@ class Link:
                     log.warning("supervisor (pid %d) is gone: exiting", self.args.supervisor_pid)
                     break
                 if now >= self._next_heartbeat:
-                    self._heartbeat()
+                    self.heartbeat()
                     self._next_heartbeat = now + self.args.heartbeat_interval
                 if self.applier.needs_snapshot and now - self._snapshot_asked >= SNAPSHOT_RETRY_S:
                     self.ask_snapshot()
@@ -266,7 +266,8 @@ class Link:
         """Beat on the loop's next turn: the supervisor's view follows a change at once."""
         self._next_heartbeat = 0.0
 
-    def _heartbeat(self) -> None:
+    def heartbeat(self) -> None:
+        """Send a heartbeat now; its figures only when they changed (or went unsent too long)."""
         beat = self.peer.beat()
         stats = self.stats.snapshot(**beat.gauges)
         # The figures travel only when they changed (they are cumulative: the supervisor keeps
