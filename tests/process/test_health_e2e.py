@@ -238,7 +238,7 @@ def test_worker_drops_a_malformed_message_and_keeps_applying(tmp_path: Path) -> 
         tx.send_multipart(good)
 
         def drained() -> bool:
-            worker._drain(rx)
+            worker.link.drain(rx)
             return worker.applier.seq is not None
 
         assert wait_until(drained, 10)
@@ -275,7 +275,7 @@ def test_plan_update_lists_new_devices_only_with_their_snapshot_health(tmp_path:
         rx.connect("inproc://health-e2e-plan-update")
         supervisor.bind("inproc://health-e2e-plan-update-control")
         dealer.connect("inproc://health-e2e-plan-update-control")
-        worker.dealer = dealer
+        worker.link.dealer = dealer
 
         def reply(seq: int, *devices: DeviceHealth) -> None:
             tx.send_multipart(
@@ -285,7 +285,7 @@ def test_plan_update_lists_new_devices_only_with_their_snapshot_health(tmp_path:
             )
 
             def applied() -> bool:
-                worker._drain(rx)
+                worker.link.drain(rx)
                 return worker.applier.seq == seq
 
             assert wait_until(applied, 10)
@@ -294,7 +294,7 @@ def test_plan_update_lists_new_devices_only_with_their_snapshot_health(tmp_path:
         tx.send_multipart(encode(PlanUpdate(full.to_json()), seq=2))
 
         def asked() -> bool:
-            worker._drain(rx)
+            worker.link.drain(rx)
             return supervisor.poll(0) != 0
 
         assert wait_until(asked, 10)
@@ -337,14 +337,14 @@ def test_plan_update_with_its_snapshot_swaps_in_one_step_without_asking(tmp_path
         rx.connect("inproc://health-e2e-plan-snapshot")
         supervisor.bind("inproc://health-e2e-plan-snapshot-control")
         dealer.connect("inproc://health-e2e-plan-snapshot-control")
-        worker.dealer = dealer
+        worker.link.dealer = dealer
         tx.send_multipart(
             encode(SnapshotReply(HealthSnapshot(seq=1, resource=GPU, devices=(), epoch="e")), seq=1)
         )
 
         def drained(check: Callable[[], bool]) -> Callable[[], bool]:
             def step() -> bool:
-                worker._drain(rx)
+                worker.link.drain(rx)
                 return check()
 
             return step

@@ -1,10 +1,11 @@
 """The DRA worker: the kubelet plugin of DRA driver `gpu.nvidia.com`, one process like any worker.
 
-`main` (the process: its supervisor link, health, plan updates), `sockets` (serve the DRA service
-socket, then register through the plugin watcher's socket; keep both up), `services` (the gRPC
-servicers: DRAPlugin v1 and v1beta1, DRAResourceHealth, Registration), `prepare` (what preparing
-and unpreparing a claim means, as data), `claims` (where claims come from, `ClaimSource`, and what
-is checked in one) and `health` (the devices' health as the kubelet's health stream shows it). The
+`main` (the process: what it does with health and plan updates, which reach it through
+`worker.link`), `sockets` (serve the DRA service socket, then register through the plugin
+watcher's socket; keep both up), `services` (the gRPC servicers: DRAPlugin v1 and v1beta1,
+DRAResourceHealth, Registration), `prepare` (what preparing and unpreparing a claim means, as
+data), `claims` (where claims come from, `ClaimSource`, and what is checked in one) and `health`
+(the devices' health as the kubelet's health stream shows it). The
 prepared claims on disk are `common.dracheckpoint`, which the supervisor reads too. May import:
 `common/` and the rest of `worker/`.
 """

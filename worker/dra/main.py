@@ -2,11 +2,11 @@
 
 Spawned like every worker (the same command line, by the zygote or by exec; `worker.main.main`
 hands over when the plan carries DRA settings), restarted by the same lifecycle, and fed health
-the same way: it says hello with its spawn secret, asks for the health snapshot of its devices,
-then applies only newer deltas (the clone pattern, worker.healthcopy), and beats. Only once the
-snapshot is in does it serve (`worker.dra.sockets`: the service socket, then the registration
-socket), so the kubelet's first health report and the first prepare already know which devices
-are unhealthy. Without `--control` it runs alone, every device healthy (the tests of the worker).
+the same way, through the same link (worker.link): it says hello with its spawn secret, asks for
+the health snapshot of its devices, then applies only newer deltas (the clone pattern,
+worker.healthcopy), and beats. Only once the snapshot is in does it serve (`worker.dra.sockets`:
+the service socket, then the registration socket), so the kubelet's first health report and the
+first prepare already know which devices are unhealthy. Without `--control` it runs alone, every device healthy (the tests of the worker).
 
 What it tells the supervisor: registration states as `StatusReport`s ("registering" once its
 sockets are up, "registered" when the kubelet's plugin watcher confirmed, "retrying", "stopped"),
@@ -37,8 +37,7 @@ import dataclasses
 import logging
 import os
 import signal
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent import futures
 from types import FrameType
 
@@ -46,26 +45,7 @@ from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
 from common.draapi.rpc import dra_v1_handler, dra_v1beta1_handler, health_handler, registration_handler
 from common.dracheckpoint import Checkpoint, CheckpointError
 from common.exitcodes import EXIT_FAILURE
-from common.messages import (
-    ClaimReply,
-    ClaimRequest,
-    DeviceHealth,
-    HealthBeacon,
-    HealthDelta,
-    Heartbeat,
-    Hello,
-    Message,
-    MessageError,
-    PlanUpdate,
-    Reregister,
-    SequenceCounter,
-    Shutdown,
-    SnapshotReply,
-    SnapshotRequest,
-    StatusReport,
-    decode,
-    encode,
-)
+from common.messages import ClaimReply, ClaimRequest, DeviceHealth, Message, PlanUpdate
 from common.model import ResourcePlan
 from common.procutil import Mailbox
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
@@ -73,14 +53,13 @@ from worker.dra.health import Health, HealthBoard
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
 from worker.dra.sockets import RPC_THREADS, Endpoint, Registrar, RegState
-from worker.healthcopy import ApplyOutcome, ApplyResult, HealthApplier
+from worker.healthcopy import HealthApplier
+from worker.link import Beat, Link
 from worker.process import parent_ok
 from worker.stats import Stats
 
 log = logging.getLogger("gpuvisor.worker")
 
-STATS_REFRESH_S = 60.0
-SNAPSHOT_RETRY_S = 1.0
 STANDALONE_TICK_S = 1.0
 
 
@@ -98,8 +77,6 @@ class DraWorker:
         dra = plan.dra
         self.args = args
         self.plan = plan
-        self.secret = secret
-        self.pid = os.getpid()
         self.stats = Stats()
         self.mailbox = Mailbox(log)
         self.board = HealthBoard(plan)
@@ -139,14 +116,10 @@ class DraWorker:
             on_state=self._on_reg_state,
         )
         self.applier = HealthApplier(d.id for d in plan.devices)
+        self.link = Link(self, args, plan.resource, secret, self.applier, self.stats, self.mailbox)
         self.stopping = False
         self.exit_code = 0
         self._pending_plan: ResourcePlan | None = None
-        self._seq = SequenceCounter()
-        self._snapshot_asked = 0.0
-        self._next_heartbeat = 0.0
-        self._last_stats: dict[str, float] = {}
-        self._stats_refresh_at = 0.0
 
     # -------------------------------------------------------------- cross-thread plumbing
     def _on_notify(self, registered: bool, error: str) -> None:
@@ -157,20 +130,17 @@ class DraWorker:
 
         def tell() -> None:
             event = {RegState.REFUSED: "retrying", RegState.STARTING: "starting"}.get(state, state.value)
-            self._report(event, detail)
-            self._next_heartbeat = 0.0  # the supervisor's view follows the kubelet's at once
+            self.link.report(event, detail)
+            self.link.beat_soon()  # the supervisor's view follows the kubelet's at once
 
         self.mailbox.post(tell)
 
     def _ask_claim(self, request: ClaimRequest) -> None:
         """A gRPC thread's claim request: sent by the main thread, the DEALER's owner."""
-        self.mailbox.post(lambda: self._send(request))
+        self.mailbox.post(lambda: self.link.send(request))
 
     def _beat_soon(self) -> None:
-        def beat() -> None:
-            self._next_heartbeat = 0.0
-
-        self.mailbox.post(beat)
+        self.mailbox.post(self.link.beat_soon)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
@@ -211,104 +181,41 @@ class DraWorker:
 
         self.board.set_health(((d.id, Health(True)) for d in self.plan.devices), replace=True)
         self.registrar.start()
-        while not self.stopping and self.registrar.failed is None and parent_ok(self.args):
+        while self.running() and parent_ok(self.args):
             select.select([self.mailbox.fileno()], [], [], STANDALONE_TICK_S)
             self.mailbox.drain()
         return EXIT_FAILURE if self.registrar.failed is not None else self.exit_code
 
     def _run_supervised(self) -> int:
-        import zmq
-
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.sub = ctx.socket(zmq.SUB)
-        self.sub.setsockopt(zmq.LINGER, 0)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"health")
-        self.sub.connect(self.args.health)
-        self.dealer = ctx.socket(zmq.DEALER)
-        self.dealer.setsockopt(zmq.LINGER, 0)
-        self.dealer.connect(self.args.control)
-        self._send(Hello(resource=self.plan.resource, pid=self.pid, secret=self.secret))
-        self._ask_snapshot()
-        poller = zmq.Poller()
-        poller.register(self.sub, zmq.POLLIN)
-        poller.register(self.dealer, zmq.POLLIN)
-        poller.register(self.mailbox.fileno(), zmq.POLLIN)
-        started = False
-        try:
-            while not self.stopping and self.registrar.failed is None:
-                now = time.monotonic()
-                if not parent_ok(self.args):
-                    log.warning("supervisor (pid %d) is gone: exiting", self.args.supervisor_pid)
-                    break
-                if now >= self._next_heartbeat:
-                    self._heartbeat()
-                    self._next_heartbeat = now + self.args.heartbeat_interval
-                if self.applier.needs_snapshot and now - self._snapshot_asked >= SNAPSHOT_RETRY_S:
-                    self._ask_snapshot()
-                timeout_ms = max(0, int((self._next_heartbeat - time.monotonic()) * 1000)) + 1
-                events = dict(poller.poll(timeout_ms))
-                if self.mailbox.fileno() in events:
-                    self.mailbox.drain()
-                for sock in (self.sub, self.dealer):
-                    if sock in events:
-                        self._drain(sock)
-                if not started and self.applier.seq is not None:
-                    started = True  # serve only once the health snapshot is on the board
-                    self.registrar.start()
-        finally:
-            if started:
-                self._report("stopped", "worker stopping")
-            self.sub.close(0)
-            self.dealer.close(0)
+        self.link.open()
+        self.link.run()
         return EXIT_FAILURE if self.registrar.failed is not None else self.exit_code
 
-    def _drain(self, sock: object) -> None:
-        import zmq
+    # -------------------------------------------------------------- the link's hooks (worker.link.Peer)
+    def running(self) -> bool:
+        return not self.stopping and self.registrar.failed is None
 
-        assert isinstance(sock, zmq.Socket)
-        while True:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                envelope = decode(frames)
-            except MessageError as exc:
-                log.warning("dropped a malformed message: %s", exc)
-                self.stats.count("malformed_messages")
-                continue
-            self._handle(envelope.message)
+    def stop(self) -> None:
+        self.stopping = True
 
-    # -------------------------------------------------------------- messages
-    def _handle(self, message: Message) -> None:
-        if isinstance(message, HealthDelta):
-            self._apply_result(self.applier.apply_delta(message))
-        elif isinstance(message, HealthBeacon):
-            self._apply_result(self.applier.apply_beacon(message))
-        elif isinstance(message, SnapshotReply):
-            if message.snapshot.resource == self.plan.resource:
-                result = self.applier.apply_snapshot(message.snapshot)
-                if result.outcome is ApplyOutcome.APPLIED:
-                    self._sync_board(replace=True)
-        elif isinstance(message, Reregister):
-            self.registrar.trigger()  # the kubelet restarted: our sockets must still be there
-        elif isinstance(message, Shutdown):
-            self.stopping = True
-        elif isinstance(message, PlanUpdate):
-            self._update_plan(message.plan_json)
-        elif isinstance(message, ClaimReply) and self.claims is not None:
+    def snapshot_in(self) -> None:
+        self.registrar.start()  # serve only once the health snapshot is on the board
+
+    def reregister(self, reason: str) -> None:
+        self.registrar.trigger()  # the kubelet restarted: our sockets must still be there
+
+    def plan_update(self, message: PlanUpdate) -> None:
+        self._update_plan(message.plan_json)
+
+    def other_message(self, message: Message) -> None:
+        if isinstance(message, ClaimReply) and self.claims is not None:
             self.claims.answer(message)
 
-    def _apply_result(self, result: ApplyResult) -> None:
-        if result.outcome is ApplyOutcome.APPLIED:
-            self._sync_board(replace=False, changed=result.changed)
-        elif result.outcome is ApplyOutcome.GAP:
-            self.stats.count("health_gaps")
-            log.warning("health sequence gap: asking the supervisor for a fresh snapshot")
-            self._ask_snapshot()
+    def closing(self, started: bool) -> None:
+        if started:
+            self.link.report("stopped", "worker stopping")
 
-    def _sync_board(self, replace: bool, changed: tuple[DeviceHealth, ...] = ()) -> None:
-        records = self.applier.state.values() if replace else changed
+    def health_applied(self, records: Iterable[DeviceHealth], replace: bool) -> None:
         items = [(r.device_id, Health(r.healthy, r.reason, r.since)) for r in records]
         plan = self._pending_plan
         if plan is not None and replace:
@@ -327,9 +234,23 @@ class DraWorker:
                     else "taking new claims again",
                     self.preparer.prepared(),
                 )
-                self._next_heartbeat = 0.0  # the supervisor plans on the drain at once
+                self.link.beat_soon()  # the supervisor plans on the drain at once
         elif self.board.set_health(items, replace=replace):
             log.info("device health changed; unhealthy now: %s", self._bad())
+
+    def beat(self) -> Beat:
+        registered = self.registrar.state is RegState.REGISTERED
+        return Beat(
+            state=self.registrar.state.value,
+            registered=registered,
+            socket_path=self.registrar.service.path,
+            gauges={
+                "streams": 1 if registered else 0,
+                "health_streams": self.health.streams,
+                "prepared_claims": self.preparer.prepared(),
+                "draining": 1 if self.preparer.draining else 0,
+            },
+        )
 
     def _bad(self) -> str:
         return ", ".join(self.board.unhealthy()) or "none"
@@ -352,44 +273,8 @@ class DraWorker:
             self.stopping = True
             return
         self._pending_plan = plan
-        self.applier.set_device_ids(d.id for d in plan.devices)
-        self._ask_snapshot()
+        self.link.follow(d.id for d in plan.devices)  # the link asks for their snapshot
         log.info("plan update received (%d devices): waiting for their health snapshot", len(plan.devices))
-
-    def _send(self, message: Message) -> None:
-        self.dealer.send_multipart(encode(message, seq=self._seq.next()))
-
-    def _ask_snapshot(self) -> None:
-        self._snapshot_asked = time.monotonic()
-        self._send(SnapshotRequest(resource=self.plan.resource))
-
-    def _report(self, event: str, detail: str) -> None:
-        if self.args.control:
-            self._send(StatusReport(resource=self.plan.resource, event=event, detail=detail))
-
-    def _heartbeat(self) -> None:
-        registered = self.registrar.state is RegState.REGISTERED
-        stats = self.stats.snapshot(
-            streams=1 if registered else 0,
-            health_streams=self.health.streams,
-            prepared_claims=self.preparer.prepared(),
-            draining=1 if self.preparer.draining else 0,
-        )
-        if stats == self._last_stats and time.monotonic() < self._stats_refresh_at:
-            stats = {}
-        else:
-            self._last_stats = stats
-            self._stats_refresh_at = time.monotonic() + STATS_REFRESH_S
-        self._send(
-            Heartbeat(
-                resource=self.plan.resource,
-                pid=self.pid,
-                state=self.registrar.state.value,
-                registered=registered,
-                socket_path=self.registrar.service.path,
-                stats=stats,
-            )
-        )
 
 
 def run_dra(
