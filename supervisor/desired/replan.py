@@ -35,6 +35,7 @@ from common.exitcodes import EXIT_CONFIG_ERROR
 from common.messages import Json
 from common.model import Node
 from supervisor.config import Config, ConfigError, load_config
+from supervisor.config.fingerprint import fingerprint
 from supervisor.config.named import ChoiceError, choose_config
 from supervisor.desired.discovery import NvmlLink, StartupError
 from supervisor.desired.reconcile import Deferred, Desired, Outcome, Reconciler, Refusal, Unchanged
@@ -63,11 +64,8 @@ RESTART_ONLY = (
 
 def file_fingerprint(path: str) -> str:
     """What the config file holds now (through any symlinks), cheap to compare."""
-    import hashlib  # here: a node without a config file never loads it (and OpenSSL with it)
-
     try:
-        with open(path, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
+        return fingerprint(path)
     except OSError as exc:
         return f"unreadable: {exc.strerror}"
 

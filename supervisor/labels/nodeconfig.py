@@ -16,13 +16,13 @@ been read once, no config is chosen: the labeller waits, as GFD waits for its in
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.config.fingerprint import fingerprint
 from supervisor.config.named import Choice, ChoiceError, choose_config
 
 log = logging.getLogger("gpuvisor.labels")
@@ -44,8 +44,7 @@ def _digest(path: str) -> str:
     if not path:
         return ""
     try:
-        with open(path, "rb") as fh:
-            return hashlib.sha256(fh.read()).hexdigest()
+        return fingerprint(path)
     except OSError as exc:
         raise ChoiceError(f"cannot read {path}: {exc.strerror or exc}") from None
 
