@@ -39,6 +39,7 @@ import socket
 import sys
 
 from common.procutil import set_cmdline, set_parent_death_signal
+from worker.process import leave_out_ssl
 
 # What a worker imports, loaded once here (the zygote uses none of it itself). `worker.main`
 # brings the rest; the others are imported by a worker only once it runs (ZeroMQ, gRPC's server
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != args.supervisor_pid:
         return 0
+    leave_out_ssl()  # before preload(): gRPC's asyncio would load OpenSSL for nothing
     preload()
     return serve(args.fd, args.supervisor_pid)
 

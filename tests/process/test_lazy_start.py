@@ -7,13 +7,17 @@ imports leaves a line (`import time: ... | <module>`) in the node's log, in the 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import psutil
+import pytest
 
+from tests import fakenvml
+from tests.fakenvml import FakeNode
 from tests.harness import SimNode, get, metrics_url
-from tests.helpers import wait_until
+from tests.helpers import short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)\s*$", re.MULTILINE)
@@ -76,3 +80,30 @@ def test_a_config_file_that_turns_the_zygote_off_leaves_no_zygote(tmp_path: Path
         )
         assert node.proc is not None
         assert psutil.Process(node.worker_pid(GPU)).ppid() == node.proc.pid
+
+
+@pytest.mark.parametrize("zygote", [True, False], ids=["forked", "exec"])
+def test_no_process_of_the_tree_loads_openssl(fake_nvml_libdir: Path, tmp_path: Path, zygote: bool) -> None:
+    """A node with no cluster feature speaks no TLS: on the real binding, with a config file (which
+    the supervisor fingerprints), no process of the tree (the supervisor, the zygote, a worker
+    forked by it or, with the zygote off, exec'd) maps libssl or libcrypto or loads ssl's C part or
+    hashlib. OpenSSL would cost each of them ~3.5 MB (issue 30's memory target)."""
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\n" + ("" if zygote else "gpuvisor:\n  zygote: false\n"))
+    with short_tmpdir() as base:
+        env = {**FakeNode(base, "dgx-h100").environ(fake_nvml_libdir), "PYTHONPROFILEIMPORTTIME": "1"}
+        with fakenvml.real_node(env, ["--config-file", str(config)]) as node:
+            node.wait_listed([GPU], 60)
+            assert node.proc is not None
+            tree = [psutil.Process(node.proc.pid), *node.workers()]
+            assert wait_until(lambda: len(node.workers()) == (2 if zygote else 1), 10), node.workers()
+            for proc in tree:
+                mapped = {os.path.basename(m.path) for m in proc.memory_maps(grouped=True)}
+                assert "libnvidia-ml.so.1" in mapped or proc.pid != node.proc.pid  # the reading works
+                openssl = sorted(lib for lib in mapped if lib.startswith(("libssl", "libcrypto")))
+                assert openssl == [], f"{' '.join(proc.cmdline()[:4])} maps {openssl}"
+            modules = imported(node.log())
+            assert {"grpc", "asyncio", "zmq", "supervisor.config.fingerprint"} <= modules
+            # (`ssl` itself leaves a line of a few microseconds in the workers' log: the failed
+            # attempt of asyncio that worker.process.leave_out_ssl makes fail; its C part never loads)
+            assert sorted({"_ssl", "hashlib", "_hashlib"} & modules) == []
