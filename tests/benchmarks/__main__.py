@@ -5,8 +5,10 @@ Runs every module in `BENCHES` (in order), prints one aligned table and then a J
 the checkout's bytecode (`compileall`, into the __pycache__ folders git ignores), as the
 container image's `pip install --compile` does: with PYTHONDONTWRITEBYTECODE set, every process
 started from a source checkout would otherwise compile gpuvisor's modules again, about 300 ms
-that no node pays. A module that does
-not exist yet is listed as "not available". The runner reports and does not judge: it exits 0
+that no node pays. Started from a development venv whose `.pth` files run code at start (an
+editable install), it runs itself again on a bare venv over the same packages, so every figure is
+taken on an interpreter like the image's (tests/benchmarks/interpreter.py; `--with-import-hooks`
+keeps the one it was started with). A module that does not exist yet is listed as "not available". The runner reports and does not judge: it exits 0
 even when targets are missed, and non-zero only when a benchmark crashed (named on stderr and
 in the JSON under "crashed").
 """
@@ -23,6 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from tests.benchmarks import interpreter
 from tests.benchmarks.common import Row, format_table, machine_info, row_dict
 
 BENCHES = [
@@ -51,6 +54,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", metavar="PATH", default="", help="also write the JSON document to PATH")
     p.add_argument(
         "--only", metavar="NAME,...", default="", help=f"run only these (of: {', '.join(BENCHES)})"
+    )
+    p.add_argument(
+        "--with-import-hooks",
+        action="store_true",
+        help="measure on this interpreter as it is, .pth import hooks (an editable install) included",
     )
     args = p.parse_args(argv)
     if args.only:
@@ -91,6 +99,13 @@ def compile_checkout() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.with_import_hooks and os.environ.get(interpreter.PLAIN_ENV) != "1":
+        import site
+
+        if interpreter.import_hooks(site.getsitepackages()):
+            from tests.helpers import REPO
+
+            return interpreter.rerun_plain(sys.argv[1:] if argv is None else argv, REPO)
     if compile_checkout() != 0:
         print("warning: some modules did not compile; their processes compile them at start", file=sys.stderr)
     rows: list[tuple[str, Row]] = []
@@ -120,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             durations[name] = round(time.monotonic() - start, 2)
     document: dict[str, Any] = {
         "quick": args.quick,
-        "machine": machine_info(),
+        "machine": {**machine_info(), "interpreter": interpreter.describe()},
         "rows": [row_dict(bench, row) for bench, row in rows],
         "not_available": not_available,
         "crashed": crashed,

@@ -33,6 +33,7 @@ def test_quick_preferred_run_prints_table_and_json(tmp_path: Path) -> None:
     assert {"policy 8 GPUs p50", "policy 16x64 max", "gRPC 8 GPUs p50"} <= names
     assert all(row["value"] is None or row["value"] >= 0 for row in doc["rows"])
     assert doc["machine"]["cpu_count"] >= 1 and doc["crashed"] == {}
+    assert "no .pth import hooks" in doc["machine"]["interpreter"]  # rerun on a plain venv, or none needed
     with open(out_path, encoding="utf-8") as fh:
         assert json.load(fh)["rows"] == doc["rows"]
 
@@ -108,3 +109,35 @@ def test_the_bare_plugin_registers_re_registers_and_cleans_up(tmp_path: Path) ->
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(15) == 0
         assert sockets_in(plugin_dir) == ["kubelet.sock"]
+
+
+def test_import_hooks_are_the_pth_files_that_run_code(tmp_path: Path) -> None:
+    """A .pth line that begins with `import` runs at every start (an editable install's finder,
+    setuptools' distutils hack); a plain path line does not, nor does any other file."""
+    from tests.benchmarks.interpreter import import_hooks
+
+    (tmp_path / "__editable__.x.pth").write_text(
+        "import __editable___x_finder; __editable___x_finder.install()\n"
+    )
+    (tmp_path / "distutils-precedence.pth").write_text("import os; var = 'SETUPTOOLS_USE_DISTUTILS'\n")
+    (tmp_path / "paths.pth").write_text("/opt/somewhere\n# import nothing: a comment\n")
+    (tmp_path / "notes.txt").write_text("import os\n")
+    found = [os.path.basename(p) for p in import_hooks([str(tmp_path)])]
+    assert found == ["__editable__.x.pth", "distutils-precedence.pth"]
+
+
+def test_the_plain_venv_sees_the_packages_and_runs_no_hook(tmp_path: Path) -> None:
+    """The bare venv the runner reruns on imports gRPC, ZeroMQ and gpuvisor from the same
+    packages, and starts without any .pth hook module (as the image's interpreter does)."""
+    import site
+
+    from tests.benchmarks.interpreter import plain_venv
+
+    python = plain_venv(str(tmp_path / "venv"), site.getsitepackages())
+    probe = (
+        "import sys, grpc, zmq, supervisor.cli;"
+        "print(sorted(m for m in sys.modules if m.startswith(('__editable__', '_distutils_hack'))))"
+    )
+    proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
