@@ -11,6 +11,7 @@ them and every count from outside bounded. One module per job:
 - `sections`  `resources`, `sharing` and `gpuvisor.health`; `names`: resource names, device references;
 - `loader`    precedence and whole-config checks: `load_config`, `config_from_data`;
 - `named`     which named config a node runs (NVIDIA's config-manager rules: label, default, fallbacks);
+- `fingerprint` what a config file holds now, cheap to compare (a change, or an event that changed nothing);
 - `model`     the resolved `Config`; `errors`: `ConfigError`; `limits`: the bounds; `golang`: Go's
               text rules; `docs`: the README table (`python -m supervisor.config --markdown`).
 
