@@ -19,13 +19,18 @@ protobuf too), so a tree's PSS moves with what else runs; USS does not.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import tempfile
 import time
 
 import psutil
 
 from tests.benchmarks import floors, node
 from tests.benchmarks.common import NVIDIA_PSS_MB, Row, ratio
-from tests.harness import SimNode
+from tests.harness import SimNode, child_env
+from tests.helpers import REPO
 
 MB = 1e6
 
@@ -115,4 +120,31 @@ def run(quick: bool) -> list[Row]:
             "(5-resource tree - 1-resource tree) / 4; moves with the shared libraries' other users",
         ),
     ]  # fmt: skip
+    return rows + _worker_pages()
+
+
+def _worker_pages() -> list[Row]:
+    """A forked worker's own pages, step by step of its start (tests/benchmarks/workerpages.py)."""
+    with tempfile.TemporaryDirectory(prefix="gvbench-pages-") as where:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.benchmarks.workerpages", where],
+            capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=120, check=False,
+        )  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"workerpages failed: {proc.stderr.strip()[-500:]}")
+    found = json.loads(proc.stdout)
+    rows = [
+        Row(
+            f"a forked worker's own pages: {step['step']}", step["dirty"] / MB, "MB", "",
+            f"written; + {step['clean'] / MB:.2f} MB of library code it is the first to run",
+        )
+        for step in found["steps"]
+    ]  # fmt: skip
+    rows.append(
+        Row(
+            "a forked worker's own pages: these steps in all", found["dirty"] / MB, "MB", "",
+            f"written; + {found['clean'] / MB:.2f} MB of library code, shared once a second worker maps it; "
+            "what a worker in the tree has beyond: its own objects (book, link, registrar) and threads",
+        )
+    )  # fmt: skip
     return rows

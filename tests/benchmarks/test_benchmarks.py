@@ -141,3 +141,21 @@ def test_the_plain_venv_sees_the_packages_and_runs_no_hook(tmp_path: Path) -> No
     proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_workerpages_takes_every_step_of_a_forked_workers_start(tmp_path: Path) -> None:
+    """`python -m tests.benchmarks.workerpages DIR` forks from a zygote as gpuvisor's, takes each
+    step of a worker's start in order (the child fails unless its gRPC channel connects to the
+    server it made) and reports the pages each added; the steps add up to the child's total."""
+    from tests.benchmarks.workerpages import STEPS
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.workerpages", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    found = json.loads(proc.stdout)
+    assert [s["step"] for s in found["steps"]] == list(STEPS)
+    assert found["steps"][0]["dirty"] > 0  # a fork alone writes pages
+    assert sum(s["dirty"] for s in found["steps"]) == found["dirty"]
+    assert sum(s["clean"] for s in found["steps"]) == found["clean"]

@@ -1,0 +1,139 @@
+"""Where a forked worker's own pages come from: its start, one step at a time.
+
+`python -m tests.benchmarks.workerpages DIR` becomes a zygote as `worker.zygote.main` makes one
+(ssl left out, its own argument parsing, the preload and its gc.freeze), forks, and in the child
+takes a worker's start step by step (the same calls worker.main and worker.server make), reading
+`/proc/self/smaps_rollup` after each: the private pages it added, split into dirty pages (what it
+wrote: objects copied from the zygote or made anew, a library's data) and clean ones (a library's
+code this process is the first to run: its own while it is the only worker, shared once a
+second one maps it). The child
+prints one JSON object and exits; DIR holds its sockets. bench_memory reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+STEPS = (
+    "the fork itself",
+    "arguments (argparse)",
+    "logging set up",
+    "ZeroMQ context and sockets",
+    "gRPC server made (gRPC core's first use)",
+    "gRPC server started",
+    "gRPC channel, ready (as for Register)",
+    "protobuf messages",
+)
+
+
+def own_pages() -> tuple[int, int]:
+    """(dirty, clean) private bytes of this process: pages it wrote (objects, a library's data),
+    and pages of files it alone has mapped (a library's code it runs first: shared, and no
+    longer its own, once another worker maps the same pages)."""
+    dirty = clean = 0
+    with open("/proc/self/smaps_rollup", encoding="ascii", errors="replace") as fh:
+        for line in fh:
+            head, _, rest = line.partition(":")
+            if head == "Private_Dirty":
+                dirty = int(rest.split()[0]) * 1024
+            elif head == "Private_Clean":
+                clean = int(rest.split()[0]) * 1024
+    return dirty, clean
+
+
+def _child(where: str) -> dict[str, Any]:
+    marks = [own_pages()]
+
+    def mark() -> None:
+        marks.append(own_pages())
+
+    from worker.process import parse_args
+
+    args = parse_args(["--resource", "nvidia.com/gpu", "--plan", os.path.join(where, "plan.json")])
+    mark()
+    from common import logs
+
+    logs.setup(args.log_format, args.log_level, role="worker", resource=args.resource)
+    mark()
+    import zmq
+
+    ctx = zmq.Context()
+    dealer, sub = ctx.socket(zmq.DEALER), ctx.socket(zmq.SUB)
+    dealer.connect(f"ipc://{where}/control")
+    sub.connect(f"ipc://{where}/health")
+    mark()
+    from concurrent import futures
+
+    import grpc
+
+    from worker.server import MAX_RPCS, RPC_THREADS
+
+    executor = futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
+    server = grpc.server(executor, options=[("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=MAX_RPCS)
+    mark()
+    server.add_insecure_port(f"unix://{where}/plugin.sock")
+    server.start()
+    mark()
+    channel = grpc.insecure_channel(f"unix://{where}/plugin.sock")
+    grpc.channel_ready_future(channel).result(timeout=10)
+    mark()
+    from common.kubeletapi import pb
+
+    pb.RegisterRequest(
+        version="v1beta1", endpoint="plugin.sock", resource_name=args.resource
+    ).SerializeToString()
+    pb.ListAndWatchResponse(
+        devices=[pb.Device(ID=f"gpu-{i}", health="Healthy") for i in range(8)]
+    ).SerializeToString()
+    mark()
+    channel.close()
+    server.stop(0)
+    first = marks[0]
+    steps = [{"step": STEPS[0], "dirty": first[0], "clean": first[1]}]
+    for name, (a0, f0), (a1, f1) in zip(STEPS[1:], marks[:-1], marks[1:], strict=True):
+        steps.append({"step": name, "dirty": a1 - a0, "clean": f1 - f0})
+    return {"steps": steps, "dirty": marks[-1][0], "clean": marks[-1][1]}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m tests.benchmarks.workerpages DIR", file=sys.stderr)
+        return 2
+    where = argv[0]
+    import argparse
+    import gc
+
+    from worker.process import leave_out_ssl
+    from worker.zygote import preload
+
+    argparse.ArgumentParser(prog="gpuvisor-zygote").parse_args([])  # as the zygote's main does
+    leave_out_ssl()
+    preload()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        code = 1
+        try:
+            gc.collect(0)
+            with os.fdopen(write_end, "w") as out:
+                out.write(json.dumps(_child(where)))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as fh:
+        text = fh.read()
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0 or not text:
+        print("the forked child failed", file=sys.stderr)
+        return 1
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
