@@ -106,7 +106,7 @@ def run(quick: bool) -> list[Row]:
     note = f"median of {rounds} fresh interpreters"
     return [
         Row("gpuvisor's layer import", layer[0], "ms", "", f"+{layer[1]:.1f} MiB RSS; {note}"),
-        Row("cluster side's start in gpuvisor run", on_top[0], "ms", "", f"+{on_top[1]:.1f} MiB RSS over supervisor.main (ssl, http.client already loaded)"),
+        Row("cluster side's start in gpuvisor run", on_top[0], "ms", "", f"+{on_top[1]:.1f} MiB RSS over supervisor.main (which loads no ssl: OpenSSL comes with this layer)"),
         Row("kubernetes.client import", official[0], "ms", "", f"+{official[1]:.1f} MiB RSS" if not math.isnan(official[1]) else "not installed"),
         Row("lightkube import", light[0], "ms", "", f"+{light[1]:.1f} MiB RSS" if not math.isnan(light[1]) else "not installed"),
         Row("label flip -> kubelet lists p50", p50(flips), "ms", "", f"{len(flips)} flips, pcie-l4, 1 <-> 4 replicas"),
