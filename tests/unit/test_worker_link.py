@@ -390,11 +390,15 @@ def test_the_loop_ends_when_the_supervisor_is_gone(
     peer = FakePeer()
     gone = str(os.getpid())  # our own pid is never our parent
     link = make_link(peer, "--supervisor-pid", gone, supervisor=supervisor)
-    try:
-        with caplog.at_level(logging.WARNING, logger="gpuvisor.worker"):
-            link.open()
-            link.run()
-    finally:
-        link.mailbox.close()
+    with caplog.at_level(logging.WARNING, logger="gpuvisor.worker"):
+        thread = run_in_thread(link)
+        try:
+            thread.join(10)
+            assert not thread.is_alive(), "the loop went on without its supervisor"
+        finally:
+            peer.go = False
+            link.mailbox.post(lambda: None)  # wake the loop, should the test have failed before
+            thread.join(10)
+            link.mailbox.close()
     assert f"supervisor (pid {gone}) is gone: exiting" in caplog.text
     assert peer.calls == [("closing", False)]
