@@ -442,7 +442,9 @@ class WorkerSet:
         handle.socket_path = ""
         handle.registration = ""
         handle.kill_cause = ""
-        handle.secret = os.urandom(16).hex()  # what secrets.token_hex(16) is, without its OpenSSL import
+        handle.secret = os.urandom(
+            16
+        ).hex()  # what secrets.token_hex(16) is, without the OpenSSL its import loads
         handle.socket_tag = new_tag()
         try:
             proc = self.spawner(handle)

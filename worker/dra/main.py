@@ -6,7 +6,8 @@ the same way, through the same link (worker.link): it says hello with its spawn 
 the health snapshot of its devices, then applies only newer deltas (the clone pattern,
 worker.healthcopy), and beats. Only once the snapshot is in does it serve (`worker.dra.sockets`:
 the service socket, then the registration socket), so the kubelet's first health report and the
-first prepare already know which devices are unhealthy. Without `--control` it runs alone, every device healthy (the tests of the worker).
+first prepare already know which devices are unhealthy. Without `--control` it runs alone, every
+device healthy (the tests of the worker).
 
 What it tells the supervisor: registration states as `StatusReport`s ("registering" once its
 sockets are up, "registered" when the kubelet's plugin watcher confirmed, "retrying", "stopped"),
