@@ -8,9 +8,9 @@ started from a source checkout would otherwise compile gpuvisor's modules again,
 that no node pays. Started from a development venv whose `.pth` files run code at start (an
 editable install), it runs itself again on a bare venv over the same packages, so every figure is
 taken on an interpreter like the image's (tests/benchmarks/interpreter.py; `--with-import-hooks`
-keeps the one it was started with). A module that does not exist yet is listed as "not available". The runner reports and does not judge: it exits 0
-even when targets are missed, and non-zero only when a benchmark crashed (named on stderr and
-in the JSON under "crashed").
+keeps the one it was started with). A module that does not exist yet is listed as "not
+available". The runner reports and does not judge: it exits 0 even when targets are missed, and
+non-zero only when a benchmark crashed (named on stderr and in the JSON under "crashed").
 """
 
 from __future__ import annotations

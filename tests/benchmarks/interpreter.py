@@ -4,9 +4,9 @@ The image installs gpuvisor from a wheel into a venv and then removes pip and se
 interpreter runs no code at start beyond the standard library's `site`. A development venv
 (`pip install -e '.[test]'`) does: setuptools' `distutils-precedence.pth` and the editable
 install's finder are `.pth` files with `import` lines, which every interpreter started from that
-venv runs. The finder alone imports pathlib, urllib.parse and ipaddress: about 1.9 MB of private
-memory and a few milliseconds in each of gpuvisor's interpreters (the supervisor, the zygote,
-and a worker started by exec), which no node pays.
+venv runs. The finder imports pathlib, urllib.parse and ipaddress: about 0.6 MB of private memory
+in the zygote (up to 1.9 MB in a process that imports less) and, with the hook, about 10 ms at
+each interpreter start (`python -c pass`: 19 ms against 8 ms here), which no node pays.
 
 So the runner, started from such a venv, makes a bare venv in a temporary folder
 (`venv --without-pip`, about 40 ms) whose one `.pth` file names the development venv's
@@ -54,17 +54,19 @@ def plain_venv(where: str, site_dirs: Sequence[str]) -> str:
     return python
 
 
-def rerun_plain(argv: Sequence[str], cwd: str) -> int:
+def rerun_plain(argv: Sequence[str], repo: str) -> int:
     """Run `python -m tests.benchmarks argv` again on a plain venv over this interpreter's
-    site-packages; its exit status. The venv is removed afterwards."""
+    site-packages, in the caller's folder (a relative --json names the same file), with the
+    checkout `repo` on PYTHONPATH; its exit status, 128 + N when a signal N ended it. The venv is
+    removed afterwards."""
     import site
 
     with tempfile.TemporaryDirectory(prefix="gvbench-venv-") as where:
         python = plain_venv(os.path.join(where, "venv"), site.getsitepackages())
-        env = {**os.environ, PLAIN_ENV: "1"}
-        return subprocess.run(
-            [python, "-m", "tests.benchmarks", *argv], cwd=cwd, env=env, check=False
-        ).returncode
+        path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, PLAIN_ENV: "1", "PYTHONPATH": path}
+        code = subprocess.run([python, "-m", "tests.benchmarks", *argv], env=env, check=False).returncode
+    return 128 - code if code < 0 else code
 
 
 def describe() -> str:

@@ -122,7 +122,12 @@ def main(argv: list[str]) -> int:
             with os.fdopen(write_end, "w") as out:
                 out.write(json.dumps(_child(where)))
             code = 0
+        except BaseException:  # said here: os._exit below would end the child before Python could
+            import traceback
+
+            traceback.print_exc()
         finally:
+            sys.stderr.flush()
             os._exit(code)
     os.close(write_end)
     with os.fdopen(read_end) as fh:
