@@ -36,6 +36,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from supervisor.observe.exposition import CONTENT_TYPE
+
 log = logging.getLogger("gpuvisor.http")
 
 Probe = Callable[[], tuple[bool, str]]
@@ -251,10 +253,7 @@ class ProbeServer:
         path = urlsplit(target).path
         try:
             if path == "/metrics":
-                # prometheus_client is loaded by the first scrape, not at start (observe/series.py)
-                from prometheus_client import CONTENT_TYPE_LATEST
-
-                status, ctype, body = 200, CONTENT_TYPE_LATEST, self.render()
+                status, ctype, body = 200, CONTENT_TYPE, self.render()
             elif path in ("/healthz", "/livez"):
                 status, ctype, body = _probe_page(self.liveness)
             elif path == "/readyz":

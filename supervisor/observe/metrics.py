@@ -2,10 +2,9 @@
 
 The supervisor's main loop calls the hooks (`worker_state`, `health_batch`, `registration`, ...)
 when something happens; the HTTP thread calls `render()`. The series are `supervisor.observe.series`'
-(thread-safe, plain numbers until a scrape: prometheus_client is loaded by the first one, never
-at start), and the one piece of state of our own (the workers' figures) has its own lock. The
-registry is private (not prometheus_client's global one), so tests and several supervisors in
-one process never share series.
+(thread-safe, plain numbers until a scrape writes them out: observe/exposition.py), and the one
+piece of state of our own (the workers' figures) has its own lock. The registry is private (no
+process-wide one), so tests and several supervisors in one process never share series.
 
 Workers have no endpoint of their own: each heartbeat carries the worker's cumulative figures
 (worker/stats.py: `rpc_count:<m>`, `rpc_sum:<m>`, `rpc_bucket:<m>:<le>`, `count:<name>`,
@@ -26,12 +25,9 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from supervisor.observe.exposition import Family, process_families
 from supervisor.observe.series import Counter, Gauge, Registry
-
-if TYPE_CHECKING:
-    from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 # Kept in step with supervisor.workers.lifecycle.WState (a test checks): the one-hot state gauge exports
 # every state of every worker, so a dashboard can tell "0 workers RUNNING" from "no data".
@@ -121,26 +117,22 @@ class _WorkerCollector:
         with self._lock:
             self._by_resource.pop(resource, None)
 
-    def collect(self) -> Iterator[Metric]:
-        from prometheus_client.metrics_core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
+    def collect(self) -> Iterator[Family]:
         with self._lock:
             snapshot = {r: (f.totals(), dict(f.gauges)) for r, f in sorted(self._by_resource.items())}
-        hist = HistogramMetricFamily(
+        hist = Family(
             "gpuvisor_rpc_duration_seconds",
             "Time the workers spent answering kubelet calls (ListAndWatch: per message sent), by resource and method.",
-            labels=["resource", "method"],
+            "histogram",
+            ["resource", "method"],
         )
-        events = CounterMetricFamily(
+        events = Family(
             "gpuvisor_worker_events",
             "Counted worker events (from heartbeats), by resource and event.",
-            labels=["resource", "event"],
+            "counter",
+            ["resource", "event"],
         )
-        gauges: dict[str, GaugeMetricFamily] = {}
+        gauges: dict[str, Family] = {}
         for resource, (totals, current) in snapshot.items():
             for method in sorted(k.split(":", 1)[1] for k in totals if k.startswith("rpc_count:")):
                 prefix = f"rpc_bucket:{method}:"
@@ -154,19 +146,19 @@ class _WorkerCollector:
                 buckets.sort()  # repr() of a float is how Prometheus writes `le` (0.001, 1.0)
                 pairs = [(repr(le), value) for le, value in buckets]
                 pairs.append(("+Inf", totals[f"rpc_count:{method}"]))
-                hist.add_metric([resource, method], pairs, totals.get(f"rpc_sum:{method}", 0.0))
+                hist.add_histogram([resource, method], pairs, totals.get(f"rpc_sum:{method}", 0.0))
             for key, value in sorted(totals.items()):
                 if key.startswith("count:"):
-                    events.add_metric([resource, key[len("count:") :]], value)
+                    events.add([resource, key[len("count:") :]], value)
             for name, value in sorted(current.items()):
                 metric_name = "gpuvisor_worker_" + _NAME_SAFE.sub("_", name)
                 family = gauges.get(metric_name)
                 if family is None:
-                    family = GaugeMetricFamily(
-                        metric_name, f"Worker figure {name!r} (from heartbeats).", labels=["resource"]
+                    family = Family(
+                        metric_name, f"Worker figure {name!r} (from heartbeats).", "gauge", ["resource"]
                     )
                     gauges[metric_name] = family
-                family.add_metric([resource], value)
+                family.add([resource], value)
         yield hist
         yield events
         yield from gauges.values()
@@ -175,10 +167,8 @@ class _WorkerCollector:
 class _ProcessFigures:
     """The supervisor's own CPU and memory (`gpuvisor_process_*`), read at scrape time."""
 
-    def collect(self) -> Iterator[Metric]:
-        from prometheus_client import ProcessCollector
-
-        yield from ProcessCollector(namespace="gpuvisor", registry=None).collect()
+    def collect(self) -> Iterator[Family]:
+        yield from process_families("gpuvisor")
 
 
 class _BuildInfo:
@@ -188,15 +178,13 @@ class _BuildInfo:
     def __init__(self, version: str | None) -> None:
         self._version = version
 
-    def collect(self) -> Iterator[Metric]:
-        from prometheus_client.metrics_core import GaugeMetricFamily
-
+    def collect(self) -> Iterator[Family]:
         if self._version is None:
             self._version = _version()
-        family = GaugeMetricFamily(
-            "gpuvisor_build_info", "Build information (always 1).", labels=["version", "python"]
+        family = Family(
+            "gpuvisor_build_info", "Build information (always 1).", "gauge", ["version", "python"]
         )
-        family.add_metric([self._version, platform.python_version()], 1)
+        family.add([self._version, platform.python_version()], 1)
         yield family
 
 
@@ -449,7 +437,7 @@ class Metrics:
 
     # ------------------------------------------------------------------ the cluster side
     def api_request(self, verb: str, code: int) -> None:
-        """Called from the API client's threads (prometheus_client counters are thread-safe)."""
+        """Called from the API client's threads (the series take their lock)."""
         self.api_requests.labels(verb, str(code)).inc()
 
     def api_watch(self, event: str) -> None:

@@ -1,16 +1,15 @@
-"""Counters and gauges kept as plain numbers; prometheus_client is loaded by the first scrape.
+"""Counters and gauges kept as plain numbers, written out at a scrape (observe/exposition.py).
 
 `Metrics` (metrics.py) is built and fed from the first moment of `gpuvisor run`, but its figures
 are read only when something scrapes /metrics, asks for a sample, or never (`--metrics-address ""`).
-prometheus_client, and the HTTP, email and WSGI modules it imports, cost the supervisor's start
-about 20 ms and a few MB: so the series here keep their values in dicts, with the subset of
-prometheus_client's API that metrics.py uses (`Counter`/`Gauge(name, documentation, labelnames,
-registry=)`, `labels(...)`, `inc`, `set`, `remove`), and `Registry` turns them into
-prometheus_client's metric families only when asked, beside any collector registered with it.
+So the series here keep their values in dicts, with the part of the usual client API that
+metrics.py uses (`Counter`/`Gauge(name, documentation, labelnames, registry=)`, `labels(...)`,
+`inc`, `set`, `remove`), and `Registry` turns them into exposition families only when asked,
+beside any collector registered with it.
 
-What a scrape shows is what prometheus_client's own Counter and Gauge would show: a counter
-`x` as `x_total` and `x_created` (the time its series was first made), a labelled series only once
-it has been touched, an unlabelled one at once.
+What a scrape shows is what Prometheus's Python client would show for its own Counter and Gauge:
+a counter `x` as `x_total` and `x_created` (the time its series was first made), a labelled
+series only once it has been touched, an unlabelled one at once.
 """
 
 from __future__ import annotations
@@ -18,17 +17,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.metrics_core import Metric
+from supervisor.observe.exposition import Family, render, sample_value
 
 
 class Collector(Protocol):
-    """What a registry collects from at scrape time (prometheus_client's collector interface)."""
+    """What a registry collects from at scrape time: families, made then."""
 
-    def collect(self) -> Iterator[Metric]: ...
+    def collect(self) -> Iterator[Family]: ...
 
 
 class _Series:
@@ -79,7 +76,7 @@ class _Metric:
             return series
 
     def remove(self, *values: object) -> None:
-        """Drop a labelled series; KeyError when there is none (as prometheus_client)."""
+        """Drop a labelled series; KeyError when there is none."""
         with self._lock:
             del self._series[tuple(str(v) for v in values)]
 
@@ -96,7 +93,7 @@ class _Metric:
         with self._lock:
             return [(key, s.value, s.created) for key, s in self._series.items()]
 
-    def family(self) -> Metric:
+    def family(self) -> Family:
         raise NotImplementedError
 
     def _unlabelled(self) -> _Series:
@@ -124,12 +121,10 @@ class Counter(_Metric):
     def inc(self, amount: float = 1.0) -> None:
         self._unlabelled().inc(amount)
 
-    def family(self) -> Metric:
-        from prometheus_client.metrics_core import CounterMetricFamily
-
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+    def family(self) -> Family:
+        family = Family(self.name, self.documentation, "counter", self.labelnames)
         for key, value, created in self.samples():
-            family.add_metric(list(key), value, created=created)
+            family.add(key, value, created=created)
         return family
 
 
@@ -142,24 +137,21 @@ class Gauge(_Metric):
     def inc(self, amount: float = 1.0) -> None:
         self._unlabelled().inc(amount)
 
-    def family(self) -> Metric:
-        from prometheus_client.metrics_core import GaugeMetricFamily
-
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+    def family(self) -> Family:
+        family = Family(self.name, self.documentation, "gauge", self.labelnames)
         for key, value, _created in self.samples():
-            family.add_metric(list(key), value)
+            family.add(key, value)
         return family
 
 
 class Registry:
-    """The series of one `Metrics` and the collectors beside them; private to it (never the
-    process-wide registry of prometheus_client), so several in one process never share series."""
+    """The series of one `Metrics` and the collectors beside them; private to it (no process-wide
+    registry), so several in one process never share series."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._metrics: list[_Metric] = []
         self._collectors: list[Collector] = []
-        self._prometheus: CollectorRegistry | None = None
 
     def add(self, metric: _Metric) -> None:
         with self._lock:
@@ -170,7 +162,7 @@ class Registry:
         with self._lock:
             self._collectors.append(collector)
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         with self._lock:
             metrics, collectors = list(self._metrics), list(self._collectors)
         for metric in metrics:
@@ -178,25 +170,10 @@ class Registry:
         for collector in collectors:
             yield from collector.collect()
 
-    def prometheus(self) -> CollectorRegistry:
-        """prometheus_client's registry over this one, made (and the library loaded) on first use."""
-        with self._lock:
-            if self._prometheus is None:
-                from prometheus_client import CollectorRegistry
-
-                registry = CollectorRegistry(auto_describe=False)
-                registry.register(self)  # a collector: it has collect()
-                self._prometheus = registry
-            return self._prometheus
-
     def render(self) -> bytes:
         """The Prometheus text exposition of every series."""
-        from prometheus_client import generate_latest
-
-        data: bytes = generate_latest(self.prometheus())
-        return data
+        return render(self.collect())
 
     def get_sample_value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
-        """One sample's value (None when there is no such sample), as prometheus_client's."""
-        value: Any = self.prometheus().get_sample_value(name, dict(labels or {}))
-        return None if value is None else float(value)
+        """One sample's value (None when there is no such sample)."""
+        return sample_value(self.collect(), name, labels or {})

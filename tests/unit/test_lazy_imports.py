@@ -23,7 +23,11 @@ OURS = ("supervisor", "worker", "common")
 
 # Loaded only when their feature is on, or when something asks for them.
 SUPERVISOR_LAZY = {
-    "prometheus_client": "metrics: loaded by the first /metrics scrape (observe/series.py)",
+    "prometheus_client": "never: /metrics is written by observe/exposition.py",
+    "ssl": "the API-server layer's: loaded after the first registration, and only with a cluster feature",
+    "hashlib": "OpenSSL's way in: the spawn secrets, their comparison and the config fingerprint do without it",
+    "hmac": "hmac.compare_digest: the spawn secret is compared with _operator._compare_digest",
+    "secrets": "a spawn secret is os.urandom(16).hex()",
     "http.server": "the HTTP endpoint answers its three pages itself (observe/http.py)",
     "yaml": "PyYAML: read with a config file, written with a YAML CDI spec",
     "psutil": "only when an earlier life left workers to end",
@@ -43,6 +47,7 @@ SUPERVISOR_LAZY = {
 }
 WORKER_LAZY = {
     "prometheus_client": "the workers have no metrics endpoint",
+    "ssl": "left out on purpose (worker.process.leave_out_ssl): no worker speaks TLS",
     "yaml": "a worker reads a JSON plan",
     "psutil": "no process inspection in a worker",
     "watchdog": "the file watches are the supervisor's",
