@@ -12,6 +12,7 @@ them and every count from outside bounded. One module per job:
 - `loader`    precedence and whole-config checks: `load_config`, `config_from_data`;
 - `named`     which named config a node runs (NVIDIA's config-manager rules: label, default, fallbacks);
 - `fingerprint` what a config file holds now, cheap to compare (a change, or an event that changed nothing);
+- `version`   gpuvisor's version, written once (pyproject.toml's metadata is built from it);
 - `model`     the resolved `Config`; `errors`: `ConfigError`; `limits`: the bounds; `golang`: Go's
               text rules; `docs`: the README table (`python -m supervisor.config --markdown`).
 

@@ -171,14 +171,11 @@ def parse_go_flags(argv: Sequence[str], table: Mapping[str, Setting] = SETTINGS_
 
 
 def installed_version() -> str:
-    """gpuvisor's version as installed ("unknown" from a checkout that is not, as NVIDIA's binaries
-    say when built without one), for every --version."""
-    import importlib.metadata  # ~20 ms of imports (email, zipfile, ...): only when a version is asked for
+    """gpuvisor's version, for every --version (supervisor/config/version.py, which the installed package's
+    metadata is built from)."""
+    from supervisor.config.version import VERSION
 
-    try:
-        return importlib.metadata.version("gpuvisor")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return VERSION
 
 
 class RunArgumentParser(argparse.ArgumentParser):

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from supervisor.config.version import VERSION
 from supervisor.observe.exposition import Family, process_families
 from supervisor.observe.series import Counter, Gauge, Registry
 
@@ -172,29 +173,17 @@ class _ProcessFigures:
 
 
 class _BuildInfo:
-    """gpuvisor_build_info: the version is read from the installed metadata (importlib.metadata,
-    ~20 ms of imports) only when a scrape asks for it."""
+    """gpuvisor_build_info: the version (supervisor/config/version.py, unless a test names another)."""
 
     def __init__(self, version: str | None) -> None:
-        self._version = version
+        self._version = VERSION if version is None else version
 
     def collect(self) -> Iterator[Family]:
-        if self._version is None:
-            self._version = _version()
         family = Family(
             "gpuvisor_build_info", "Build information (always 1).", "gauge", ["version", "python"]
         )
         family.add([self._version, platform.python_version()], 1)
         yield family
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("gpuvisor")
-    except Exception:  # not installed as a distribution (a source checkout): still export the metric
-        return "unknown"
 
 
 class Metrics:

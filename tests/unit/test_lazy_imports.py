@@ -33,7 +33,7 @@ SUPERVISOR_LAZY = {
     "psutil": "only when an earlier life left workers to end",
     "supervisor.kube": "the API-server layer: the cluster side loads it after the first registration",
     "supervisor.cluster.writer": "health on the Node: the cluster side's, after the first registration",
-    "importlib.metadata": "the installed version: only for --version and a /metrics scrape",
+    "importlib.metadata": "never: the version is supervisor/config/version.py's, which the metadata is built from",
     "grpc": "gRPC is the workers' (and `gpuvisor status`'s), not the supervisor's",
     "google.protobuf": "the kubelet API's messages: the workers'",
     "common.kubeletapi": "the kubelet API: the workers' (kubelet.sock's name is in common.socketnames)",

@@ -311,3 +311,17 @@ def test_the_loops_own_troubles_are_counted() -> None:
     assert value(m, "gpuvisor_reloads_refused_total", kind="reload") == 1.0
     assert value(m, "gpuvisor_reload_pending") == 1.0
     assert value(m, "gpuvisor_control_messages_dropped_total", reason="unbound sender") == 1.0
+
+
+def test_the_version_is_the_installed_packages() -> None:
+    """gpuvisor_build_info and --version say supervisor/config/version.py's VERSION, which
+    pyproject.toml builds the package's metadata from: the installed distribution says the same."""
+    import importlib.metadata
+
+    from supervisor.config.flags import installed_version
+    from supervisor.config.version import VERSION
+
+    assert importlib.metadata.version("gpuvisor") == VERSION == installed_version()
+    m = Metrics()
+    info = [k for k in samples(m) if k[0] == "gpuvisor_build_info"]
+    assert info and dict(info[0][1])["version"] == VERSION
