@@ -29,10 +29,6 @@ loop of calls would measure instead of gpuvisor: the claims and health changes h
 
 from __future__ import annotations
 
-import math
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,10 +38,8 @@ from supervisor.dra.slices import build_slices
 from supervisor.health.book import ConditionView, Recovery
 from supervisor.node.nvml import Nvml
 from supervisor.sim.nvml import load_simulator
-from tests.benchmarks.common import Row, Timer, p50, p99
+from tests.benchmarks.common import Row, Timer, import_cost, p50, p99
 from tests.dranode import DRIVER, POOL, DraNode
-from tests.harness import child_env
-from tests.helpers import REPO
 
 CLAIMS, CLAIMS_QUICK = 500, 60
 SPACING_S = 0.3  # between two calls that reach the API server: under the 5/s of its limiter
@@ -157,34 +151,6 @@ WORKER = "from worker.process import leave_out_ssl\nleave_out_ssl()\nimport work
 CLIENT = (
     "import sys\nsys.modules.pop('ssl', None)\nimport supervisor.kube.client, supervisor.kube.credentials"
 )
-PROBE = (
-    "import time\n"
-    "def mem():\n"
-    "    rss = int(open('/proc/self/statm').read().split()[1]) * 4096\n"
-    "    pss = next(int(l.split()[1]) * 1024 for l in open('/proc/self/smaps_rollup') if l.startswith('Pss:'))\n"
-    "    return rss / 2**20, pss / 2**20\n"
-    "{before}\n"
-    "t, (r, p) = time.perf_counter(), mem()\n"
-    "{what}\n"
-    "r2, p2 = mem()\n"
-    "print(time.perf_counter() - t, r2 - r, p2 - p)\n"
-)
-
-
-def _import_cost(before: str, what: str, rounds: int = 7) -> tuple[float, float, float]:
-    """(ms, RSS MiB, PSS MiB) the statement adds after `before`: medians of fresh interpreters."""
-    samples: list[list[float]] = [[], [], []]
-    for _ in range(rounds):
-        proc = subprocess.run(
-            [sys.executable, "-c", PROBE.format(before=before, what=what)],
-            capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=60, check=False,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            return math.nan, math.nan, math.nan
-        for i, value in enumerate(proc.stdout.split()):
-            samples[i].append(float(value) * (1000.0 if i == 0 else 1.0))
-    ms, rss, pss = (statistics.median(s) for s in samples)
-    return ms, rss, pss
 
 
 def _wait_at_api(node: DraNode, predicate: Callable[[], bool]) -> float:
@@ -241,7 +207,7 @@ def _with_api_server(claims: int, events: int) -> list[Row]:
                 wipes = _wipes(node, max(3, events // 2))
         finally:
             api.close()
-    load_ms, load_rss, load_pss = _import_cost(WORKER, CLIENT)
+    load_ms, load_rss, load_pss = import_cost(CLIENT, before=WORKER)
     note = f"{claims} claims; the worker asks the supervisor, which GETs it"
     return [
         Row("prepare (API server) p50", p50(prepare.ms()), "ms", "", note + f", {SPACING_S:g} s apart"),

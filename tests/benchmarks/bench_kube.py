@@ -15,44 +15,17 @@ from __future__ import annotations
 
 import math
 import signal
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.benchmarks.common import Row, p50
-from tests.harness import SimNode, child_env
-from tests.helpers import REPO, wait_until
+from tests.benchmarks.common import Row, import_cost, p50
+from tests.harness import SimNode
+from tests.helpers import wait_until
 
 LAYER = "import supervisor.kube.client, supervisor.kube.credentials, supervisor.kube.watch, supervisor.kube.recorder"
 SIDE = LAYER + ", supervisor.cluster.writer"  # what the cluster side's start loads
-PROBE = (
-    "import time, sys\n"
-    "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20\n"
-    "{before}\n"
-    "t, r = time.perf_counter(), rss()\n"
-    "{what}\n"
-    "print(time.perf_counter() - t, rss() - r)\n"
-)
 TS4 = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n"
-
-
-def import_cost(what: str, before: str = "", rounds: int = 7) -> tuple[float, float]:
-    """(ms, MiB) the statement adds after `before`, medians of fresh interpreters; NaN if it fails."""
-    times, sizes = [], []
-    for _ in range(rounds):
-        proc = subprocess.run(
-            [sys.executable, "-c", PROBE.format(before=before, what=what)],
-            capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=60, check=False,
-        )  # fmt: skip
-        if proc.returncode != 0:
-            return math.nan, math.nan
-        seconds, mib = proc.stdout.split()
-        times.append(float(seconds) * 1000)
-        sizes.append(float(mib))
-    return statistics.median(times), statistics.median(sizes)
 
 
 def label_flips(rounds: int) -> tuple[list[float], float]:
@@ -98,10 +71,10 @@ def label_flips(rounds: int) -> tuple[list[float], float]:
 
 def run(quick: bool) -> list[Row]:
     rounds = 3 if quick else 7
-    layer = import_cost(LAYER, rounds=rounds)
-    on_top = import_cost(SIDE, before="import supervisor.main", rounds=rounds)
-    official = import_cost("import kubernetes.client", rounds=rounds)
-    light = import_cost("import lightkube", rounds=rounds)
+    layer = import_cost(LAYER, rounds=rounds)[:2]
+    on_top = import_cost(SIDE, before="import supervisor.main", rounds=rounds)[:2]
+    official = import_cost("import kubernetes.client", rounds=rounds)[:2]
+    light = import_cost("import lightkube", rounds=rounds)[:2]
     flips, stop_s = label_flips(4 if quick else 10)
     note = f"median of {rounds} fresh interpreters"
     return [

@@ -146,3 +146,41 @@ def format_table(rows: Sequence[tuple[str, Row]], extra: Sequence[tuple[str, str
         if n == 0:
             out.append("  ".join("-" * w for w in widths) + "  ----")
     return "\n".join(out)
+
+
+# What an import statement adds to a fresh interpreter, measured inside it.
+_IMPORT_PROBE = (
+    "import time\n"
+    "def mem():\n"
+    "    rss = int(open('/proc/self/statm').read().split()[1]) * 4096\n"
+    "    pss = next(int(l.split()[1]) * 1024 for l in open('/proc/self/smaps_rollup') if l.startswith('Pss:'))\n"
+    "    return rss / 2**20, pss / 2**20\n"
+    "{before}\n"
+    "t, (r, p) = time.perf_counter(), mem()\n"
+    "{what}\n"
+    "r2, p2 = mem()\n"
+    "print(time.perf_counter() - t, r2 - r, p2 - p)\n"
+)
+
+
+def import_cost(what: str, before: str = "", rounds: int = 7) -> tuple[float, float, float]:
+    """(ms, RSS MiB, PSS MiB) the statement `what` adds after `before`: medians of `rounds` fresh
+    interpreters; NaNs when it fails (a package that is not installed)."""
+    import statistics
+    import subprocess
+
+    from tests.harness import child_env
+    from tests.helpers import REPO
+
+    samples: list[list[float]] = [[], [], []]
+    for _ in range(rounds):
+        proc = subprocess.run(
+            [sys.executable, "-c", _IMPORT_PROBE.format(before=before, what=what)],
+            capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=60, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            return math.nan, math.nan, math.nan
+        for i, value in enumerate(proc.stdout.split()):
+            samples[i].append(float(value) * (1000.0 if i == 0 else 1.0))
+    ms, rss, pss = (statistics.median(s) for s in samples)
+    return ms, rss, pss
