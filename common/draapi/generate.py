@@ -18,18 +18,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 PROTOS = ("registration", "dra_v1", "dra_v1beta1", "health")
 OUTPUTS = tuple(f"{name}_pb2{ext}" for name in PROTOS for ext in (".py", ".pyi"))
-# The generated type stubs use a bare `Mapping`, which `mypy --strict` rejects: each stub carries
-# its own setting (as the pod-resources stub does).
-MYPY_LINE = '# mypy: disable-error-code="type-arg"\n'
 
 
 def generate(out_dir: Path) -> None:
     """Write <name>_pb2.py and <name>_pb2.pyi for every proto of this package under out_dir."""
     for name in PROTOS:
-        proto = f"common/draapi/{name}.proto"
-        run_protoc(proto, out_dir, grpc=False)
-        stub = out_dir / Path(proto).with_name(f"{name}_pb2.pyi")
-        stub.write_text(MYPY_LINE + stub.read_text(encoding="utf-8"), encoding="utf-8")
+        run_protoc(f"common/draapi/{name}.proto", out_dir, grpc=False, mark_stub=True)
 
 
 def main() -> int:

@@ -18,17 +18,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
 PROTO = "supervisor/observe/podresources/api.proto"
 OUTPUTS = ("api_pb2.py", "api_pb2.pyi")
-MYPY_LINE = '# mypy: disable-error-code="type-arg"\n'
 
 
 def generate(out_dir: Path) -> None:
     """Write api_pb2.py and api_pb2.pyi for the pod-resources api.proto under out_dir."""
-    run_protoc(PROTO, out_dir, grpc=False)
-    # The generated type stub uses a bare `Mapping`, which `mypy --strict` rejects; the
-    # pyproject override that silences this covers only the v1beta1 stubs, so the stub carries
-    # its own inline setting.
-    stub = out_dir / Path(PROTO).with_name("api_pb2.pyi")
-    stub.write_text(MYPY_LINE + stub.read_text(encoding="utf-8"), encoding="utf-8")
+    run_protoc(PROTO, out_dir, grpc=False, mark_stub=True)
 
 
 def main() -> int:
