@@ -244,7 +244,8 @@ def test_a_switch_under_load_hands_no_device_out_twice_and_loses_no_claim(
     out of the pool until released, and nvidia.com/gpu goes to 0 allocatable. Back: the devices of
     prepared claims stay out of nvidia.com/gpu, new claims are refused with why, every claim that
     was answered is in the checkpoint and unprepares; then the device plugin has every GPU again.
-    At no time does a GPU serve a container through both paths."""
+    At no time does a GPU serve a container through both paths, and the draining plan goes into the
+    DRA worker with the health snapshot that came with it."""
     node, config = switching
     node.wait_listed([GPU])
     held, _ = node.kubelet.allocate(GPU, 1)  # a running pod's GPU, through the device plugin
@@ -276,6 +277,10 @@ def test_a_switch_under_load_hands_no_device_out_twice_and_loses_no_claim(
         sighup_and_wait(node)
         node.wait_listed([GPU])
         assert wait_until(lambda: node.slices() == [], 15), "the pool was not withdrawn"
+        # The DRA worker took the draining plan in place, with the health the supervisor sent
+        # along: no round trip to ask for a snapshot first.
+        assert wait_until(lambda: "draining (the node runs as a device plugin)" in node.log(), 15)
+        assert "waiting for their health snapshot" not in node.log()
         assert wait_until(lambda: node.kubelet.allocatable(GPU) == 4 - len(traffic.claimed_uuids()), 15)
         assert not traffic.claimed_uuids() & set(node.kubelet.devices(GPU))
     # Every claim answered is still prepared (the checkpoint), none on a device-plugin device.

@@ -46,7 +46,7 @@ from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
 from common.draapi.rpc import dra_v1_handler, dra_v1beta1_handler, health_handler, registration_handler
 from common.dracheckpoint import Checkpoint, CheckpointError
 from common.exitcodes import EXIT_FAILURE
-from common.messages import ClaimReply, ClaimRequest, DeviceHealth, Message, PlanUpdate
+from common.messages import ClaimReply, ClaimRequest, DeviceHealth, HealthSnapshot, Message, PlanUpdate
 from common.model import ResourcePlan
 from common.procutil import Mailbox
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
@@ -206,7 +206,7 @@ class DraWorker:
         self.registrar.trigger()  # the kubelet restarted: our sockets must still be there
 
     def plan_update(self, message: PlanUpdate) -> None:
-        self._update_plan(message.plan_json)
+        self._update_plan(message.plan_json, message.snapshot)
 
     def other_message(self, message: Message) -> None:
         if isinstance(message, ClaimReply) and self.claims is not None:
@@ -256,7 +256,7 @@ class DraWorker:
     def _bad(self) -> str:
         return ", ".join(self.board.unhealthy()) or "none"
 
-    def _update_plan(self, plan_json: str) -> None:
+    def _update_plan(self, plan_json: str, snapshot: HealthSnapshot | None = None) -> None:
         try:
             plan = ResourcePlan.from_json(plan_json)
         except (ValueError, KeyError, TypeError) as exc:
@@ -274,7 +274,9 @@ class DraWorker:
             self.stopping = True
             return
         self._pending_plan = plan
-        self.link.follow(d.id for d in plan.devices)  # the link asks for their snapshot
+        if self.link.follow((d.id for d in plan.devices), snapshot):
+            return  # the supervisor sent their health with the plan: both went in as one change
+        # No snapshot came with it: the link asked for one.
         log.info("plan update received (%d devices): waiting for their health snapshot", len(plan.devices))
 
 
