@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,9 +170,6 @@ class Checkpoint:
     def __len__(self) -> int:
         return len(self._claims)
 
-    def __iter__(self) -> Iterator[PreparedClaim]:
-        return iter(list(self._claims.values()))
-
     def get(self, uid: str) -> PreparedClaim | None:
         return self._claims.get(uid)
 
@@ -203,7 +200,8 @@ class Checkpoint:
 
     def drop(self, uids: Iterable[str]) -> None:
         """Forget these claims, then write; on failure nothing changes (raises CheckpointError)."""
-        new = {uid: c for uid, c in self._claims.items() if uid not in set(uids)}
+        gone = set(uids)  # once: a generator would be used up by the first claim's test
+        new = {uid: c for uid, c in self._claims.items() if uid not in gone}
         if len(new) != len(self._claims):
             self._write(new)
 

@@ -30,8 +30,8 @@ from worker.dra.claims import (
     DirectoryClaimSource,
     SupervisorClaimSource,
 )
-from worker.dra.health import Health
 from worker.dra.prepare import MAX_CLAIMS_PER_CALL, Preparer, cdi_device_id
+from worker.server import Health
 
 POOL = "node-a"
 

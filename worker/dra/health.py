@@ -12,21 +12,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from common.draapi import healthpb
 from common.model import ResourcePlan
+from worker.server import Health  # the device-plugin worker's: one health record for both
 
 RESEND_S = 10.0  # a third of the kubelet's default timeout: a lost answer or two cost nothing
 TIMEOUT_S = 30  # what each device's report tells the kubelet to wait for the next (its default)
 MAX_MESSAGE = 1024  # the kubelet cuts longer messages (dra-health v1alpha1 `message`)
-
-
-@dataclass(frozen=True)
-class Health:
-    healthy: bool
-    reason: str = ""
-    since: float = 0.0
 
 
 def _shown(book: dict[str, Health], ids: list[str]) -> list[tuple[bool, str] | None]:
@@ -43,11 +36,6 @@ class HealthBoard:
         self._health: dict[str, Health] = {}
         self._version = 0
         self._closed = False
-
-    @property
-    def plan(self) -> ResourcePlan:
-        with self._cond:
-            return self._plan
 
     def set_plan(self, plan: ResourcePlan, health: Iterable[tuple[str, Health]]) -> None:
         """A new device list, with the health that covers it, as one change."""

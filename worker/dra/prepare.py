@@ -44,7 +44,7 @@ from worker.dra.claims import (
     allocated_devices,
     check_ref,
 )
-from worker.dra.health import Health
+from worker.server import Health
 
 log = logging.getLogger("gpuvisor.worker")
 
@@ -90,10 +90,6 @@ class Preparer:
         self._clock = clock
         self._count = count
         self._lock = threading.Lock()
-
-    @property
-    def plan(self) -> ResourcePlan:
-        return self._plan
 
     def set_plan(self, plan: ResourcePlan) -> None:
         """A new device list (rediscovery, a reload), or the drain of a switch to device-plugin

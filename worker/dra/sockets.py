@@ -31,8 +31,8 @@ from typing import Any
 
 import grpc
 
-from common.backoff import Backoff
 from common.procutil import unix_socket_listening
+from worker.registration import kubelet_identity, registration_backoff
 
 log = logging.getLogger("gpuvisor.worker")
 
@@ -40,8 +40,6 @@ RPC_THREADS = 8  # health streams take at most 3; prepares and registration keep
 MAX_RPCS = 64
 STOP_GRACE_S = 0.5
 CHECK_S = 1.0  # how often the sockets are looked after (two stat calls)
-BACKOFF_START_S = 0.05
-BACKOFF_MAX_S = 5.0
 
 
 class SocketBusy(OSError):
@@ -61,14 +59,6 @@ def clear_stale(path: str) -> None:
         raise SocketBusy(f"something serves on {path} already (an earlier instance still stopping?)")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-
-
-def _identity(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class Endpoint:
@@ -100,7 +90,7 @@ class Endpoint:
             raise OSError(f"cannot serve on {self.path}: {exc}") from None
         server.start()
         self._server = server
-        self._identity = _identity(self.path)
+        self._identity = kubelet_identity(self.path)  # which file: the same test as for kubelet.sock
 
     @property
     def serving(self) -> bool:
@@ -108,7 +98,7 @@ class Endpoint:
 
     def present(self) -> bool:
         """Is our socket file still there (the file we made, not a new one on a reused inode)?"""
-        return self._identity is not None and _identity(self.path) == self._identity
+        return self._identity is not None and kubelet_identity(self.path) == self._identity
 
     def stop(self) -> None:
         """Stop serving and remove our socket (only if it is still ours)."""
@@ -146,7 +136,7 @@ class Registrar:
         self.failed: BaseException | None = None  # the thread died of a bug: the worker exits
         self._on_state = on_state
         self._check = check_interval
-        self._backoff = Backoff(BACKOFF_START_S, BACKOFF_MAX_S, jitter=0.5)
+        self._backoff = registration_backoff()
         self._cond = threading.Condition()
         self._stop = False
         self._hint = False
