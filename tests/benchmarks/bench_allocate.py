@@ -33,6 +33,7 @@ from supervisor.node.planning import plan_resources
 from supervisor.sim.kubelet import KubeletStandin
 from tests import nodes
 from tests.benchmarks.common import Row, Timer, p50, p99
+from tests.harness import child_env
 from tests.helpers import REPO, short_tmpdir
 
 GPU = "nvidia.com/gpu"
@@ -70,10 +71,6 @@ def serve_echo(path: str) -> None:
         os.unlink(path)
 
 
-def _child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": REPO}
-
-
 def run(quick: bool) -> list[Row]:
     calls = 300 if quick else 2000
     warmup = 50
@@ -91,14 +88,14 @@ def run(quick: bool) -> list[Row]:
                 [sys.executable, "-m", "worker", "--resource", GPU, "--plan", plan_path,
                  "--kubelet-socket", kubelet.socket_path, "--log-level", "warning"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                cwd=REPO, env=_child_env(),
+                cwd=REPO, env=child_env(),
             )  # fmt: skip
             procs.append(worker)
             echo_path = os.path.join(d, "echo.sock")
             echo = subprocess.Popen(
                 [sys.executable, "-m", "tests.benchmarks.bench_allocate", "--echo", echo_path],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                cwd=REPO, env=_child_env(),
+                cwd=REPO, env=child_env(),
             )  # fmt: skip
             procs.append(echo)
             if not kubelet.wait_listed([GPU], 30):

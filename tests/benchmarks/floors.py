@@ -30,6 +30,7 @@ import psutil
 
 from supervisor.sim.kubelet import KubeletStandin
 from tests.benchmarks.common import Row, p50
+from tests.harness import child_env
 from tests.helpers import REPO, short_tmpdir
 
 RESOURCE = "nvidia.com/gpu"
@@ -47,10 +48,6 @@ class Floors:
     bare_restart_ms: float  # kubelet restart -> the bare plugin registered again
     python_pss_mb: float  # an idle interpreter
     idle_window_s: float
-
-
-def child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": REPO}
 
 
 def pss_mb(pid: int) -> float:

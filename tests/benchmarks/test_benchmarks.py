@@ -13,6 +13,7 @@ import pytest
 
 from tests.benchmarks.__main__ import load
 from tests.benchmarks.common import Row, format_table, percentile
+from tests.harness import child_env
 from tests.helpers import REPO
 
 
@@ -22,7 +23,7 @@ def test_quick_preferred_run_prints_table_and_json(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.benchmarks", "--quick", "--only", "bench_preferred",
          "--json", out_path],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=child_env(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     table, _, doc_text = proc.stdout.partition("\n{")
@@ -42,7 +43,7 @@ def test_unknown_benchmark_name_is_a_usage_error() -> None:
     """--only with a name not in the registry exits 2 naming it, without running anything."""
     proc = subprocess.run(
         [sys.executable, "-m", "tests.benchmarks", "--only", "bench_nope"],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env(),
     )  # fmt: skip
     assert proc.returncode == 2
     assert "bench_nope" in proc.stderr
@@ -92,7 +93,7 @@ def test_the_bare_plugin_registers_re_registers_and_cleans_up(tmp_path: Path) ->
     with short_tmpdir("gvbare") as plugin_dir, KubeletStandin(plugin_dir) as kubelet:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.benchmarks.bareplugin", "--kubelet-socket", kubelet.socket_path],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, stdin=subprocess.DEVNULL,
+            cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL,
         )  # fmt: skip
         try:
             assert kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/gpu") == 8, 30)
@@ -151,7 +152,7 @@ def test_workerpages_takes_every_step_of_a_forked_workers_start(tmp_path: Path) 
 
     proc = subprocess.run(
         [sys.executable, "-m", "tests.benchmarks.workerpages", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=child_env(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     found = json.loads(proc.stdout)
@@ -164,7 +165,7 @@ def test_workerpages_says_why_its_child_failed(tmp_path: Path) -> None:
     child's traceback before it exits, and the command exits 1 saying the child failed."""
     failed = subprocess.run(
         [sys.executable, "-m", "tests.benchmarks.workerpages", str(tmp_path / "no" / "such" / "dir")],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=child_env(),
     )  # fmt: skip
     assert (
         failed.returncode == 1 and "Traceback" in failed.stderr and "the forked child failed" in failed.stderr
