@@ -15,6 +15,7 @@ collector is anything with `collect()` yielding families.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -131,6 +132,14 @@ def sample_value(families: Iterable[Family], name: str, labels: Mapping[str, str
     return None
 
 
+@functools.cache
+def _machine() -> tuple[float, int, float]:
+    """Clock ticks a second, the page size and the boot time: read once, they do not change."""
+    with open("/proc/stat", encoding="ascii") as fh:
+        boot = next(float(line.split()[1]) for line in fh if line.startswith("btime "))
+    return float(os.sysconf("SC_CLK_TCK")), os.sysconf("SC_PAGE_SIZE"), boot
+
+
 def process_families(namespace: str, proc: str = "/proc/self") -> list[Family]:
     """This process's CPU, memory, start time and file descriptors as `<namespace>_process_*`,
     the families (names, help, kinds) Prometheus's clients export, read from `proc`. Empty when
@@ -138,10 +147,7 @@ def process_families(namespace: str, proc: str = "/proc/self") -> list[Family]:
     try:
         with open(f"{proc}/stat", encoding="ascii", errors="replace") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()  # after the command, which may hold spaces
-        ticks = float(os.sysconf("SC_CLK_TCK"))
-        page = os.sysconf("SC_PAGE_SIZE")
-        with open("/proc/stat", encoding="ascii") as fh:
-            boot = next(float(line.split()[1]) for line in fh if line.startswith("btime "))
+        ticks, page, boot = _machine()
         figures = {
             "virtual_memory_bytes": float(fields[20]),
             "resident_memory_bytes": float(int(fields[21]) * page),
