@@ -228,7 +228,12 @@ class KubeClient:
         return call
 
     def _connect(self, timeout: float) -> socket.socket:
-        """A connected (and TLS-wrapped) socket; the connect waits on the wake pipe too."""
+        """A connected (and TLS-wrapped) socket; the connect waits on the wake pipe too.
+
+        Under TLS the socket is wrapped before it connects and the handshake is done here. Wrapped
+        once connected, a connection the server reset meanwhile (an API server closing its listener
+        with connections in its backlog) makes `ssl.SSLSocket._create` raise without closing the
+        SSLSocket it made: no one could close it, and it was collected unclosed later."""
         creds = self.credentials
         last: Exception = OSError(f"cannot resolve {creds.host}")
         for family, kind, proto, _name, addr in socket.getaddrinfo(
@@ -238,9 +243,15 @@ class KubeClient:
             fd = sock.fileno()  # the same descriptor once TLS wraps it: abort() shuts it down by fd
             try:
                 self._track(fd)
+                if creds.ssl_context is not None:
+                    sock = creds.ssl_context.wrap_socket(
+                        sock,
+                        server_hostname=creds.server_hostname or creds.host,
+                        do_handshake_on_connect=False,
+                    )
                 sock.setblocking(False)
                 err = sock.connect_ex(addr)
-                if err == errno.EINPROGRESS:
+                if err in (errno.EINPROGRESS, errno.EAGAIN):
                     _, writable, _ = select.select(
                         [self._wake_r], [sock], [], min(timeout, self.connect_timeout)
                     )
@@ -258,18 +269,16 @@ class KubeClient:
                 # for the server's delayed ACK.
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if creds.ssl_context is None:
-                    return sock
-                return creds.ssl_context.wrap_socket(
-                    sock, server_hostname=creds.server_hostname or creds.host
-                )
+                if isinstance(sock, ssl.SSLSocket):
+                    sock.do_handshake()
+                return sock
             except Stopped:
                 self._untrack(fd)
                 sock.close()
                 raise
             except (OSError, ssl.SSLError) as exc:
                 self._untrack(fd)
-                sock.close()  # (a no-op when a failed TLS wrap closed it already)
+                sock.close()
                 if self.stopped:
                     raise Stopped("the API client is stopped") from None
                 last = exc

@@ -7,12 +7,16 @@ last tests here check that it does (a fake that accepted anything would prove no
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import logging
 import re
+import select
 import socket
+import ssl
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -259,6 +263,83 @@ def test_abort_ends_a_connect_that_waits(unaccepting: int) -> None:
     with pytest.raises((Stopped, ApiError)):
         client.get("/api", what="get")
     assert time.monotonic() - started < 5.0
+
+
+class _ResetsBacklog:
+    """A listener that never accepts: once the client's socket is being wrapped for TLS and its
+    connection waits in the backlog, the listener is closed and the kernel resets that connection
+    (an API server going away with connections not taken yet)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        self.wrapping = threading.Event()
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._close_when_one_waits)
+        self.thread.start()
+
+    def _close_when_one_waits(self) -> None:
+        self.wrapping.wait(30.0)
+        select.select([self.listener], [], [], 30.0)
+        self.listener.close()
+        self.closed.set()
+
+
+class _WrapAfterTheReset:
+    """The client's SSLContext, except that a socket wrapped once connected is wrapped only after
+    the server has reset its connection: the moment at which `ssl.SSLSocket._create` raises
+    without closing the SSLSocket it made."""
+
+    def __init__(self, context: ssl.SSLContext, server: _ResetsBacklog) -> None:
+        self.context = context
+        self.server = server
+
+    def wrap_socket(self, sock: socket.socket, **kw: Any) -> ssl.SSLSocket:
+        self.server.wrapping.set()
+        try:
+            sock.getpeername()
+        except OSError:
+            pass  # not connected yet: wrapped before the connect
+        else:
+            assert self.server.closed.wait(30.0)
+
+            def reset() -> bool:
+                try:
+                    sock.getpeername()
+                except OSError:
+                    return True
+                return False
+
+            assert wait_until(reset, 10)
+        return self.context.wrap_socket(sock, **kw)
+
+
+def test_a_server_resetting_before_the_tls_handshake_leaves_no_socket_open(
+    node_api: RunningApiServer,
+) -> None:
+    """A connection reset by the server before the TLS handshake is a failed call (no answer), and
+    its socket is closed by the client, not left for the garbage collector to find unclosed."""
+    server = _ResetsBacklog()
+    tls = load_credentials(str(node_api.kubeconfig), {})
+    assert tls.ssl_context is not None
+    context: Any = _WrapAfterTheReset(tls.ssl_context, server)
+    creds = Credentials("https", "127.0.0.1", server.port, "", context, "127.0.0.1", None, "", "test")
+    client = KubeClient(creds, component="test", timeout=10.0)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ApiError) as err:
+                client.get("/api", what="get /api")
+            status = err.value.status
+            del err  # its context's frames would keep a leaked socket alive past the collection
+            gc.collect()
+        assert status == NO_ANSWER
+        assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+    finally:
+        server.thread.join(30.0)
+        client.close()
 
 
 def test_writes_carry_gpuvisors_field_manager_and_user_agent(node_api: RunningApiServer) -> None:
