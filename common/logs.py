@@ -95,10 +95,21 @@ def setup(fmt: str = "text", level: str = "info", **context: Any) -> None:
     numeric = logging.getLevelName(level.upper())
     formatter = make_formatter(fmt)
     set_context(**context)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(numeric if isinstance(numeric, int) else logging.INFO)
+    # What is in place already stays (a worker forked from the zygote, which set up the default):
+    # a new handler and a level change (which clears every logger's cache) would write to
+    # objects the zygote shares with its workers, copying their pages into each one.
+    current = root.handlers[0] if len(root.handlers) == 1 else None
+    if not (
+        type(current) is logging.StreamHandler
+        and current.stream is sys.stderr
+        and type(current.formatter) is type(formatter)
+    ):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(formatter)
+        root.handlers[:] = [handler]
+    wanted = numeric if isinstance(numeric, int) else logging.INFO
+    if root.level != wanted:
+        root.setLevel(wanted)
     if not isinstance(numeric, int):  # the config validates levels; a hand-run worker may not
         logging.getLogger("gpuvisor").warning("unknown log level %r: logging at info", level)

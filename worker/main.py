@@ -196,9 +196,13 @@ class Worker:
         log.info("plan update received (%d devices): waiting for their health snapshot", len(plan.devices))
 
 
-def main(argv: list[str] | None = None, secret: str | None = None) -> int:
-    """Run a worker; `secret` is handed over in memory by the zygote that forked this process."""
-    args = parse_args(argv)
+def main(
+    argv: list[str] | None = None, secret: str | None = None, *, args: argparse.Namespace | None = None
+) -> int:
+    """Run a worker; a zygote that forked this process hands over `args` (parsed before the fork)
+    and `secret` in memory."""
+    if args is None:
+        args = parse_args(argv)
     if secret is None:
         secret = read_secret(args.secret_fd) if args.secret_fd >= 0 else ""
     logs.setup(args.log_format, args.log_level, role="worker", resource=args.resource)

@@ -13,7 +13,8 @@ Memory: every page a child writes is copied into it. The collector is off while 
 permanent generation, which no collection scans; a child never unfreezes, so its collections
 walk only its own objects and leave the zygote's pages shared.
 
-A forked child runs `worker.main.main(argv)` exactly as an exec'd worker would, and rewrites its
+A forked child runs `worker.main.main` exactly as an exec'd worker would (its arguments parsed
+by the zygote before the fork, so the parsing leaves nothing in the child), and rewrites its
 command line in place (`common.procutil.set_cmdline`, into room the zygote was started with) so
 `ps` shows `python -m worker --resource ...` as for any worker.
 
@@ -38,8 +39,9 @@ import signal
 import socket
 import sys
 
+from common import logs
 from common.procutil import set_cmdline, set_parent_death_signal
-from worker.process import leave_out_ssl
+from worker.process import leave_out_ssl, parse_args
 
 # What a worker imports, loaded once here (the zygote uses none of it itself). `worker.main`
 # brings the rest; the others are imported by a worker only once it runs (ZeroMQ, gRPC's server
@@ -62,6 +64,9 @@ def preload() -> None:
     gc.disable()
     for name in PRELOAD:
         importlib.import_module(name)
+    # Logging as a worker sets it up by default (text, info): a worker with those settings then
+    # keeps the handler and level it inherits instead of making its own.
+    logs.setup(role="zygote")
     gc.collect()  # what the imports left as garbage goes now, before the pages are shared
     gc.freeze()
     gc.enable()
@@ -78,7 +83,7 @@ def _returncode(status: int) -> int:
 
 
 def _child(
-    sock: socket.socket, wake_r: int, wake_w: int, argv: list[str], secret: str, zygote_pid: int
+    sock: socket.socket, wake_r: int, wake_w: int, argv: list[str], args: argparse.Namespace, secret: str
 ) -> None:
     """In the forked child: drop the zygote's plumbing and become a worker."""
     code = 1
@@ -94,7 +99,7 @@ def _child(
         set_cmdline([sys.executable, "-m", "worker", *argv])  # so `ps` names the resource
         from worker.main import main as worker_main  # loaded by preload(): a dict lookup
 
-        code = worker_main([*argv, "--zygote-pid", str(zygote_pid)], secret=secret)
+        code = worker_main(args=args, secret=secret)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # a worker bug must end this child, never return into the zygote loop
@@ -159,13 +164,20 @@ def serve(fd: int, supervisor_pid: int) -> int:
             except (ValueError, KeyError, TypeError) as exc:
                 _send(sock, {"op": "error", "id": None, "error": f"bad request: {exc}"})
                 continue
+            # Parsed here, before the fork: argparse's parser and its work (~1 MB of objects
+            # made and touched) would otherwise be copied into every worker's own pages.
+            try:
+                args = parse_args([*argv, "--zygote-pid", str(zygote_pid)])
+            except SystemExit:  # argparse said why on stderr; an exec'd worker would say it again
+                _send(sock, {"op": "error", "id": rid, "error": "the worker's arguments are not valid"})
+                continue
             try:
                 pid = os.fork()
             except OSError as exc:
                 _send(sock, {"op": "error", "id": rid, "error": str(exc)})
                 continue
             if pid == 0:
-                _child(sock, wake_r, wake_w, argv, secret, zygote_pid)
+                _child(sock, wake_r, wake_w, argv, args, secret)
             _send(sock, {"op": "spawned", "id": rid, "pid": pid})
     return 0
 

@@ -1,7 +1,8 @@
 """Where a forked worker's own pages come from: its start, one step at a time.
 
 `python -m tests.benchmarks.workerpages DIR` becomes a zygote as `worker.zygote.main` makes one
-(ssl left out, its own argument parsing, the preload and its gc.freeze), forks, and in the child
+(ssl left out, its own argument parsing, the preload and its gc.freeze), parses a worker's
+arguments as the zygote does before each fork, forks, and in the child
 takes a worker's start step by step (the same calls worker.main and worker.server make), reading
 `/proc/self/smaps_rollup` after each: the private pages it added, split into dirty pages (what it
 wrote: objects copied from the zygote or made anew, a library's data) and clean ones (a library's
@@ -12,6 +13,7 @@ prints one JSON object and exits; DIR holds its sockets. bench_memory reports it
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -19,7 +21,6 @@ from typing import Any
 
 STEPS = (
     "the fork itself",
-    "arguments (argparse)",
     "logging set up",
     "ZeroMQ context and sockets",
     "gRPC server made (gRPC core's first use)",
@@ -44,16 +45,13 @@ def own_pages() -> tuple[int, int]:
     return dirty, clean
 
 
-def _child(where: str) -> dict[str, Any]:
+def _child(args: argparse.Namespace) -> dict[str, Any]:
     marks = [own_pages()]
+    where = os.path.dirname(args.plan)
 
     def mark() -> None:
         marks.append(own_pages())
 
-    from worker.process import parse_args
-
-    args = parse_args(["--resource", "nvidia.com/gpu", "--plan", os.path.join(where, "plan.json")])
-    mark()
     from common import logs
 
     logs.setup(args.log_format, args.log_level, role="worker", resource=args.resource)
@@ -103,15 +101,16 @@ def main(argv: list[str]) -> int:
         print("usage: python -m tests.benchmarks.workerpages DIR", file=sys.stderr)
         return 2
     where = argv[0]
-    import argparse
     import gc
 
-    from worker.process import leave_out_ssl
+    from worker.process import leave_out_ssl, parse_args
     from worker.zygote import preload
 
     argparse.ArgumentParser(prog="gpuvisor-zygote").parse_args([])  # as the zygote's main does
     leave_out_ssl()
     preload()
+    # As the zygote does at each spawn: the worker's arguments parsed before the fork.
+    args = parse_args(["--resource", "nvidia.com/gpu", "--plan", os.path.join(where, "plan.json")])
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -120,7 +119,7 @@ def main(argv: list[str]) -> int:
         try:
             gc.collect(0)
             with os.fdopen(write_end, "w") as out:
-                out.write(json.dumps(_child(where)))
+                out.write(json.dumps(_child(args)))
             code = 0
         except BaseException:  # said here: os._exit below would end the child before Python could
             import traceback

@@ -6,6 +6,9 @@ import os
 import signal
 import time
 
+import psutil
+import pytest
+
 from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources
 from supervisor.sim.kubelet import KubeletStandin
@@ -53,6 +56,40 @@ def test_zygote_forks_a_worker_that_registers_and_reports_its_exit() -> None:
         finally:
             zygote.stop()
         assert zygote.proc is None or zygote.proc.poll() is not None
+
+
+def test_arguments_a_worker_refuses_fail_the_spawn_and_the_zygote_goes_on() -> None:
+    """The zygote parses a worker's arguments before it forks: arguments a worker would refuse
+    fail that spawn (OSError, so the spawner falls back to exec, which says why), nothing is
+    forked, and the same zygote forks the next worker."""
+    with short_tmpdir() as d, KubeletStandin(d) as kubelet:
+        zygote = Zygote()
+        zygote.start()
+        try:
+            assert zygote.proc is not None
+            first = zygote.proc.pid
+            with pytest.raises(OSError, match="arguments are not valid"):
+                zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--socket-tag", "XYZ"])
+            assert zygote.proc.pid == first and zygote.proc.poll() is None
+            assert psutil.Process(first).children() == []
+            pid = zygote.spawn(
+                [
+                    "--resource",
+                    "nvidia.com/gpu",
+                    "--plan",
+                    _plan_file(d),
+                    "--kubelet-socket",
+                    kubelet.socket_path,
+                ]
+            )
+            assert zygote.proc.pid == first
+            assert kubelet.wait_listed(["nvidia.com/gpu"], 30)
+            proc = ZygoteProc(pid, zygote)
+            proc.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: proc.poll() is not None, 15)
+            assert proc.returncode == 0
+        finally:
+            zygote.stop()
 
 
 def test_killed_zygote_is_replaced_on_the_next_spawn() -> None:

@@ -106,3 +106,29 @@ def test_setup_gives_a_worker_its_pid_and_refuses_unknown_formats(
     assert json.loads(lines[0])["worker"] == os.getpid()
     with pytest.raises(ValueError, match="'yaml'"):
         logs.make_formatter("yaml")
+
+
+def test_setup_keeps_what_is_in_place_and_changes_what_differs(
+    context: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second setup with the same format and level (a worker forked from the zygote, which set
+    up the default) keeps the root handler and leaves every logger's level cache alone; another
+    format gets a new handler with its formatter, another level is set."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    child = logging.getLogger("gpuvisor.test.cache")
+    try:
+        logs.setup("text", "info", role="zygote")
+        (first,) = root.handlers
+        assert child.isEnabledFor(logging.INFO)  # cached now
+        logs.setup("text", "info", role="worker", resource="nvidia.com/gpu")
+        assert root.handlers == [first] and vars(child)["_cache"] == {logging.INFO: True}
+        assert context["role"] == "worker" and context["resource"] == "nvidia.com/gpu"
+        logs.setup("json", "debug", role="worker")
+        (second,) = root.handlers
+        assert second is not first and isinstance(second.formatter, logs.JsonFormatter)
+        assert root.level == logging.DEBUG and vars(child)["_cache"] == {}
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
