@@ -43,7 +43,9 @@ class DraNode(SimNode):
             env = {**(env or {}), "KUBECONFIG": str(api.kubeconfig)}
             if POOL not in api.state.nodes:
                 api.state.add_node(POOL)
-            self.client = KubeClient(load_credentials(str(api.kubeconfig), {}), component="kubelet")
+            self.client = KubeClient(
+                load_credentials(str(api.kubeconfig), {}), component="kubelet", version="test"
+            )
         super().__init__(profile, args=args, env=env, **kw)
         self.plugins_dir = os.path.join(self.base, "plugins")
         self.registry_dir = os.path.join(self.base, "reg")

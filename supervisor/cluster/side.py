@@ -39,6 +39,7 @@ from common.backoff import Backoff
 from common.messages import Json
 from supervisor.cluster.health import NodeEvent, health_event, node_condition
 from supervisor.config import Config
+from supervisor.config.version import VERSION
 from supervisor.health.book import ChangeBatch
 from supervisor.health.hub import HealthHub
 from supervisor.observe.metrics import Metrics
@@ -150,7 +151,9 @@ class ClusterSide:
 
         self._stop_parts()  # what a failed earlier try started, if anything
         credentials = load_credentials(self.kubeconfig, self.environ)
-        client = KubeClient(credentials, component="supervisor", on_request=self.metrics.api_request)
+        client = KubeClient(
+            credentials, component="supervisor", version=VERSION, on_request=self.metrics.api_request
+        )
         self.client = client
         if self.watch_label:
             self.watch = ObjectWatch(

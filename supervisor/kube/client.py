@@ -57,24 +57,22 @@ REQUEST_TIMEOUT_S = 10.0
 WRITES = ("POST", "PUT", "PATCH")
 
 
-def user_agent(component: str) -> str:
+def user_agent(component: str, version: str) -> str:
     """client-go's form, `<name>/<version> (<os>/<arch>) <component>`: the server takes the part
     before the first "/" as the field manager when a request names none."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        ours = version("gpuvisor")
-    except PackageNotFoundError:
-        ours = "unknown"
-    return f"gpuvisor/{ours} (linux/{platform.machine() or 'unknown'}) {component}"
+    return f"gpuvisor/{version} (linux/{platform.machine() or 'unknown'}) {component}"
 
 
 class KubeClient:
+    """`component` and `version` (gpuvisor's: `supervisor.config.version`, which this layer may
+    not import, and not `importlib.metadata`'s ~1 MB of imports) make the user agent."""
+
     def __init__(
         self,
         credentials: Credentials,
         *,
         component: str,
+        version: str,
         qps: float = DEFAULT_QPS,
         burst: int = DEFAULT_BURST,
         timeout: float = REQUEST_TIMEOUT_S,
@@ -82,7 +80,7 @@ class KubeClient:
         on_request: Callable[[str, int], None] | None = None,
     ) -> None:
         self.credentials = credentials
-        self.user_agent = user_agent(component)
+        self.user_agent = user_agent(component, version)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.on_request = on_request or (lambda verb, code: None)

@@ -24,6 +24,7 @@ from typing import Any
 
 from supervisor.config.fingerprint import fingerprint
 from supervisor.config.named import Choice, ChoiceError, choose_config
+from supervisor.config.version import VERSION
 
 log = logging.getLogger("gpuvisor.labels")
 
@@ -81,7 +82,9 @@ class NodeConfig:
         from supervisor.kube.credentials import load_credentials
         from supervisor.kube.watch import ObjectWatch
 
-        self._client = KubeClient(load_credentials(self.kubeconfig, self.environ), component="labels")
+        self._client = KubeClient(
+            load_credentials(self.kubeconfig, self.environ), component="labels", version=VERSION
+        )
         self._watch = ObjectWatch(
             self._client,
             path="/api/v1/nodes",

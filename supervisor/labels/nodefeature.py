@@ -26,6 +26,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from supervisor.config.version import VERSION as GPUVISOR_VERSION
 from supervisor.kube.limiter import DEFAULT_BURST, DEFAULT_QPS
 
 if TYPE_CHECKING:
@@ -259,6 +260,7 @@ class NodeFeaturePublisher:
             self.client = KubeClient(
                 load_credentials(self.kubeconfig, self.environ),
                 component="labels",
+                version=GPUVISOR_VERSION,
                 qps=self.qps,
                 burst=self.burst,
             )

@@ -191,7 +191,9 @@ def _with_api_server(claims: int, events: int) -> list[Row]:
                     raise RuntimeError("the pool was not published")
                 prepare, _, _ = _claims(node, claims, SPACING_S)
                 direct = Timer()
-                client = KubeClient(load_credentials(str(api.kubeconfig), {}), component="bench", qps=-1)
+                client = KubeClient(
+                    load_credentials(str(api.kubeconfig), {}), component="bench", version="test", qps=-1
+                )
                 try:
                     api.state.add_claim("bench", "direct", POOL, ["gpu-0"])
                     path = "/apis/resource.k8s.io/v1/namespaces/bench/resourceclaims/direct"

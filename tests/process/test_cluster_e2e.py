@@ -277,7 +277,7 @@ def test_an_exec_credential_plugin_gives_the_token(api: RunningApiServer, tmp_pa
     from supervisor.kube.credentials import load_credentials
 
     api.state.add_node(NODE)
-    client = KubeClient(load_credentials(str(kubeconfig), dict(os.environ)), component="test")
+    client = KubeClient(load_credentials(str(kubeconfig), dict(os.environ)), component="test", version="test")
     assert client.get(f"/api/v1/nodes/{NODE}", what="get")["metadata"]["name"] == NODE
     assert json.loads(seen.read_text())["kind"] == "ExecCredential"
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -16,8 +18,8 @@ import pytest
 
 from tests import fakenvml
 from tests.fakenvml import FakeNode
-from tests.harness import SimNode, get, metrics_url
-from tests.helpers import short_tmpdir, wait_until
+from tests.harness import SimNode, child_env, get, metrics_url
+from tests.helpers import REPO, short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)\s*$", re.MULTILINE)
@@ -129,3 +131,26 @@ def test_workers_leave_openssl_out_on_any_node() -> None:
             assert any(lib.startswith("cygrpc") for lib in mapped)  # the reading works
             openssl = sorted(lib for lib in mapped if lib.startswith(("libssl", "libcrypto")))
             assert openssl == [], f"{' '.join(proc.cmdline()[:4])} maps {openssl}"
+
+
+def test_a_client_says_its_version_without_importlib_metadata() -> None:
+    """Making a client (its user agent names gpuvisor's version) loads no `importlib.metadata`:
+    the version comes from its caller, not from the package's metadata (~1 MB of imports)."""
+    code = (
+        "import sys\n"
+        "from supervisor.kube.client import KubeClient\n"
+        "from supervisor.kube.credentials import Credentials\n"
+        "creds = Credentials('http', '127.0.0.1', 1, '', None, None, None, '', 'test')\n"
+        "client = KubeClient(creds, component='supervisor', version='1.2.3')\n"
+        "print(client.user_agent, 'importlib.metadata' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert out[0] == "gpuvisor/1.2.3" and out[-2:] == ["supervisor", "False"], out

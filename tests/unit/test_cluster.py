@@ -142,7 +142,7 @@ def node_api(api: RunningApiServer) -> RunningApiServer:
 
 @pytest.fixture
 def writer(node_api: RunningApiServer) -> Iterator[NodeHealthWriter]:
-    client = KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="test")
+    client = KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="test", version="test")
     w = NodeHealthWriter(client, node=NODE, retry=Backoff(0.05, 0.2))
     w.start()
     yield w
@@ -186,7 +186,7 @@ def test_a_restarted_writer_changes_nothing_that_is_right(
     assert wait_until(lambda: writer.status()["written"] is True)
     writer.stop()
     again = NodeHealthWriter(
-        KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="t"), node=NODE
+        KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="t", version="test"), node=NODE
     )
     patches = len(node_api.state.calls("PATCH"))
     again.start()
@@ -219,7 +219,7 @@ def test_events_wait_in_a_bounded_queue(node_api: RunningApiServer) -> None:
     """While nothing can be sent, at most MAX_QUEUED Events wait; the oldest are dropped and counted."""
     from supervisor.cluster.writer import MAX_QUEUED
 
-    client = KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="t")
+    client = KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="t", version="test")
     w = NodeHealthWriter(client, node=NODE)  # not started: nothing leaves the queue
     for i in range(MAX_QUEUED + 5):
         w.event(NodeEvent("Warning", "R", f"m{i}"))

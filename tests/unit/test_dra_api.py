@@ -34,7 +34,7 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 @pytest.fixture
 def client(api: RunningApiServer) -> Iterator[KubeClient]:
     api.state.add_node(NODE)
-    c = KubeClient(load_credentials(str(api.kubeconfig), {}), component="test")
+    c = KubeClient(load_credentials(str(api.kubeconfig), {}), component="test", version="test")
     yield c
     c.close()
 

@@ -46,7 +46,7 @@ class Pub:
         self.api = api
         self.held: list[Allocation] = []
         self.counts: list[tuple[str, str]] = []
-        self.client = KubeClient(load_credentials(str(api.kubeconfig), {}), component="test")
+        self.client = KubeClient(load_credentials(str(api.kubeconfig), {}), component="test", version="test")
         self.publisher = SlicePublisher(
             self.client,
             node_name=NODE,

@@ -10,6 +10,7 @@ import base64
 import gc
 import json
 import logging
+import platform
 import re
 import select
 import socket
@@ -37,7 +38,7 @@ NODE = "gpu-node-1"
 
 
 def kube(api: RunningApiServer, **kw: Any) -> KubeClient:
-    return KubeClient(load_credentials(str(api.kubeconfig), {}), component="test", **kw)
+    return KubeClient(load_credentials(str(api.kubeconfig), {}), component="test", version="test", **kw)
 
 
 @pytest.fixture
@@ -102,7 +103,7 @@ def test_in_cluster_credentials_read_the_service_account(tmp_path: Path, api: Ru
     creds = load_credentials("", env, service_account_dir=str(tmp_path / "sa"))
     assert creds.source == "the pod's service account"
     api.state.add_node(NODE)
-    answer = KubeClient(creds, component="test").get(f"/api/v1/nodes/{NODE}", what="get node")
+    answer = KubeClient(creds, component="test", version="test").get(f"/api/v1/nodes/{NODE}", what="get node")
     assert answer["metadata"]["name"] == NODE
 
 
@@ -183,7 +184,7 @@ def test_no_answer_is_status_zero(tmp_path: Path) -> None:
         port = probe.getsockname()[1]
     creds = Credentials("http", "127.0.0.1", port, "", None, None, None, "", "test")
     with pytest.raises(ApiError) as err:
-        KubeClient(creds, component="test").get("/api", what="get /api")
+        KubeClient(creds, component="test", version="test").get("/api", what="get /api")
     assert err.value.status == NO_ANSWER and err.value.kind == "unreachable"
     assert "no answer from the API server" in str(err.value)
 
@@ -213,7 +214,7 @@ def test_a_401_reads_the_token_again(node_api: RunningApiServer, tmp_path: Path)
     creds = Credentials(
         creds.scheme, creds.host, creds.port, "", creds.ssl_context, None, FileToken(str(token)), "", "t"
     )
-    client = KubeClient(creds, component="test")
+    client = KubeClient(creds, component="test", version="test")
     with pytest.raises(ApiError, match="401"):
         client.get(f"/api/v1/nodes/{NODE}", what="get")
     token.write_text(TOKEN)
@@ -257,7 +258,7 @@ def unaccepting() -> Iterator[int]:
 def test_abort_ends_a_connect_that_waits(unaccepting: int) -> None:
     """A connect that waits (a server that does not take connections) ends at abort, not at its timeout."""
     creds = Credentials("http", "127.0.0.1", unaccepting, "", None, None, None, "", "test")
-    client = KubeClient(creds, component="test", timeout=30.0, connect_timeout=30.0)
+    client = KubeClient(creds, component="test", version="test", timeout=30.0, connect_timeout=30.0)
     threading.Timer(0.3, client.abort).start()
     started = time.monotonic()
     with pytest.raises((Stopped, ApiError)):
@@ -326,7 +327,7 @@ def test_a_server_resetting_before_the_tls_handshake_leaves_no_socket_open(
     assert tls.ssl_context is not None
     context: Any = _WrapAfterTheReset(tls.ssl_context, server)
     creds = Credentials("https", "127.0.0.1", server.port, "", context, "127.0.0.1", None, "", "test")
-    client = KubeClient(creds, component="test", timeout=10.0)
+    client = KubeClient(creds, component="test", version="test", timeout=10.0)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -343,7 +344,8 @@ def test_a_server_resetting_before_the_tls_handshake_leaves_no_socket_open(
 
 
 def test_writes_carry_gpuvisors_field_manager_and_user_agent(node_api: RunningApiServer) -> None:
-    """A PATCH sends fieldManager=gpuvisor and the user agent gpuvisor/<version> (linux/<arch>) <component>."""
+    """A PATCH sends fieldManager=gpuvisor and the user agent gpuvisor/<version> (linux/<arch>)
+    <component>."""
     kube(node_api).request(
         "PATCH",
         f"/api/v1/nodes/{NODE}",
@@ -353,7 +355,7 @@ def test_writes_carry_gpuvisors_field_manager_and_user_agent(node_api: RunningAp
     )
     patch = node_api.state.calls("PATCH")[0]
     assert patch.query["fieldManager"] == "gpuvisor" and patch.manager == "gpuvisor"
-    assert patch.user_agent.startswith("gpuvisor/") and "(linux/" in patch.user_agent
+    assert patch.user_agent == f"gpuvisor/test (linux/{platform.machine()}) test"
     assert node_api.state.nodes[NODE]["metadata"]["labels"]["a"] == "b"
 
 
