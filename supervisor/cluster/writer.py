@@ -31,6 +31,7 @@ from common.messages import Json
 from supervisor.cluster.health import CONDITION_TYPE, NodeCondition, NodeEvent, condition_patch
 from supervisor.kube.client import STRATEGIC_MERGE, KubeClient
 from supervisor.kube.errors import ApiError, Stopped
+from supervisor.kube.failing import Failing
 from supervisor.kube.recorder import EventRecorder, rfc3339
 
 log = logging.getLogger("gpuvisor.cluster")
@@ -53,7 +54,7 @@ class NodeHealthWriter:
         self.client = client
         self.node = node
         self.on_count = on_count  # (condition|event, written|unchanged|counted|throttled|dropped|failed)
-        self.retry = retry or Backoff(1.0, 30.0, jitter=0.3)  # capped as the watch is
+        self.failing = Failing(retry or Backoff(1.0, 30.0, jitter=0.3))  # capped as the watch is
         self.clock = clock
         self.recorder = EventRecorder(client, node=node, clock=clock)
         self._lock = threading.Lock()
@@ -63,10 +64,7 @@ class NodeHealthWriter:
         self._events: deque[NodeEvent] = deque()
         self._next_resync = 0.0
         self._thread: threading.Thread | None = None
-        self.failures = 0
         self.dropped = 0
-        self.last_error = ""
-        self.failing_since: float | None = None
         self.condition_writes = 0
 
     # ------------------------------------------------------------------ from the main loop
@@ -107,11 +105,11 @@ class NodeHealthWriter:
                 break
             except ApiError as exc:
                 self._failed(exc)
-                pause = self.retry.next()
+                pause = self.failing.pause()
             except Exception as exc:  # a bug must not end the thread: count it, back off, go on
                 log.exception("writing GPU health on Node %s failed unexpectedly", self.node)
                 self._failed(ApiError(f"Node {self.node}", 0, type(exc).__name__, str(exc)))
-                pause = self.retry.next()
+                pause = self.failing.pause()
             else:
                 self._works()
                 # After a pass that called the server, new work waits this long: a storm is one
@@ -171,29 +169,19 @@ class NodeHealthWriter:
             return bool(self._events) or (self._wanted is not None and self._wanted != self._written)
 
     def _failed(self, exc: ApiError) -> None:
-        self.failures += 1
         self.on_count("sync", "failed")
-        if self.failing_since is None:
-            self.failing_since = time.time()
         text = exc.describe()
-        if text != self.last_error:
+        if self.failing.failed(text):
             log.warning(
                 "GPU health could not be written on Node %s (retrying with backoff; the kubelet is unaffected): %s",
                 self.node,
                 text,
             )
-        self.last_error = text
 
     def _works(self) -> None:
-        if self.failing_since is not None:
-            log.info(
-                "GPU health on Node %s is written again after %.0fs",
-                self.node,
-                time.time() - self.failing_since,
-            )
-        self.failing_since = None
-        self.last_error = ""
-        self.retry.reset()
+        lasted = self.failing.works()
+        if lasted is not None:
+            log.info("GPU health on Node %s is written again after %.0fs", self.node, lasted)
 
     def status(self) -> dict[str, Json]:
         with self._lock:
@@ -205,9 +193,7 @@ class NodeHealthWriter:
             "events": dict(self.recorder.counts),
             "events_queued": queued,
             "events_dropped": self.dropped,
-            "failures": self.failures,
-            "error": self.last_error or None,
-            "failing_since": self.failing_since,
+            **self.failing.status(),
         }
 
 

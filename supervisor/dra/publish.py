@@ -56,6 +56,7 @@ from supervisor.dra.slices import PoolWant, build_slices, slice_problems
 from supervisor.health.book import ConditionView
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import NO_ANSWER, ApiError, Stopped
+from supervisor.kube.failing import Failing
 from supervisor.kube.watch import ListWatch, quote
 from supervisor.node.draplan import DRIVER
 from supervisor.observe.allocations import AllocationsView
@@ -114,7 +115,7 @@ class SlicePublisher:
         self.driver = driver
         self.allocations = allocations  # the kubelet's view of device-plugin allocations
         self.on_count = on_count  # (create|update|delete|probe|pass|watch:<event>, ok|failed|...)
-        self.retry = retry or Backoff(1.0, 30.0, jitter=0.3)
+        self.failing = Failing(retry or Backoff(1.0, 30.0, jitter=0.3))
         self.selector = f"spec.nodeName={node_name},spec.driver={driver}"
         self.watch = ListWatch(
             client,
@@ -150,9 +151,6 @@ class SlicePublisher:
         self.writes = {"create": 0, "update": 0, "delete": 0}
         self.republished = 0
         self.passes = 0
-        self.failures = 0
-        self.last_error = ""
-        self.failing_since: float | None = None
         self.published_at: float | None = None
 
     # ------------------------------------------------------------------ from the main loop
@@ -216,12 +214,12 @@ class SlicePublisher:
                 self._failed(exc)
                 quick = (exc.conflict or exc.not_found) and self._quick < QUICK_RETRIES
                 self._quick = self._quick + 1 if quick else 0
-                pause = 0.0 if quick else self.retry.next()
+                pause = 0.0 if quick else self.failing.pause()
                 self._poke()  # whatever failed is still to do
             except Exception as exc:  # a bug must not end the thread: count it, back off, go on
                 log.exception("publishing the ResourceSlices of Node %s failed unexpectedly", self.node_name)
                 self._failed(ApiError("ResourceSlices", NO_ANSWER, type(exc).__name__, str(exc)))
-                pause = self.retry.next()
+                pause = self.failing.pause()
                 self._poke()
             else:
                 self._works()
@@ -520,34 +518,24 @@ class SlicePublisher:
 
     # ------------------------------------------------------------------ failures and status
     def _failed(self, exc: ApiError) -> None:
-        self.failures += 1
         self.on_count("pass", "failed")
         self.state = "failing"
-        if self.failing_since is None:
-            self.failing_since = time.time()
         text = exc.describe()
         if exc.no_such_api:
             text += " (this API server does not serve resource.k8s.io/v1: Kubernetes 1.34 or later is needed)"
-        if text != self.last_error:
+        if self.failing.failed(text):
             log.warning(
                 "the ResourceSlices of Node %s could not be published (retrying with backoff; the kubelet "
                 "path is unaffected): %s",
                 self.node_name,
                 text,
             )
-        self.last_error = text
 
     def _works(self) -> None:
-        if self.failing_since is not None:
-            log.info(
-                "the ResourceSlices of Node %s are written again after %.0fs",
-                self.node_name,
-                time.time() - self.failing_since,
-            )
-        self.failing_since = None
-        self.last_error = ""
+        lasted = self.failing.works()
+        if lasted is not None:
+            log.info("the ResourceSlices of Node %s are written again after %.0fs", self.node_name, lasted)
         self._quick = 0
-        self.retry.reset()
 
     def status(self) -> dict[str, Json]:
         return {
@@ -562,9 +550,7 @@ class SlicePublisher:
             "writes": dict(self.writes),
             "republished": self.republished,
             "passes": self.passes,
-            "failures": self.failures,
-            "error": self.last_error or None,
-            "failing_since": self.failing_since,
+            **self.failing.status(),
             "published_at": self.published_at,
             "watch": self.watch.status(),
         }

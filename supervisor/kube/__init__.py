@@ -12,6 +12,8 @@ Everything that reads or writes API objects goes through this layer: the NodeFea
                  (or one named object), resourceVersion kept, a new list on 410 Gone, capped
                  backoff, each failure logged once and counted;
 - `recorder`     Events correlated as client-go's recorder does (counts, combining, spam filter);
+- `failing`      `Failing`: a background caller's failures, counted, each distinct one said once,
+                 the run's start kept, its end said and the backoff reset;
 - `errors`       `ApiError` (with what the server said, or that it said nothing), `Stopped`,
                  `CredentialsError`.
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -29,6 +28,7 @@ from common.backoff import Backoff
 from common.messages import Json
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import NO_ANSWER, ApiError, Stopped
+from supervisor.kube.failing import Failing
 
 log = logging.getLogger("gpuvisor.kube")
 
@@ -66,14 +66,11 @@ class ListWatch:
         self.on_list = on_list
         self.on_event = on_event
         self.on_count = on_count  # "list", "watch", "gone", "failure": what the metrics count
-        self.retry = retry or backoff()
+        self.failing = Failing(retry or backoff())
         self.watch_seconds = watch_seconds
         self.resource_version = ""
         self.state = "starting"  # listing, watching, failing, stopped
-        self.failures = 0
         self.relists = 0
-        self.last_error = ""
-        self.failing_since: float | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -107,12 +104,12 @@ class ListWatch:
                     self.resource_version = ""
                     continue
                 self._failed(exc)
-                if self.client.stop_event.wait(self.retry.next()):
+                if self.client.stop_event.wait(self.failing.pause()):
                     break
             except Exception as exc:  # a bug here must not end the watch: count it, back off, go on
                 log.exception("%s: the watch failed unexpectedly", self.what)
                 self._failed(ApiError(self.what, NO_ANSWER, type(exc).__name__, str(exc)))
-                if self.client.stop_event.wait(self.retry.next()):
+                if self.client.stop_event.wait(self.failing.pause()):
                     break
         self.state = "stopped"
 
@@ -171,33 +168,25 @@ class ListWatch:
                 self.on_event(str(kind), obj)
 
     def _failed(self, exc: ApiError) -> None:
-        self.failures += 1
         self.on_count("failure")
         self.state = "failing"
-        if self.failing_since is None:
-            self.failing_since = time.time()
         text = exc.describe()
-        if text != self.last_error:
+        if self.failing.failed(text):
             log.warning(
                 "%s failed (retrying with backoff; the last state seen stays in force): %s", self.what, text
             )
-        self.last_error = text
 
     def _works(self) -> None:
-        if self.failing_since is not None:
-            log.info("%s works again after %.0fs", self.what, time.time() - self.failing_since)
-        self.failing_since = None
-        self.last_error = ""
-        self.retry.reset()
+        lasted = self.failing.works()
+        if lasted is not None:
+            log.info("%s works again after %.0fs", self.what, lasted)
 
     def status(self) -> dict[str, Json]:
         return {
             "state": self.state,
             "resource_version": self.resource_version,
-            "failures": self.failures,
             "relists": self.relists,
-            "error": self.last_error or None,
-            "failing_since": self.failing_since,
+            **self.failing.status(),
         }
 
 

@@ -205,7 +205,7 @@ def test_after_an_outage_the_node_catches_up(node_api: RunningApiServer, writer:
     node_api.stop()
     writer.want(BAD)
     writer.event(NodeEvent("Warning", "XidCriticalError", "XID 48 on GPU-1"))
-    assert wait_until(lambda: writer.failures >= 2)
+    assert wait_until(lambda: writer.failing.count >= 2)
     assert writer.status()["error"] is not None
     node_api.start()
     assert wait_until(

@@ -274,7 +274,7 @@ def test_the_api_server_away_is_retried_and_the_pool_catches_up(pub: Pub) -> Non
     pub.api.stop()
     node = nodes.pcie_l4()
     pub.publisher.want(PoolWant(True, node))
-    assert wait_until(lambda: pub.publisher.failures >= 2)
+    assert wait_until(lambda: pub.publisher.failing.count >= 2)
     assert "no answer from the API server" in str(pub.publisher.status()["error"])
     pub.api.start()
     assert wait_until(lambda: pub.published(node), 15)
@@ -301,8 +301,8 @@ def test_failures_say_what_is_wrong(pub: Pub, trouble: str, words: str) -> None:
         state.allow = {("get", "nodes"), ("list", "resourceslices"), ("watch", "resourceslices")}
     pub.publisher.want(PoolWant(True, nodes.pcie_l4()))
     assert wait_until(lambda: words in str(pub.publisher.status()["error"]))
-    failures = pub.publisher.failures
-    assert wait_until(lambda: pub.publisher.failures > failures)
+    failures = pub.publisher.failing.count
+    assert wait_until(lambda: pub.publisher.failing.count > failures)
 
 
 def test_a_pool_waits_while_device_plugin_workers_run(pub: Pub) -> None:

@@ -24,10 +24,12 @@ from typing import Any
 
 import pytest
 
+from common.backoff import Backoff
 from supervisor.kube import client as client_module
 from supervisor.kube.client import MERGE_PATCH, STRATEGIC_MERGE, KubeClient
 from supervisor.kube.credentials import Credentials, FileToken, load_credentials
 from supervisor.kube.errors import NO_ANSWER, ApiError, CredentialsError, Stopped
+from supervisor.kube.failing import Failing
 from supervisor.kube.limiter import TokenBucket
 from supervisor.kube.recorder import Correlator, EventRecorder
 from supervisor.kube.watch import ObjectWatch
@@ -469,7 +471,7 @@ def test_an_outage_is_logged_once_counted_and_recovered(
     try:
         assert wait_until(lambda: w.state == "watching")
         node_api.stop()
-        assert wait_until(lambda: w.failures >= 3, timeout=15)
+        assert wait_until(lambda: w.failing.count >= 3, timeout=15)
         assert w.status()["state"] == "failing" and "no answer" in str(w.status()["error"])
         node_api.start()
         node_api.state.set_node_label(NODE, "x", "back")
@@ -665,3 +667,28 @@ def test_fake_streams_chunked_json_lines(node_api: RunningApiServer) -> None:
     assert first["type"] == "ADDED" and first["object"]["metadata"]["name"] == NODE
     assert json.dumps(first)
     stream.close()
+
+
+# --- failure bookkeeping -------------------------------------------------------------------------
+
+
+def test_failing_counts_every_failure_and_says_each_distinct_one_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every failure is counted; only one whose text differs from the last is to be said; the
+    time of the first of a run is kept; a success says how long the run lasted (None when none
+    ran), clears the error and starts the backoff again."""
+    now = [1000.0]
+    failing = Failing(Backoff(1.0, 8.0), clock=lambda: now[0])
+    assert failing.works() is None
+    assert failing.failed("no answer") is True
+    now[0] += 5
+    assert failing.failed("no answer") is False
+    assert failing.failed("403 Forbidden") is True
+    assert [failing.pause(), failing.pause(), failing.pause()] == [1.0, 2.0, 4.0]
+    assert failing.status() == {"failures": 3, "error": "403 Forbidden", "failing_since": 1000.0}
+    now[0] += 10
+    assert failing.works() == 15.0
+    assert failing.status() == {"failures": 3, "error": None, "failing_since": None}
+    assert failing.pause() == 1.0
+    assert failing.failed("403 Forbidden") is True  # a new run says it again
