@@ -5,10 +5,11 @@ never waits on the API server: with the server slow or gone, the kubelet path ru
 node's GPUs stay advertised as the health book says. This thread:
 
 - writes the newest wanted condition, not each one in between (a storm of changes is one PATCH
-  per pass, at most one pass per `MIN_INTERVAL_S`), after reading the Node's current condition
-  so that `lastTransitionTime` moves only with the status and a restart of gpuvisor changes
-  nothing that is right already; every `RESYNC_S` it reads the Node again and repairs a
-  condition someone else changed;
+  per pass, at most one pass per `MIN_INTERVAL_S`), against the Node's current condition, so
+  that `lastTransitionTime` moves only with the status and a restart of gpuvisor changes nothing
+  that is right already. It reads the Node for that at its first pass, after a failure and every
+  `RESYNC_S` (repairing a condition someone else changed); otherwise the answer to its own last
+  PATCH says what the Node holds, and a change is one call, not a GET and a PATCH;
 - sends the Events in order through the recorder (client-go's counting, combining and spam
   filter), keeping at most `MAX_QUEUED` while the server is away (the oldest dropped and counted);
 - on a failure keeps everything wanted and tries again after the capped backoff; each distinct
@@ -61,6 +62,8 @@ class NodeHealthWriter:
         self._wake = threading.Event()
         self._wanted: NodeCondition | None = None
         self._written: NodeCondition | None = None  # what the Node holds, as last read or written
+        self._seen: dict[str, Any] | None = None  # the Node's condition object, as last read or written
+        self._seen_known = False  # False: read the Node before the next write
         self._events: deque[NodeEvent] = deque()
         self._next_resync = 0.0
         self._thread: threading.Thread | None = None
@@ -128,7 +131,7 @@ class NodeHealthWriter:
         called = False
         resync = time.monotonic() >= self._next_resync
         if wanted is not None and (wanted != self._written or resync):
-            self._write_condition(wanted)
+            self._write_condition(wanted, read=resync)
             called = True
         if resync:
             self._next_resync = time.monotonic() + RESYNC_S
@@ -144,21 +147,25 @@ class NodeHealthWriter:
                 if self._events and self._events[0] is event:
                     self._events.popleft()
 
-    def _write_condition(self, wanted: NodeCondition) -> None:
-        node = self.client.get(f"/api/v1/nodes/{self.node}", what=f"get Node {self.node}")
-        current = _condition(node)
-        patch = condition_patch(current, wanted, rfc3339(self.clock()))
+    def _write_condition(self, wanted: NodeCondition, *, read: bool) -> None:
+        if read or not self._seen_known:
+            node = self.client.get(f"/api/v1/nodes/{self.node}", what=f"get Node {self.node}")
+            self._seen, self._seen_known = _condition(node), True
+        patch = condition_patch(self._seen, wanted, rfc3339(self.clock()))
         if patch is None:
             self._written = wanted
             self.on_count("condition", "unchanged")
             return
-        self.client.request(
+        self._seen_known = False  # until the answer says what the Node holds now
+        answer = self.client.request(
             "PATCH",
             f"/api/v1/nodes/{self.node}/status",
             what=f"patch the {CONDITION_TYPE} condition of Node {self.node}",
             body=patch,
             content_type=STRATEGIC_MERGE,
         )
+        self._seen = _condition(answer)
+        self._seen_known = self._seen is not None
         self._written = wanted
         self.condition_writes += 1
         self.on_count("condition", "written")

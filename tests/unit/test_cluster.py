@@ -178,6 +178,59 @@ def test_a_storm_of_changes_is_a_few_writes_of_the_newest(
     assert len(node_api.state.calls("PATCH")) <= 3
 
 
+def test_after_the_first_write_a_change_is_one_patch_without_a_read(
+    node_api: RunningApiServer, writer: NodeHealthWriter
+) -> None:
+    """The Node is read once, before the first write; after it, the answer to each PATCH says what
+    the Node holds: a change is one PATCH and no GET, and lastTransitionTime still moves only when
+    the status does."""
+    node_path = f"/api/v1/nodes/{NODE}"
+
+    def condition() -> dict[str, Any]:
+        return node_api.state.condition(NODE, CONDITION_TYPE) or {}
+
+    writer.want(BAD)
+    assert wait_until(lambda: writer.status()["written"] is True)
+    first = condition()["lastTransitionTime"]
+    reads = len(node_api.state.calls("GET", node_path))
+    assert reads == 1
+    worse = NodeCondition("True", "XidCriticalError", "2 of 8 GPU devices Unhealthy")
+    writer.want(worse)
+    assert wait_until(lambda: condition().get("message") == worse.message)
+    assert condition()["lastTransitionTime"] == first  # the same status: no transition
+    writer.want(GOOD)
+    assert wait_until(lambda: condition().get("status") == "False")
+    assert len(node_api.state.calls("PATCH")) == 3
+    assert len(node_api.state.calls("GET", node_path)) == reads
+
+
+def test_a_resync_reads_the_node_again_and_repairs_it(
+    node_api: RunningApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every RESYNC_S the writer reads the Node again, so a condition someone else changed is put
+    back although the writer's own last PATCH said otherwise."""
+    from supervisor.cluster import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "RESYNC_S", 0.3)
+    client = KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="test", version="test")
+    w = NodeHealthWriter(client, node=NODE, retry=Backoff(0.05, 0.2))
+    w.start()
+    try:
+        w.want(BAD)
+        assert wait_until(
+            lambda: (node_api.state.condition(NODE, CONDITION_TYPE) or {}).get("status") == "True"
+        )
+        with node_api.state.lock:  # someone else's edit
+            for cond in node_api.state.nodes[NODE]["status"]["conditions"]:
+                if cond["type"] == CONDITION_TYPE:
+                    cond["status"] = "False"
+        assert wait_until(
+            lambda: (node_api.state.condition(NODE, CONDITION_TYPE) or {}).get("status") == "True"
+        )
+    finally:
+        w.stop()
+
+
 def test_a_restarted_writer_changes_nothing_that_is_right(
     node_api: RunningApiServer, writer: NodeHealthWriter
 ) -> None:
