@@ -150,6 +150,8 @@ class Labeller:
             kubeconfig=s.kubeconfig,
             environ=self._environ,
             on_change=self._on_label_change,
+            qps=s.kube_api_qps,
+            burst=s.kube_api_burst,
         )
         try:
             self.node_config.start()

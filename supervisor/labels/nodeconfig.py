@@ -25,6 +25,7 @@ from typing import Any
 from supervisor.config.fingerprint import fingerprint
 from supervisor.config.named import Choice, ChoiceError, choose_config
 from supervisor.config.version import VERSION
+from supervisor.kube.limiter import DEFAULT_BURST, DEFAULT_QPS
 
 log = logging.getLogger("gpuvisor.labels")
 
@@ -62,6 +63,8 @@ class NodeConfig:
         kubeconfig: str,
         environ: Mapping[str, str],
         on_change: Callable[[], None],
+        qps: float = DEFAULT_QPS,
+        burst: int = DEFAULT_BURST,
     ) -> None:
         self.node_name = node_name
         self.node_label = node_label
@@ -71,6 +74,8 @@ class NodeConfig:
         self.kubeconfig = kubeconfig
         self.environ = environ
         self.on_change = on_change
+        self.qps = qps  # --kube-api-qps / --kube-api-burst, as the NodeFeature output's client has
+        self.burst = burst
         self.label: str | None = None  # None until the Node was read once
         self.seen = threading.Event()
         self._watch: Any = None  # supervisor.kube.watch.ObjectWatch once started
@@ -83,7 +88,11 @@ class NodeConfig:
         from supervisor.kube.watch import ObjectWatch
 
         self._client = KubeClient(
-            load_credentials(self.kubeconfig, self.environ), component="labels", version=VERSION
+            load_credentials(self.kubeconfig, self.environ),
+            component="labels",
+            version=VERSION,
+            qps=self.qps,
+            burst=self.burst,
         )
         self._watch = ObjectWatch(
             self._client,

@@ -14,6 +14,9 @@ import pytest
 
 from supervisor.config import ConfigError, load_config
 from supervisor.config.named import Choice, ChoiceError, choose_config, config_names
+from supervisor.labels.nodeconfig import NodeConfig
+from tests.helpers import wait_until
+from tests.kubeapi import RunningApiServer
 
 TS4 = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - {name: nvidia.com/gpu, replicas: 4}\n"
 
@@ -150,3 +153,28 @@ def test_config_manager_env_vars_are_read_with_urfave_rules(tmp_path: Path) -> N
     assert (config.config_name, config.config_source) == ("only", "fallback-single")
     assert config.node_label == "nvidia.com/device-plugin.config"
     assert config.node_health is False and config.kubeconfig == ""
+
+
+def test_the_labellers_node_watch_is_rate_limited_by_its_flags(api: RunningApiServer, tmp_path: Path) -> None:
+    """`gpuvisor labels`' watch of its Node for the config label uses `--kube-api-qps` and
+    `--kube-api-burst`, as its NodeFeature output does, not client-go's defaults."""
+    api.state.add_node("gpu-node-1")
+    watcher = NodeConfig(
+        node_name="gpu-node-1",
+        node_label="nvidia.com/device-plugin.config",
+        srcdir=configs(tmp_path, "a"),
+        default="a",
+        fallbacks=("named",),
+        kubeconfig=str(api.kubeconfig),
+        environ={},
+        on_change=lambda: None,
+        qps=2.5,
+        burst=3,
+    )
+    watcher.start()
+    try:
+        assert wait_until(watcher.seen.is_set)
+        limiter = watcher._client.limiter
+        assert (limiter.qps, limiter.burst) == (2.5, 3)
+    finally:
+        watcher.stop()
