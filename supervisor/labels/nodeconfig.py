@@ -20,12 +20,16 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from supervisor.config.fingerprint import fingerprint
 from supervisor.config.named import Choice, ChoiceError, choose_config
 from supervisor.config.version import VERSION
 from supervisor.kube.limiter import DEFAULT_BURST, DEFAULT_QPS
+
+if TYPE_CHECKING:
+    from supervisor.kube.client import KubeClient
+    from supervisor.kube.watch import ObjectWatch
 
 log = logging.getLogger("gpuvisor.labels")
 
@@ -78,8 +82,8 @@ class NodeConfig:
         self.burst = burst
         self.label: str | None = None  # None until the Node was read once
         self.seen = threading.Event()
-        self._watch: Any = None  # supervisor.kube.watch.ObjectWatch once started
-        self._client: Any = None
+        self._watch: ObjectWatch | None = None  # once started
+        self._client: KubeClient | None = None
 
     def start(self) -> None:
         """Start watching the Node (raises ValueError or OSError when no credentials can be had)."""
@@ -113,7 +117,7 @@ class NodeConfig:
     @property
     def watch_error(self) -> str:
         """The watch's last failure, "" when it works."""
-        return str(getattr(self._watch, "last_error", "") or "") if self._watch is not None else ""
+        return self._watch.failing.error if self._watch is not None else ""
 
     def _on_node(self, node: dict[str, Any] | None) -> None:
         """The watch's thread: the Node as listed or changed (None: absent, which is no label)."""

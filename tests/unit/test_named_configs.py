@@ -174,7 +174,37 @@ def test_the_labellers_node_watch_is_rate_limited_by_its_flags(api: RunningApiSe
     watcher.start()
     try:
         assert wait_until(watcher.seen.is_set)
+        assert watcher._client is not None
         limiter = watcher._client.limiter
         assert (limiter.qps, limiter.burst) == (2.5, 3)
+    finally:
+        watcher.stop()
+
+
+def test_the_labellers_node_watch_says_why_it_cannot_read_the_node(
+    api: RunningApiServer, tmp_path: Path
+) -> None:
+    """With the API server away, the label watch's failure is what the labeller logs while it waits
+    for its Node (`watch_error`), and it is empty again once the Node is read."""
+    api.state.add_node("gpu-node-1")
+    api.stop()
+    watcher = NodeConfig(
+        node_name="gpu-node-1",
+        node_label="nvidia.com/device-plugin.config",
+        srcdir=configs(tmp_path, "a"),
+        default="a",
+        fallbacks=("named",),
+        kubeconfig=str(api.kubeconfig),
+        environ={},
+        on_change=lambda: None,
+    )
+    assert watcher.watch_error == ""
+    watcher.start()
+    try:
+        assert wait_until(lambda: "no answer from the API server" in watcher.watch_error)
+        assert not watcher.seen.is_set()
+        api.start()
+        assert wait_until(watcher.seen.is_set, 30)
+        assert wait_until(lambda: watcher.watch_error == "")
     finally:
         watcher.stop()
