@@ -44,6 +44,7 @@ from common.messages import (
     decode,
     encode,
 )
+from common.model import ResourcePlan
 from common.procutil import Mailbox
 from worker.healthcopy import ApplyOutcome, ApplyResult, HealthApplier
 from worker.process import parent_ok
@@ -57,6 +58,20 @@ log = logging.getLogger("gpuvisor.worker")
 
 STATS_REFRESH_S = 60.0  # unchanged figures are still re-sent this often (a restarted supervisor)
 SNAPSHOT_RETRY_S = 1.0
+
+
+def plan_of_update(plan_json: str, resource: str) -> ResourcePlan | None:
+    """A PlanUpdate's plan for this worker's `resource`; None, said in the log, when it does not
+    parse or is another resource's (the worker keeps its plan)."""
+    try:
+        plan = ResourcePlan.from_json(plan_json)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.error("refused a plan update that does not parse: %s", exc)
+        return None
+    if plan.resource != resource:
+        log.error("refused a plan update for another resource (%s)", plan.resource)
+        return None
+    return plan
 
 
 @dataclass(frozen=True)
@@ -227,10 +242,13 @@ class Link:
 
     def follow(self, device_ids: Iterable[str], snapshot: HealthSnapshot | None = None) -> bool:
         """A plan update's devices: keep their health from now on. Their `snapshot`, when it came
-        with the plan, goes in at once (True); otherwise a SnapshotRequest asks for it (False)."""
-        self.applier.set_device_ids(device_ids)
+        with the plan, goes in at once (True: the worker's health_applied took the plan and its
+        health as one change); otherwise a SnapshotRequest asks for it (False)."""
+        ids = list(device_ids)
+        self.applier.set_device_ids(ids)
         if snapshot is not None and snapshot.resource == self.resource and self._apply_snapshot(snapshot):
             return True
+        log.info("plan update received (%d devices): waiting for their health snapshot", len(ids))
         self.ask_snapshot()
         return False
 

@@ -33,7 +33,7 @@ from common.messages import DeviceHealth, HealthSnapshot, Message, PlanUpdate
 from common.model import ResourcePlan
 from common.procutil import Mailbox, set_parent_death_signal
 from worker.healthcopy import HealthApplier
-from worker.link import Beat, Link
+from worker.link import Beat, Link, plan_of_update
 from worker.process import HEARTBEAT_S, parent_ok, parse_args, read_secret
 from worker.registration import SOCKET_CHECK_S, Registrar, RegState
 from worker.server import DeviceBook, Health, PluginService
@@ -177,23 +177,15 @@ class Worker:
 
     # -------------------------------------------------------------- plan updates
     def _update_plan(self, plan_json: str, snapshot: HealthSnapshot | None) -> None:
-        try:
-            plan = ResourcePlan.from_json(plan_json)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("refused a plan update that does not parse: %s", exc)
-            return
-        if plan.resource != self.plan.resource:
-            log.error("refused a plan update for another resource (%s)", plan.resource)
+        plan = plan_of_update(plan_json, self.plan.resource)
+        if plan is None:
             return
         # The book keeps the old list until the health of the new devices is known: a new ID has
         # no health yet and would be listed Healthy by default, possibly wrongly. The supervisor
         # sends that health with the plan; the applier tracks the new IDs from now on, so the plan
         # and its snapshot go in as one change, and deltas that follow apply on top.
         self._pending_plan = plan
-        if self.link.follow((d.id for d in plan.devices), snapshot):
-            return
-        # No snapshot came with it (the supervisor had no health book): the link asked for one.
-        log.info("plan update received (%d devices): waiting for their health snapshot", len(plan.devices))
+        self.link.follow((d.id for d in plan.devices), snapshot)
 
 
 def main(

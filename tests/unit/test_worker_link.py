@@ -36,10 +36,13 @@ from common.messages import (
     encode,
 )
 from common.procutil import Mailbox
+from supervisor.config import config_from_data
+from supervisor.node.planning import plan_resources
+from tests import nodes
 from tests.helpers import wait_until
 from worker import link as link_module
 from worker.healthcopy import HealthApplier
-from worker.link import Beat, Link
+from worker.link import Beat, Link, plan_of_update
 from worker.process import parse_args
 from worker.stats import Stats
 
@@ -233,6 +236,22 @@ def test_a_plan_update_without_a_snapshot_asks_for_one(fed: tuple[Link, FakePeer
     assert not link.follow(["gpu-2"], snapshot(2, h("gpu-2", True), resource="nvidia.com/other"))
     assert dealer.sent == [SnapshotRequest(resource=GPU)] * 2
     assert link.applier.needs_snapshot and len(peer.health()) == 1
+
+
+def test_a_plan_update_is_taken_only_for_this_resource_and_when_it_parses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """plan_of_update: the plan of a PlanUpdate for this worker's resource; one that does not
+    parse, or is another resource's, is refused with a log line that says which (None)."""
+    plan = plan_resources(nodes.pcie_l4(), config_from_data(None))[GPU]
+    assert plan_of_update(plan.to_json(), GPU) == plan
+    with caplog.at_level(logging.ERROR, logger="gpuvisor.worker"):
+        assert plan_of_update("{not json", GPU) is None
+        assert plan_of_update(plan.to_json(), "nvidia.com/mig-1g.10gb") is None
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "refused a plan update that does not parse",
+        f"refused a plan update for another resource ({GPU})",
+    ]
 
 
 # --------------------------------------------------------------------------- messages out

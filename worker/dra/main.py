@@ -55,7 +55,7 @@ from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
 from worker.dra.sockets import RPC_THREADS, Endpoint, Registrar, RegState
 from worker.healthcopy import HealthApplier
-from worker.link import Beat, Link
+from worker.link import Beat, Link, plan_of_update
 from worker.process import parent_ok
 from worker.server import Health
 from worker.stats import Stats
@@ -258,13 +258,8 @@ class DraWorker:
         return ", ".join(self.board.unhealthy()) or "none"
 
     def _update_plan(self, plan_json: str, snapshot: HealthSnapshot | None = None) -> None:
-        try:
-            plan = ResourcePlan.from_json(plan_json)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("refused a plan update that does not parse: %s", exc)
-            return
-        if plan.resource != self.plan.resource:
-            log.error("refused a plan update for another resource (%s)", plan.resource)
+        plan = plan_of_update(plan_json, self.plan.resource)
+        if plan is None:
             return
         if not same_settings(plan, self.plan):
             log.info(
@@ -275,10 +270,7 @@ class DraWorker:
             self.stopping = True
             return
         self._pending_plan = plan
-        if self.link.follow((d.id for d in plan.devices), snapshot):
-            return  # the supervisor sent their health with the plan: both went in as one change
-        # No snapshot came with it: the link asked for one.
-        log.info("plan update received (%d devices): waiting for their health snapshot", len(plan.devices))
+        self.link.follow((d.id for d in plan.devices), snapshot)  # the plan goes in with its health
 
 
 def run_dra(
