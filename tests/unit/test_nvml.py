@@ -19,6 +19,7 @@ from common.model import (
 )
 from supervisor.node.events import EventWatch
 from supervisor.node.nvml import (
+    ARCHITECTURES,
     NVML_ERROR_GPU_IS_LOST,
     NVML_ERROR_UNKNOWN,
     Nvml,
@@ -28,6 +29,7 @@ from supervisor.node.nvml import (
     sysfs_bus_id,
 )
 from supervisor.sim.nvml import Simulator, load_simulator
+from supervisor.sim.nvml.config import architecture_for
 from tests.helpers import wait_until
 
 CUSTOM = """
@@ -213,6 +215,17 @@ def test_brand_and_architecture_are_named_as_go_nvlib_names_them() -> None:
 def test_architecture_from_compute_capability(cc: tuple[int, int], arch: str) -> None:
     """CUDA's table of compute capabilities; an unknown one gives no architecture rather than a guess."""
     assert architecture_of(cc) == arch
+
+
+def test_the_simulator_gives_the_architecture_the_adapter_would_derive() -> None:
+    """A simulated GPU described without an architecture answers nvmlDeviceGetArchitecture with
+    the one the adapter derives from its compute capability where NVML lacks the call (one
+    table for both), and NVML's "unknown" where that names none (CC 13, before an answer said
+    which architecture it is)."""
+    for major in range(1, 15):
+        for minor in (0, 5, 9):
+            name = ARCHITECTURES.get(architecture_for((major, minor)), "")
+            assert (name if name != "Unknown" else "") == architecture_of((major, minor)), (major, minor)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import pynvml
 import yaml
 
 from supervisor.node.facts import PCI_CLASS_3D
+from supervisor.node.nvml import architecture_of
 from supervisor.sim.nvml import mig, mockprofile
 from supervisor.sim.nvml.mig import MigProfile
 
@@ -60,18 +61,11 @@ ARCHITECTURES = {
 
 
 def architecture_for(compute_capability: tuple[int, int]) -> int:
-    """The NVML architecture of a compute capability, for descriptions that do not name one."""
-    major, minor = compute_capability
-    if major >= 10:
-        return ARCHITECTURES["blackwell"]
-    by_major = {3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper"}
-    if major in by_major:
-        return ARCHITECTURES[by_major[major]]
-    if major == 7:
-        return ARCHITECTURES["turing" if minor >= 5 else "volta"]
-    if major == 8:
-        return ARCHITECTURES["ada" if minor >= 9 else "ampere"]
-    return 0xFFFFFFFF  # NVML_DEVICE_ARCH_UNKNOWN
+    """The NVML architecture of a compute capability, for descriptions that do not name one: the
+    NVML adapter's own table for an NVML without the call (`architecture_of`), so the two cannot
+    disagree; NVML_DEVICE_ARCH_UNKNOWN where it names none."""
+    name = architecture_of(compute_capability)
+    return ARCHITECTURES.get(name.lower().replace(" ", "_"), 0xFFFFFFFF) if name else 0xFFFFFFFF
 
 
 class SimulatorConfigError(ValueError):
