@@ -25,6 +25,18 @@ def _plan_file(directory: str) -> str:
     return path
 
 
+def _worker_argv(directory: str, kubelet: KubeletStandin) -> list[str]:
+    """A worker's arguments: nvidia.com/gpu of an L4 node, registering with `kubelet`."""
+    return [
+        "--resource",
+        "nvidia.com/gpu",
+        "--plan",
+        _plan_file(directory),
+        "--kubelet-socket",
+        kubelet.socket_path,
+    ]
+
+
 def test_zygote_forks_a_worker_that_registers_and_reports_its_exit() -> None:
     """A forked worker serves, registers and shows its own command line (`--resource`); its exit status comes back through the zygote."""
     with short_tmpdir() as d, KubeletStandin(d) as kubelet:
@@ -32,16 +44,7 @@ def test_zygote_forks_a_worker_that_registers_and_reports_its_exit() -> None:
         zygote.start()
         try:
             t0 = time.monotonic()
-            pid = zygote.spawn(
-                [
-                    "--resource",
-                    "nvidia.com/gpu",
-                    "--plan",
-                    _plan_file(d),
-                    "--kubelet-socket",
-                    kubelet.socket_path,
-                ]
-            )
+            pid = zygote.spawn(_worker_argv(d, kubelet))
             proc = ZygoteProc(pid, zygote)
             assert kubelet.wait_listed(["nvidia.com/gpu"], 30), "the forked worker did not register"
             print(f"zygote fork to registered and listed: {1000 * (time.monotonic() - t0):.1f} ms")
@@ -72,16 +75,7 @@ def test_arguments_a_worker_refuses_fail_the_spawn_and_the_zygote_goes_on() -> N
                 zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--socket-tag", "XYZ"])
             assert zygote.proc.pid == first and zygote.proc.poll() is None
             assert psutil.Process(first).children() == []
-            pid = zygote.spawn(
-                [
-                    "--resource",
-                    "nvidia.com/gpu",
-                    "--plan",
-                    _plan_file(d),
-                    "--kubelet-socket",
-                    kubelet.socket_path,
-                ]
-            )
+            pid = zygote.spawn(_worker_argv(d, kubelet))
             assert zygote.proc.pid == first
             assert kubelet.wait_listed(["nvidia.com/gpu"], 30)
             proc = ZygoteProc(pid, zygote)
@@ -102,16 +96,7 @@ def test_killed_zygote_is_replaced_on_the_next_spawn() -> None:
             first = zygote.proc.pid
             zygote.proc.kill()
             zygote.proc.wait()
-            pid = zygote.spawn(
-                [
-                    "--resource",
-                    "nvidia.com/gpu",
-                    "--plan",
-                    _plan_file(d),
-                    "--kubelet-socket",
-                    kubelet.socket_path,
-                ]
-            )
+            pid = zygote.spawn(_worker_argv(d, kubelet))
             assert zygote.proc is not None and zygote.proc.pid != first
             assert kubelet.wait_listed(["nvidia.com/gpu"], 30)
             proc = ZygoteProc(pid, zygote)
@@ -130,16 +115,7 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
         try:
             assert zygote.proc is not None
             # Let it finish its imports first, then freeze it so the request waits.
-            warm = zygote.spawn(
-                [
-                    "--resource",
-                    "nvidia.com/gpu",
-                    "--plan",
-                    _plan_file(d),
-                    "--kubelet-socket",
-                    kubelet.socket_path,
-                ]
-            )
+            warm = zygote.spawn(_worker_argv(d, kubelet))
             ZygoteProc(warm, zygote).send_signal(signal.SIGKILL)
             os.kill(zygote.proc.pid, signal.SIGSTOP)
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,11 +156,9 @@ def test_config_manager_env_vars_are_read_with_urfave_rules(tmp_path: Path) -> N
     assert config.node_health is False and config.kubeconfig == ""
 
 
-def test_the_labellers_node_watch_is_rate_limited_by_its_flags(api: RunningApiServer, tmp_path: Path) -> None:
-    """`gpuvisor labels`' watch of its Node for the config label uses `--kube-api-qps` and
-    `--kube-api-burst`, as its NodeFeature output does, not client-go's defaults."""
-    api.state.add_node("gpu-node-1")
-    watcher = NodeConfig(
+def node_watch(api: RunningApiServer, tmp_path: Path, **kw: Any) -> NodeConfig:
+    """The labeller's watch of Node gpu-node-1's config label, on the fake API server (not started)."""
+    return NodeConfig(
         node_name="gpu-node-1",
         node_label="nvidia.com/device-plugin.config",
         srcdir=configs(tmp_path, "a"),
@@ -168,9 +167,15 @@ def test_the_labellers_node_watch_is_rate_limited_by_its_flags(api: RunningApiSe
         kubeconfig=str(api.kubeconfig),
         environ={},
         on_change=lambda: None,
-        qps=2.5,
-        burst=3,
+        **kw,
     )
+
+
+def test_the_labellers_node_watch_is_rate_limited_by_its_flags(api: RunningApiServer, tmp_path: Path) -> None:
+    """`gpuvisor labels`' watch of its Node for the config label uses `--kube-api-qps` and
+    `--kube-api-burst`, as its NodeFeature output does, not client-go's defaults."""
+    api.state.add_node("gpu-node-1")
+    watcher = node_watch(api, tmp_path, qps=2.5, burst=3)
     watcher.start()
     try:
         assert wait_until(watcher.seen.is_set)
@@ -188,16 +193,7 @@ def test_the_labellers_node_watch_says_why_it_cannot_read_the_node(
     for its Node (`watch_error`), and it is empty again once the Node is read."""
     api.state.add_node("gpu-node-1")
     api.stop()
-    watcher = NodeConfig(
-        node_name="gpu-node-1",
-        node_label="nvidia.com/device-plugin.config",
-        srcdir=configs(tmp_path, "a"),
-        default="a",
-        fallbacks=("named",),
-        kubeconfig=str(api.kubeconfig),
-        environ={},
-        on_change=lambda: None,
-    )
+    watcher = node_watch(api, tmp_path)
     assert watcher.watch_error == ""
     watcher.start()
     try:
