@@ -168,8 +168,13 @@ def serve(fd: int, supervisor_pid: int) -> int:
             # made and touched) would otherwise be copied into every worker's own pages.
             try:
                 args = parse_args([*argv, "--zygote-pid", str(zygote_pid)])
-            except SystemExit:  # argparse said why on stderr; an exec'd worker would say it again
-                _send(sock, {"op": "error", "id": rid, "error": "the worker's arguments are not valid"})
+            except (SystemExit, Exception) as exc:  # argparse said why on stderr: nothing is forked
+                why = (
+                    "argparse refused them" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+                )
+                _send(
+                    sock, {"op": "error", "id": rid, "error": f"the worker's arguments are not valid ({why})"}
+                )
                 continue
             try:
                 pid = os.fork()

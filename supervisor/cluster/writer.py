@@ -177,6 +177,7 @@ class NodeHealthWriter:
 
     def _failed(self, exc: ApiError) -> None:
         self.on_count("sync", "failed")
+        self._seen_known = False  # the Node may have changed meanwhile (or been made anew): read it first
         text = exc.describe()
         if self.failing.failed(text):
             log.warning(

@@ -249,13 +249,15 @@ class KubeClient:
                     )
                 sock.setblocking(False)
                 err = sock.connect_ex(addr)
-                if err in (errno.EINPROGRESS, errno.EAGAIN):
-                    _, writable, _ = select.select(
-                        [self._wake_r], [sock], [], min(timeout, self.connect_timeout)
-                    )
+                if err == errno.EINPROGRESS:
+                    # poll, not select: a descriptor over 1023 (a busy process) is no error here.
+                    waiting = select.poll()
+                    waiting.register(self._wake_r, select.POLLIN)
+                    waiting.register(fd, select.POLLOUT)
+                    ready = waiting.poll(1000 * min(timeout, self.connect_timeout))
                     if self.stopped:
                         raise Stopped("the API client is stopped")
-                    if not writable:
+                    if not any(ready_fd == fd for ready_fd, _ in ready):
                         raise TimeoutError(f"connect to {creds.host}:{creds.port} timed out")
                     err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if err:
@@ -270,13 +272,11 @@ class KubeClient:
                 if isinstance(sock, ssl.SSLSocket):
                     sock.do_handshake()
                 return sock
-            except Stopped:
+            except BaseException as exc:  # whatever it is, this socket is closed and forgotten
                 self._untrack(fd)
                 sock.close()
-                raise
-            except (OSError, ssl.SSLError) as exc:
-                self._untrack(fd)
-                sock.close()
+                if isinstance(exc, Stopped) or not isinstance(exc, OSError):  # (ssl.SSLError is one)
+                    raise
                 if self.stopped:
                     raise Stopped("the API client is stopped") from None
                 last = exc

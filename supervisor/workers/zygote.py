@@ -182,7 +182,7 @@ class Zygote:
             self.pump()
         reply = self._replies.pop(rid)
         if reply.get("op") != "spawned":
-            raise OSError(f"the worker zygote could not fork: {reply.get('error')}")
+            raise OSError(f"the worker zygote did not start the worker: {reply.get('error')}")
         pid = int(str(reply["pid"]))
         self._children.add(pid)
         return pid

@@ -204,6 +204,31 @@ def test_after_the_first_write_a_change_is_one_patch_without_a_read(
     assert len(node_api.state.calls("GET", node_path)) == reads
 
 
+def test_after_a_failed_call_the_node_is_read_again_before_the_next_write(
+    node_api: RunningApiServer, writer: NodeHealthWriter
+) -> None:
+    """Any failed call (here an Event, with the condition in step) means the Node may have changed
+    meanwhile: the next condition write reads it first, so lastTransitionTime is kept from the
+    Node as it is, not from the writer's older view."""
+    node_path = f"/api/v1/nodes/{NODE}"
+    writer.want(BAD)
+    assert wait_until(lambda: writer.status()["written"] is True)
+    reads = len(node_api.state.calls("GET", node_path))
+    node_api.stop()
+    writer.event(NodeEvent("Warning", "XidCriticalError", "XID 48 on GPU-1"))
+    assert wait_until(lambda: writer.failing.count >= 1)
+    node_api.start()
+    assert wait_until(lambda: writer.status()["error"] is None and writer.status()["events_queued"] == 0, 15)
+    writer.want(NodeCondition("True", "XidCriticalError", "2 of 8 GPU devices Unhealthy"))
+    assert wait_until(
+        lambda: (
+            (node_api.state.condition(NODE, CONDITION_TYPE) or {}).get("message")
+            == "2 of 8 GPU devices Unhealthy"
+        )
+    )
+    assert len(node_api.state.calls("GET", node_path)) == reads + 1
+
+
 def test_a_resync_reads_the_node_again_and_repairs_it(
     node_api: RunningApiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

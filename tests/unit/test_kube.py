@@ -7,6 +7,7 @@ last tests here check that it does (a fake that accepted anything would prove no
 from __future__ import annotations
 
 import base64
+import contextlib
 import gc
 import json
 import logging
@@ -280,7 +281,7 @@ class _ResetsBacklog:
         self.port = self.listener.getsockname()[1]
         self.wrapping = threading.Event()
         self.closed = threading.Event()
-        self.thread = threading.Thread(target=self._close_when_one_waits)
+        self.thread = threading.Thread(target=self._close_when_one_waits, daemon=True)
         self.thread.start()
 
     def _close_when_one_waits(self) -> None:
@@ -288,6 +289,14 @@ class _ResetsBacklog:
         select.select([self.listener], [], [], 30.0)
         self.listener.close()
         self.closed.set()
+
+    def stop(self) -> None:
+        """However the test went: the thread ends now and the listener is closed."""
+        self.wrapping.set()
+        if not self.closed.is_set():
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=5):
+                pass  # a connection in the backlog wakes the thread's select
+        self.thread.join(30.0)
 
 
 class _WrapAfterTheReset:
@@ -325,12 +334,13 @@ def test_a_server_resetting_before_the_tls_handshake_leaves_no_socket_open(
     """A connection reset by the server before the TLS handshake is a failed call (no answer), and
     its socket is closed by the client, not left for the garbage collector to find unclosed."""
     server = _ResetsBacklog()
-    tls = load_credentials(str(node_api.kubeconfig), {})
-    assert tls.ssl_context is not None
-    context: Any = _WrapAfterTheReset(tls.ssl_context, server)
-    creds = Credentials("https", "127.0.0.1", server.port, "", context, "127.0.0.1", None, "", "test")
-    client = KubeClient(creds, component="test", version="test", timeout=10.0)
+    client = None
     try:
+        tls = load_credentials(str(node_api.kubeconfig), {})
+        assert tls.ssl_context is not None
+        context: Any = _WrapAfterTheReset(tls.ssl_context, server)
+        creds = Credentials("https", "127.0.0.1", server.port, "", context, "127.0.0.1", None, "", "test")
+        client = KubeClient(creds, component="test", version="test", timeout=10.0)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with pytest.raises(ApiError) as err:
@@ -341,8 +351,9 @@ def test_a_server_resetting_before_the_tls_handshake_leaves_no_socket_open(
         assert status == NO_ANSWER
         assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
     finally:
-        server.thread.join(30.0)
-        client.close()
+        server.stop()
+        if client is not None:
+            client.close()
 
 
 def test_writes_carry_gpuvisors_field_manager_and_user_agent(node_api: RunningApiServer) -> None:
