@@ -18,6 +18,7 @@ import pynvml
 import yaml
 
 from supervisor.node.facts import PCI_CLASS_3D
+from supervisor.node.nvml import ARCHITECTURES as NVML_ARCHITECTURES
 from supervisor.node.nvml import architecture_of
 from supervisor.sim.nvml import mig, mockprofile
 from supervisor.sim.nvml.mig import MigProfile
@@ -47,25 +48,23 @@ _PCI_DEVICE_IDS = {
     "NVIDIA L4": 0x27B810DE,
 }
 
-# nvmlBrandType_t and nvmlDeviceArchitecture_t values (NVIDIA's nvml.h: NVML_BRAND_*, NVML_DEVICE_ARCH_*)
-# by the names a description uses; "ada_lovelace" is how NVIDIA's mock profiles spell Ada.
+# nvmlBrandType_t values (NVIDIA's nvml.h: NVML_BRAND_*) by the names a description uses.
 BRANDS = {
     "unknown": 0, "quadro": 1, "tesla": 2, "nvs": 3, "grid": 4, "geforce": 5, "titan": 6,
     "nvidia_vapps": 7, "nvidia_vpc": 8, "nvidia_vcs": 9, "nvidia_vws": 10, "nvidia_cloud_gaming": 11,
     "quadro_rtx": 12, "nvidia_rtx": 13, "nvidia": 14,
 }  # fmt: skip
-ARCHITECTURES = {
-    "kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
-    "ada_lovelace": 8, "hopper": 9, "blackwell": 10, "rubin": 13,
-}  # fmt: skip
+# nvmlDeviceArchitecture_t values by the NVML adapter's names as a description writes them
+# ("ada_lovelace", as NVIDIA's mock profiles spell Ada; "ada" for short): one table for both.
+ARCHITECTURES = {name.lower().replace(" ", "_"): number for number, name in NVML_ARCHITECTURES.items()}
+ARCHITECTURES["ada"] = ARCHITECTURES["ada_lovelace"]
 
 
 def architecture_for(compute_capability: tuple[int, int]) -> int:
     """The NVML architecture of a compute capability, for descriptions that do not name one: the
     NVML adapter's own table for an NVML without the call (`architecture_of`), so the two cannot
     disagree; NVML_DEVICE_ARCH_UNKNOWN where it names none."""
-    name = architecture_of(compute_capability)
-    return ARCHITECTURES.get(name.lower().replace(" ", "_"), 0xFFFFFFFF) if name else 0xFFFFFFFF
+    return ARCHITECTURES.get(architecture_of(compute_capability).lower().replace(" ", "_"), 0xFFFFFFFF)
 
 
 class SimulatorConfigError(ValueError):
