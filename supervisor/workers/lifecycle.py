@@ -442,9 +442,8 @@ class WorkerSet:
         handle.socket_path = ""
         handle.registration = ""
         handle.kill_cause = ""
-        handle.secret = os.urandom(
-            16
-        ).hex()  # what secrets.token_hex(16) is, without the OpenSSL its import loads
+        # What secrets.token_hex(16) is, without the OpenSSL that importing secrets loads.
+        handle.secret = os.urandom(16).hex()
         handle.socket_tag = new_tag()
         try:
             proc = self.spawner(handle)

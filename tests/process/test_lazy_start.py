@@ -37,9 +37,18 @@ def imported(log: str) -> set[str]:
     return set(IMPORTED.findall(log))
 
 
+# What a scrape of /metrics must not load: prometheus_client and what it brings, OpenSSL, metadata.
+NOT_FOR_A_SCRAPE = {"prometheus_client", "http.server", "_ssl", "importlib.metadata"}
+
+
 def mapped_libraries(proc: psutil.Process) -> set[str]:
     """The file names of what `proc` has mapped (libraries, mostly)."""
     return {os.path.basename(m.path) for m in proc.memory_maps(grouped=True)}
+
+
+def assert_no_openssl(proc: psutil.Process, mapped: set[str]) -> None:
+    openssl = sorted(lib for lib in mapped if lib.startswith(("libssl", "libcrypto")))
+    assert openssl == [], f"{' '.join(proc.cmdline()[:4])} maps {openssl}"
 
 
 def test_features_that_are_off_are_never_loaded_and_a_scrape_loads_nothing_more() -> None:
@@ -54,11 +63,11 @@ def test_features_that_are_off_are_never_loaded_and_a_scrape_loads_nothing_more(
         before = imported(node.log())
         assert {"zmq", "grpc", "worker.server", "supervisor.main"} <= before  # the reading works
         assert sorted(m for m in OFF if m in before) == []
-        assert not {"prometheus_client", "http.server", "_ssl", "importlib.metadata"} & before
+        assert not NOT_FOR_A_SCRAPE & before
         status, body = get(url + "/metrics")
         assert status == 200 and "gpuvisor_up 1.0" in body
         after = imported(node.log())
-        assert not {"prometheus_client", "http.server", "_ssl", "importlib.metadata"} & after
+        assert not NOT_FOR_A_SCRAPE & after
         assert sorted(m for m in OFF if m in imported(node.log())) == []
 
 
@@ -108,10 +117,7 @@ def test_no_process_of_the_tree_loads_openssl(fake_nvml_libdir: Path, tmp_path: 
             tree = [psutil.Process(node.proc.pid), *node.workers()]
             assert "libnvidia-ml.so.1" in mapped_libraries(tree[0])  # the reading works
             for proc in tree:
-                openssl = sorted(
-                    lib for lib in mapped_libraries(proc) if lib.startswith(("libssl", "libcrypto"))
-                )
-                assert openssl == [], f"{' '.join(proc.cmdline()[:4])} maps {openssl}"
+                assert_no_openssl(proc, mapped_libraries(proc))
             modules = imported(node.log())
             assert {"grpc", "asyncio", "zmq", "supervisor.config.fingerprint"} <= modules
             # (`ssl` itself leaves a line of a few microseconds in the workers' log: the failed
@@ -129,8 +135,7 @@ def test_workers_leave_openssl_out_on_any_node() -> None:
         for proc in node.workers():
             mapped = mapped_libraries(proc)
             assert any(lib.startswith("cygrpc") for lib in mapped)  # the reading works
-            openssl = sorted(lib for lib in mapped if lib.startswith(("libssl", "libcrypto")))
-            assert openssl == [], f"{' '.join(proc.cmdline()[:4])} maps {openssl}"
+            assert_no_openssl(proc, mapped)
 
 
 def test_a_client_says_its_version_without_importlib_metadata() -> None:

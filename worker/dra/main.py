@@ -257,7 +257,7 @@ class DraWorker:
     def _bad(self) -> str:
         return ", ".join(self.board.unhealthy()) or "none"
 
-    def _update_plan(self, plan_json: str, snapshot: HealthSnapshot | None = None) -> None:
+    def _update_plan(self, plan_json: str, snapshot: HealthSnapshot | None) -> None:
         plan = plan_of_update(plan_json, self.plan.resource)
         if plan is None:
             return
