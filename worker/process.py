@@ -1,5 +1,6 @@
-"""What every worker process does the same, whatever it serves: its command line, its spawn
-secret, and the check that its parent is still the supervisor (or the zygote that forked it).
+"""What every worker process does the same, whatever it serves: its spawn secret, the check that
+its parent is still the supervisor (or the zygote that forked it), and no `ssl`. Its command line
+is common.workerargs (the supervisor parses it too, for a worker the zygote forks).
 
 `worker.main` (a device-plugin worker) and `worker.dra.main` (the DRA worker) both start here;
 the supervisor's spawner gives both the same command line, and the plan says which one runs.
@@ -11,9 +12,6 @@ import argparse
 import os
 import sys
 
-from common.socketnames import is_tag
-
-HEARTBEAT_S = 1.0
 SECRET_MAX_BYTES = 256  # the spawn secret read from --secret-fd: 32 hex characters, with room
 
 
@@ -29,41 +27,6 @@ def leave_out_ssl() -> None:
     fail (ModuleNotFoundError); a process that already has ssl keeps it.
     """
     sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="gpuvisor-worker", description="gpuvisor worker: serves one resource")
-    p.add_argument("--resource", required=True, help="the resource this worker serves (shown in ps)")
-    p.add_argument("--plan", required=True, help="the resource plan (JSON) written by the supervisor")
-    p.add_argument("--kubelet-socket", default="/var/lib/kubelet/device-plugins/kubelet.sock")
-    p.add_argument("--control", default="", help="the supervisor's control socket (ZeroMQ endpoint)")
-    p.add_argument("--health", default="", help="the supervisor's health publisher (ZeroMQ endpoint)")
-    p.add_argument("--supervisor-pid", type=int, default=0)
-    p.add_argument(
-        "--zygote-pid", type=int, default=0, help="set by the zygote that forked this worker: a parent too"
-    )
-    p.add_argument("--log-format", default="text", choices=("text", "json"))
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--heartbeat-interval", type=float, default=HEARTBEAT_S, help="seconds between heartbeats")
-    p.add_argument(
-        "--secret-fd",
-        type=int,
-        default=-1,
-        help="an inherited pipe holding this spawn's secret (read once, closed)",
-    )
-    p.add_argument(
-        "--socket-tag",
-        type=socket_tag,
-        default=None,
-        help="6 hex digits in this process's socket names (the supervisor's record)",
-    )
-    return p.parse_args(argv)
-
-
-def socket_tag(text: str) -> str:
-    if not is_tag(text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not 6 lower-case hex digits")
-    return text
 
 
 def read_secret(fd: int) -> str:

@@ -13,13 +13,15 @@ Memory: every page a child writes is copied into it. The collector is off while 
 permanent generation, which no collection scans; a child never unfreezes, so its collections
 walk only its own objects and leave the zygote's pages shared.
 
-A forked child runs `worker.main.main` exactly as an exec'd worker would (its arguments parsed
-by the zygote before the fork, so the parsing leaves nothing in the child), and rewrites its
-command line in place (`common.procutil.set_cmdline`, into room the zygote was started with) so
-`ps` shows `python -m worker --resource ...` as for any worker.
+A forked child runs `worker.main.main` exactly as an exec'd worker would, with the arguments the
+supervisor parsed (`common.workerargs.check_args`) and sent as fields, and rewrites its command
+line in place (`common.procutil.set_cmdline`, into room the zygote was started with) so `ps`
+shows `python -m worker --resource ...` as for any worker. Between two forks the zygote runs as
+little Python as it can: every zygote page it writes then stays the private copy of each worker
+forked before (argparse's parsing here cost each of them ~0.4 MB).
 
 Protocol, over a socketpair inherited as fd `--fd` (one JSON object per line):
-  supervisor -> zygote: {"op": "spawn", "id": N, "argv": [...], "secret": "..."}
+  supervisor -> zygote: {"op": "spawn", "id": N, "argv": [...], "args": {...}, "secret": "..."}
   zygote -> supervisor: {"op": "spawned", "id": N, "pid": P} | {"op": "error", "id": N, "error": "..."}
                         {"op": "exit", "pid": P, "status": S}   (S as subprocess returncode)
 The secret is the worker's proof of identity on the control socket: it reaches the child in
@@ -41,7 +43,8 @@ import sys
 
 from common import logs
 from common.procutil import set_cmdline, set_parent_death_signal
-from worker.process import leave_out_ssl, parse_args
+from common.workerargs import from_fields
+from worker.process import leave_out_ssl
 
 # What a worker imports, loaded once here (the zygote uses none of it itself). `worker.main`
 # brings the rest; the others are imported by a worker only once it runs (ZeroMQ, gRPC's server
@@ -156,25 +159,18 @@ def serve(fd: int, supervisor_pid: int) -> int:
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
+            rid = None
             try:
                 request = json.loads(line)
+                rid = request["id"]
                 argv = [str(a) for a in request["argv"]]
                 secret = str(request.get("secret", ""))
-                rid = request["id"]
+                # Parsed by the supervisor, --zygote-pid included (see the module doc).
+                args = from_fields(request["args"])
+                if getattr(args, "zygote_pid", None) != zygote_pid:
+                    raise ValueError(f"the fields' zygote_pid is not {zygote_pid}")
             except (ValueError, KeyError, TypeError) as exc:
-                _send(sock, {"op": "error", "id": None, "error": f"bad request: {exc}"})
-                continue
-            # Parsed here, before the fork: argparse's parser and its work (~1 MB of objects
-            # made and touched) would otherwise be copied into every worker's own pages.
-            try:
-                args = parse_args([*argv, "--zygote-pid", str(zygote_pid)])
-            except (SystemExit, Exception) as exc:  # argparse said why on stderr: nothing is forked
-                why = (
-                    "argparse refused them" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
-                )
-                _send(
-                    sock, {"op": "error", "id": rid, "error": f"the worker's arguments are not valid ({why})"}
-                )
+                _send(sock, {"op": "error", "id": rid, "error": f"bad request: {exc}"})
                 continue
             try:
                 pid = os.fork()

@@ -6,6 +6,11 @@ plus imports costs. The supervisor is the children's subreaper (PR_SET_CHILD_SUB
 the zygote dies its workers are re-parented to the supervisor and keep serving; the next spawn
 starts a new zygote. Anything wrong with the zygote (it will not start, does not answer in
 time) falls back to a plain exec of `python -m worker`: slower, never worse.
+
+The supervisor parses a worker's arguments for the zygote (`common.workerargs.check_args`) and
+sends the fields, so the zygote forks without running argparse: what it writes between two forks
+stays the private copy of every worker forked before (worker/zygote.py). Arguments a worker would
+refuse fail the spawn before anything is sent; the exec that follows says why.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import sys
 import time
 
 from common.procutil import pid_alive
+from common.workerargs import WorkerArgsError, check_args
 
 log = logging.getLogger("gpuvisor.zygote")
 
@@ -167,10 +173,14 @@ class Zygote:
             self.pump()  # read the exit reports it sent before it died
             self._lost()
             self.start()
-        assert self.sock is not None
+        assert self.sock is not None and self.proc is not None
+        try:
+            fields = check_args([*argv, "--zygote-pid", str(self.proc.pid)])
+        except WorkerArgsError as exc:
+            raise OSError(f"the worker's arguments are not valid ({exc})") from None
         self._next_id += 1
         rid = self._next_id
-        request = {"op": "spawn", "id": rid, "argv": argv, "secret": secret}
+        request = {"op": "spawn", "id": rid, "argv": argv, "args": fields, "secret": secret}
         self.sock.sendall((json.dumps(request) + "\n").encode())
         deadline = time.monotonic() + SPAWN_TIMEOUT_S
         while rid not in self._replies:

@@ -1,8 +1,8 @@
 """Where a forked worker's own pages come from: its start, one step at a time.
 
 `python -m tests.benchmarks.workerpages DIR` becomes a zygote as `worker.zygote.main` makes one
-(ssl left out, its own argument parsing, the preload and its gc.freeze), parses a worker's
-arguments as the zygote does before each fork, forks, and in the child
+(ssl left out, its own argument parsing, the preload and its gc.freeze), makes a worker's
+arguments of the fields the supervisor sends as the zygote does before each fork, forks, and in the child
 takes a worker's start step by step (the same calls worker.main and worker.server make), reading
 `/proc/self/smaps_rollup` after each: the private pages it added, split into dirty pages (what it
 wrote: objects copied from the zygote or made anew, a library's data) and clean ones (a library's
@@ -103,14 +103,19 @@ def main(argv: list[str]) -> int:
     where = argv[0]
     import gc
 
-    from worker.process import leave_out_ssl, parse_args
+    from common.workerargs import check_args, from_fields
+    from worker.process import leave_out_ssl
     from worker.zygote import preload
 
     argparse.ArgumentParser(prog="gpuvisor-zygote").parse_args([])  # as the zygote's main does
+    # What the supervisor sends with each spawn: the worker's arguments, parsed there. Its work
+    # here is the supervisor's (made before the preload, its garbage collected there).
+    fields = json.dumps(
+        check_args(["--resource", "nvidia.com/gpu", "--plan", os.path.join(where, "plan.json")])
+    )
     leave_out_ssl()
     preload()
-    # As the zygote does at each spawn: the worker's arguments parsed before the fork.
-    args = parse_args(["--resource", "nvidia.com/gpu", "--plan", os.path.join(where, "plan.json")])
+    args = from_fields(json.loads(fields))  # as the zygote does at each spawn, before the fork
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:

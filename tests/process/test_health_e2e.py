@@ -212,8 +212,8 @@ def test_xid_on_a_mig_instance_marks_only_it_and_a_gpu_xid_marks_all_instances(t
 
 def test_worker_drops_a_malformed_message_and_keeps_applying(tmp_path: Path) -> None:
     """The worker's receive path logs and drops a malformed message, then applies a good one."""
+    from common.workerargs import parse_args
     from worker.main import Worker
-    from worker.process import parse_args
 
     plan = plan_resources(_discover("pcie-l4"), load_config({}, {}))[GPU]
     args = parse_args(
@@ -256,8 +256,8 @@ def test_plan_update_lists_new_devices_only_with_their_snapshot_health(tmp_path:
     list until the requested snapshot; the first list with the new IDs already shows a new ID the
     snapshot marks unhealthy as Unhealthy."""
     from common.messages import PlanUpdate, SnapshotRequest, decode
+    from common.workerargs import parse_args
     from worker.main import Worker
-    from worker.process import parse_args
 
     full = plan_resources(_discover("pcie-l4"), load_config({}, {}))[GPU]
     old = dataclasses.replace(full, devices=full.devices[:2])
@@ -319,8 +319,8 @@ def test_plan_update_with_its_snapshot_swaps_in_one_step_without_asking(tmp_path
     """A PlanUpdate carrying the new devices' health (what the supervisor sends): the worker lists
     the new IDs with that health in one swap and sends no SnapshotRequest."""
     from common.messages import PlanUpdate
+    from common.workerargs import parse_args
     from worker.main import Worker
-    from worker.process import parse_args
 
     full = plan_resources(_discover("pcie-l4"), load_config({}, {}))[GPU]
     old = dataclasses.replace(full, devices=full.devices[:2])

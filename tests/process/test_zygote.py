@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import time
@@ -9,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from common.workerargs import check_args
 from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources
 from supervisor.sim.kubelet import KubeletStandin
@@ -62,16 +65,16 @@ def test_zygote_forks_a_worker_that_registers_and_reports_its_exit() -> None:
 
 
 def test_arguments_a_worker_refuses_fail_the_spawn_and_the_zygote_goes_on() -> None:
-    """The zygote parses a worker's arguments before it forks: arguments a worker would refuse
-    fail that spawn (OSError, so the spawner falls back to exec, which says why), nothing is
-    forked, and the same zygote forks the next worker."""
+    """The supervisor parses a worker's arguments before it asks the zygote: arguments a worker
+    would refuse fail that spawn with argparse's reason (OSError, so the spawner falls back to
+    exec, which says why too), nothing is forked, and the same zygote forks the next worker."""
     with short_tmpdir() as d, KubeletStandin(d) as kubelet:
         zygote = Zygote()
         zygote.start()
         try:
             assert zygote.proc is not None
             first = zygote.proc.pid
-            with pytest.raises(OSError, match="arguments are not valid"):
+            with pytest.raises(OSError, match=r"arguments are not valid .*--socket-tag: 'XYZ'"):
                 zygote.spawn(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d), "--socket-tag", "XYZ"])
             assert zygote.proc.pid == first and zygote.proc.poll() is None
             assert psutil.Process(first).children() == []
@@ -82,6 +85,41 @@ def test_arguments_a_worker_refuses_fail_the_spawn_and_the_zygote_goes_on() -> N
             proc.send_signal(signal.SIGTERM)
             assert wait_until(lambda: proc.poll() is not None, 15)
             assert proc.returncode == 0
+        finally:
+            zygote.stop()
+
+
+def test_a_request_without_fields_for_this_zygote_is_refused_and_the_zygote_goes_on() -> None:
+    """The zygote forks only with fields the supervisor parsed for it: a request whose fields are
+    not a mapping, or carry another zygote's pid (the worker would take the wrong process for its
+    parent), is answered with an error under its id and forks nothing; the zygote serves on."""
+    with short_tmpdir() as d, KubeletStandin(d) as kubelet:
+        zygote = Zygote()
+        zygote.start()
+        try:
+            assert zygote.proc is not None and zygote.sock is not None
+            first = zygote.proc.pid
+            argv = _worker_argv(d, kubelet)
+            good = check_args([*argv, "--zygote-pid", str(first)])
+            for rid, fields in ((901, ["not", "a", "mapping"]), (902, {**good, "zygote_pid": first + 1})):
+                request = {"op": "spawn", "id": rid, "argv": argv, "args": fields}
+                zygote.sock.sendall((json.dumps(request) + "\n").encode())
+
+            def answered() -> bool:
+                zygote.pump()
+                return {901, 902} <= set(zygote._replies)
+
+            assert wait_until(answered, 15)
+            for rid, why in ((901, "bad request"), (902, f"zygote_pid is not {first}")):
+                reply = zygote._replies.pop(rid)
+                assert reply["op"] == "error" and why in str(reply["error"]), reply
+            assert psutil.Process(first).children() == []
+            pid = zygote.spawn(argv)
+            assert zygote.proc.pid == first
+            assert kubelet.wait_listed(["nvidia.com/gpu"], 30)
+            proc = ZygoteProc(pid, zygote)
+            proc.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: proc.poll() is not None, 15)
         finally:
             zygote.stop()
 
@@ -138,11 +176,11 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
             def late_child_gone() -> bool:
                 zygote.pump()
                 assert zygote.proc is not None
-                kids = [
-                    p
-                    for p in psutil.Process(zygote.proc.pid).children()
-                    if p.status() != psutil.STATUS_ZOMBIE
-                ]
+                kids: list[psutil.Process] = []
+                for p in psutil.Process(zygote.proc.pid).children():
+                    with contextlib.suppress(psutil.NoSuchProcess):  # reaped since it was listed
+                        if p.status() != psutil.STATUS_ZOMBIE:
+                            kids.append(p)
                 return not kids and not zygote._abandoned
 
             assert wait_until(late_child_gone, 15)

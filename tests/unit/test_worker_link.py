@@ -36,6 +36,7 @@ from common.messages import (
     encode,
 )
 from common.procutil import Mailbox
+from common.workerargs import parse_args
 from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources
 from tests import nodes
@@ -43,7 +44,6 @@ from tests.helpers import wait_until
 from worker import link as link_module
 from worker.healthcopy import HealthApplier
 from worker.link import Beat, Link, plan_of_update
-from worker.process import parse_args
 from worker.stats import Stats
 
 GPU = "nvidia.com/gpu"
