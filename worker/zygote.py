@@ -11,7 +11,9 @@ is written.
 Memory: every page a child writes is copied into it. The collector is off while the modules load
 (no freed holes between long-lived objects) and `gc.freeze()` then moves everything into the
 permanent generation, which no collection scans; a child never unfreezes, so its collections
-walk only its own objects and leave the zygote's pages shared.
+walk only its own objects and leave the zygote's pages shared. The allocator's free blocks are
+then filled and the ABC caches warmed (worker/sharing.py), so a worker's new objects and its
+first isinstance checks do not copy zygote pages either.
 
 A forked child runs `worker.main.main` exactly as an exec'd worker would, with the arguments the
 supervisor parsed (`common.workerargs.check_args`) and sent as fields, and rewrites its command
@@ -45,6 +47,7 @@ from common import logs
 from common.procutil import set_cmdline, set_parent_death_signal
 from common.workerargs import from_fields
 from worker.process import leave_out_ssl
+from worker.sharing import fill_allocator_holes, warm_abc_caches
 
 # What a worker imports, loaded once here (the zygote uses none of it itself). `worker.main`
 # brings the rest; the others are imported by a worker only once it runs (ZeroMQ, gRPC's server
@@ -63,15 +66,18 @@ PRELOAD = (
 
 
 def preload() -> None:
-    """Import the worker's modules with the collector off, then freeze what they made."""
+    """Import the worker's modules with the collector off, then freeze what they made and make
+    the first writes a worker would make to shared pages here instead (worker/sharing.py)."""
     gc.disable()
     for name in PRELOAD:
         importlib.import_module(name)
     # Logging as a worker sets it up by default (text, info): a worker with those settings then
     # keeps the handler and level it inherits instead of making its own.
     logs.setup(role="zygote")
+    warm_abc_caches()
     gc.collect()  # what the imports left as garbage goes now, before the pages are shared
     gc.freeze()
+    fill_allocator_holes()  # after the collection: it fills the holes that left too
     gc.enable()
 
 

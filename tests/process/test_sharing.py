@@ -1,0 +1,96 @@
+"""What the zygote does before its first fork so its pages stay shared (worker/sharing.py).
+
+Each check runs in a fresh interpreter: the fill and the caches are process-wide state, and the
+test process's own history (what it already asked of an ABC, its allocator's holes) would
+decide the outcome instead of the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+from tests.harness import child_env
+from tests.helpers import REPO
+
+POOL_BYTES = 16384  # CPython 3.10+ pymalloc pools on 64-bit
+
+
+def _run(code: str) -> tuple[dict[str, Any], str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_the_fill_leaves_no_free_block_in_the_pools_that_held_objects() -> None:
+    """With holes punched in many pools (every other object of 40,000 freed), the report shows
+    thousands of free blocks; after fill_allocator_holes each size class has at most the free
+    blocks of one pool (the fresh pool the fill itself opened last) and a few more, and nothing
+    was printed."""
+    found, stderr = _run(
+        "import json\n"
+        "from worker.sharing import fill_allocator_holes, pool_free_blocks\n"
+        "keep = [bytes(40) for _ in range(40000)]\n"
+        "del keep[::2]\n"
+        "before = pool_free_blocks()\n"
+        "made = fill_allocator_holes()\n"
+        "print(json.dumps({'before': before, 'after': pool_free_blocks(), 'made': made}))\n"
+    )
+    before = {int(k): v for k, v in found["before"].items()}
+    after = {int(k): v for k, v in found["after"].items()}
+    assert before[80] >= 20000, before  # bytes(40) is 73 bytes: the 80-byte class
+    # One fresh pool per class, plus the few holes the last report's own parsing left.
+    assert all(free <= POOL_BYTES // size + 64 for size, free in after.items()), after
+    assert found["made"] >= 20000 * 80
+    assert stderr == ""
+
+
+def test_the_fill_is_bounded() -> None:
+    """However many free blocks the report shows, the fill makes at most FILL_MAX_BYTES of filler."""
+    found, _ = _run(
+        "import json\n"
+        "from worker import sharing\n"
+        "sharing.FILL_MAX_BYTES = 64 * 1024\n"
+        "keep = [bytes(40) for _ in range(40000)]\n"
+        "del keep[::2]\n"
+        "print(json.dumps({'made': sharing.fill_allocator_holes()}))\n"
+    )
+    assert 0 < int(found["made"]) <= 64 * 1024
+
+
+def test_without_pymalloc_nothing_is_filled() -> None:
+    """With PYTHONMALLOC=malloc the report has no pools: the fill makes nothing and says nothing."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from worker.sharing import fill_allocator_holes as f; print(f())"],
+        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
+        env={**child_env(), "PYTHONMALLOC": "malloc"},
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "0", "")
+
+
+def test_warmed_abc_caches_answer_a_builtin_type_from_the_cache() -> None:
+    """warm_abc_caches puts the builtin types into the ABCs' caches (Mapping's negative cache holds
+    int, str, float and list; Sequence's positive cache holds list), which were empty of them before."""
+    found, _ = _run(
+        "import _abc, json, collections.abc as c\n"
+        "from worker.sharing import warm_abc_caches\n"
+        "def cached(abc_class, positive):\n"
+        "    _, cache, negative, _ = _abc._get_dump(abc_class)\n"
+        "    refs = cache if positive else negative\n"
+        "    return sorted(r().__name__ for r in refs if r() in (int, str, float, list))\n"
+        "before = [cached(c.Mapping, False), cached(c.Sequence, True)]\n"
+        "warm_abc_caches()\n"
+        "print(json.dumps({'before': before, 'after': [cached(c.Mapping, False), cached(c.Sequence, True)]}))\n"
+    )
+    assert found["before"] == [[], []]
+    assert found["after"] == [["float", "int", "list", "str"], ["list"]]
