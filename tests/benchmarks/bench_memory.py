@@ -10,7 +10,9 @@ few heartbeats later).
   bare gRPC plugin process, and an idle interpreter.
 - Five resources (mig-a100, mixed): every process; and what each further worker costs: the mean
   USS of the workers (its own pages; the pages it shares with the zygote and its siblings are
-  counted once already), and the tree's PSS difference to the one-resource tree over four.
+  counted once already), and the tree's PSS difference to the one-resource tree over four; and
+  what those own pages are, each compared with the zygote's page at the same address
+  (tests/benchmarks/sharedpages.py).
 
 A caution on PSS here: a page of a shared library is split among every process on the machine
 that maps it, the kubelet stand-in in this benchmark's own process included (it maps gRPC and
@@ -27,7 +29,7 @@ import time
 
 import psutil
 
-from tests.benchmarks import floors, node
+from tests.benchmarks import floors, node, sharedpages
 from tests.benchmarks.common import NVIDIA_PSS_MB, Row, ratio
 from tests.harness import SimNode, child_env
 from tests.helpers import REPO
@@ -84,6 +86,7 @@ def run(quick: bool) -> list[Row]:
         one = _settled(sim, [node.GPU], settle)
     with node.mig_node() as sim:
         five = _settled(sim, node.MIG_RESOURCES, settle)
+        kinds = _own_page_kinds(sim)
     one_pss = sum(p for _, p, _ in one) / MB
     five_pss = sum(p for _, p, _ in five) / MB
     workers_uss = [u for label, _, u in five if label.startswith("worker ")]
@@ -120,7 +123,40 @@ def run(quick: bool) -> list[Row]:
             "(5-resource tree - 1-resource tree) / 4; moves with the shared libraries' other users",
         ),
     ]  # fmt: skip
+    if kinds is None:
+        rows.append(
+            Row("each further worker's own pages, by kind", float("nan"), "MB", "",
+                "not available: /proc/<pid>/mem of the zygote and its workers could not be read")
+        )  # fmt: skip
+    else:
+        rows += [
+            Row(f"each further worker's own pages: {kind}", size / MB, "MB", "", _KIND_NOTES[kind])
+            for kind, size in kinds.items()
+        ]
     return rows + _worker_pages()
+
+
+_KIND_NOTES = {
+    "new": "mean of the 5; no zygote page there: thread stacks, new arenas (tests/benchmarks/sharedpages.py)",
+    "identical": "the zygote's page copied and written back unchanged (a reference count up and down)",
+    "few words": "the zygote's page copied for 1-3 changed words: mostly reference counts",
+    "more": "4+ words changed: objects made or changed in place, allocator lists, caches",
+}
+
+
+def _own_page_kinds(sim: SimNode) -> dict[str, float] | None:
+    """The mean over the node's workers of their own pages by kind against the zygote's
+    (tests/benchmarks/sharedpages.py); None where that memory cannot be read."""
+    assert sim.proc is not None
+    procs = sim.workers()
+    zygotes = [p.pid for p in procs if _label(p, sim.proc.pid) == "zygote"]
+    workers = [p.pid for p in procs if _label(p, sim.proc.pid).startswith("worker ")]
+    if len(zygotes) != 1 or not workers:
+        return None
+    found = [sharedpages.classify(zygotes[0], pid) for pid in workers]
+    if any(f is None for f in found):
+        return None
+    return {kind: sum(f[kind] for f in found if f is not None) / len(found) for kind in sharedpages.KINDS}
 
 
 def _worker_pages() -> list[Row]:

@@ -170,3 +170,48 @@ def test_workerpages_says_why_its_child_failed(tmp_path: Path) -> None:
     assert (
         failed.returncode == 1 and "Traceback" in failed.stderr and "the forked child failed" in failed.stderr
     )
+
+
+_PAGES_SCRIPT = """
+import mmap, os, sys
+N, PAGE = 512, 4096
+private = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+region = mmap.mmap(-1, 3 * N * PAGE, flags=private)
+region[:] = b"\\x01" * (3 * N * PAGE)
+pid = os.fork()
+if pid == 0:
+    for i in range(N):
+        region[i * PAGE] = 1  # the same byte written back: identical
+        region[(N + i) * PAGE] = 2  # one word changed: few words
+        region[(2 * N + i) * PAGE:(2 * N + i + 1) * PAGE] = b"\\x03" * PAGE  # every word: more
+    fresh = mmap.mmap(-1, N * PAGE, flags=private)
+    for i in range(N):
+        fresh[i * PAGE] = 4  # no page of the parent there: new
+    print(os.getpid(), flush=True)
+    sys.stdin.read()
+    os._exit(0)
+sys.stdin.read()
+os.waitpid(pid, 0)
+"""
+
+
+def test_shared_pages_sorts_a_forked_childs_own_pages_by_what_it_wrote() -> None:
+    """sharedpages.classify, on a child that wrote 2 MiB of each kind into its parent's pages
+    (the same bytes back; one word; every word) and 2 MiB of fresh pages, finds at least 2 MiB of
+    each kind, and less than 1 MiB more than that of any kind (the interpreter's own writes)."""
+    from tests.benchmarks.sharedpages import KINDS, classify
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PAGES_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None and parent.stdin is not None
+        child = int(parent.stdout.readline())
+        found = classify(parent.pid, child)
+    finally:
+        parent.communicate("", timeout=30)
+    assert found is not None, "the parent's and child's memory could not be read"
+    mib = 1 << 20
+    assert set(found) == set(KINDS)
+    for kind, size in found.items():
+        assert 2 * mib <= size < 3 * mib, (kind, found)
