@@ -13,21 +13,31 @@ into the zygote, where they happen once instead of in every worker:
   are its own anyway. The free blocks are counted from `sys._debugmallocstats()` (CPython's own
   report, written to C's stderr; read here through a memfd); with another allocator
   (`PYTHONMALLOC=malloc`) the report has no pools and nothing is filled.
+- **malloc's free chunks.** Objects over 512 bytes (dict tables, big lists, a code object's
+  bytes) and what the C libraries allocate from the main thread (libzmq, gRPC core, protobuf)
+  come from glibc's malloc, which hands out a free chunk of the right size first: in a worker,
+  a hole in the zygote's heap, so again a copied page. `fill_malloc_holes` takes every free
+  chunk of glibc's main arena once (counted from `malloc_info(3)`, read through a memfd) and
+  never frees it; a worker's allocations then come from the top of the heap, fresh pages. Without
+  glibc's `malloc_info` (musl) nothing is filled.
 - **ABC caches.** `isinstance(x, collections.abc.Mapping)` (LogRecord runs it for every log
   call with one argument) adds `type(x)` to the caches of that ABC and, on a miss, of every
   registered subclass it walks: many objects, each on its own page. `warm_abc_caches` runs
   those checks for the builtin types once, so a worker finds the answers in the caches. Measured
   in a forked child, the first log line copied ~0.5 MB of zygote pages cold and ~0.2 MB warmed.
 
-bench_memory (a further worker's USS, mean of five) measured 6.74 MB without either, 6.52 MB
-with the fill, and 6.23-6.26 MB with both as committed; the zygote holds ~0.2 MB of filler.
-(Giving every class its attribute-cache version tag here as well changed nothing measurable.)
+bench_memory (a further worker's USS, mean of five) measured 6.74 MB with none of these, 6.52
+MB with the pymalloc fill, 6.23-6.26 MB with the ABC caches too, and 5.97-5.99 MB with all
+three; the zygote holds ~0.2 MB of pymalloc filler and ~0.25 MB of malloc chunks. (Giving every
+class its attribute-cache version tag here as well changed nothing measurable.)
 """
 
 from __future__ import annotations
 
 import abc
+import ctypes
 import os
+import re
 import sys
 
 FILL_MAX_BYTES = 8 << 20  # the most filler made, whatever the report says
@@ -90,6 +100,76 @@ def fill_allocator_holes() -> int:
             if count > 0:
                 _FILLER.extend(filler(size, count))
                 made += size * count
+    return made
+
+
+# glibc keeps up to 7 freed chunks per size up to 1040 bytes in a per-thread cache that
+# malloc_info does not report; they are handed out before the bins' chunks.
+TCACHE_COUNT = 7
+TCACHE_MAX_CHUNK = 1040
+_BIN = re.compile(r'<(?:size|unsorted) from="(\d+)" to="\d+" total="\d+" count="(\d+)"')
+
+
+def malloc_free_chunks(report: str) -> list[tuple[int, int]]:
+    """(chunk size, count) of each bin of glibc's main arena, the first `<heap>` of a
+    malloc_info(3) report. A bin's `from` is a chunk's size field, whose low bits are flags."""
+    main = report.split("</heap>", 1)[0]
+    return [(int(m[1]) & ~7, int(m[2])) for m in _BIN.finditer(main)]
+
+
+def malloc_report() -> str | None:
+    """This process's malloc_info(3) report; None without glibc's malloc_info or a memfd."""
+    try:
+        libc = ctypes.CDLL(None)
+        malloc_info, fdopen, fclose = libc.malloc_info, libc.fdopen, libc.fclose
+        fd = os.memfd_create("gpuvisor-mallocinfo")
+    except (AttributeError, OSError):
+        return None
+    malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+    fdopen.restype = ctypes.c_void_p
+    fclose.argtypes = [ctypes.c_void_p]
+    try:
+        copy = os.dup(fd)
+        stream = fdopen(copy, b"w")
+        if not stream:
+            os.close(copy)
+            return None
+        try:
+            malloc_info(0, stream)
+        finally:
+            fclose(stream)  # flushes the report, closes `copy`
+        size = os.lseek(fd, 0, os.SEEK_END)
+        return os.pread(fd, min(size, REPORT_MAX_BYTES), 0).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def fill_malloc_holes() -> int:
+    """Take every free chunk of glibc's main arena (see the module doc), and the thread cache's
+    chunks of the same sizes; returns the bytes taken. The chunks are never freed: they are the
+    zygote's for its life. Two rounds: the first report's own parsing frees a few chunks."""
+    try:
+        malloc = ctypes.CDLL(None).malloc
+    except (AttributeError, OSError):
+        return 0
+    malloc.argtypes = [ctypes.c_size_t]
+    malloc.restype = ctypes.c_void_p
+    made = 0
+    for _ in range(2):
+        report = malloc_report()
+        chunks = malloc_free_chunks(report) if report is not None else []
+        if not chunks:
+            break
+        for size, count in chunks:
+            if size < 32:
+                continue
+            count += TCACHE_COUNT if size <= TCACHE_MAX_CHUNK else 0
+            for _ in range(min(count, (FILL_MAX_BYTES - made) // size)):
+                if malloc(size - 8):  # a request of size - 8 bytes takes a chunk of `size`
+                    made += size
     return made
 
 

@@ -11,9 +11,9 @@ is written.
 Memory: every page a child writes is copied into it. The collector is off while the modules load
 (no freed holes between long-lived objects) and `gc.freeze()` then moves everything into the
 permanent generation, which no collection scans; a child never unfreezes, so its collections
-walk only its own objects and leave the zygote's pages shared. The allocator's free blocks are
-then filled and the ABC caches warmed (worker/sharing.py), so a worker's new objects and its
-first isinstance checks do not copy zygote pages either.
+walk only its own objects and leave the zygote's pages shared. The allocators' free blocks and
+chunks are then filled and the ABC caches warmed (worker/sharing.py), so a worker's new objects
+and its first isinstance checks do not copy zygote pages either.
 
 A forked child runs `worker.main.main` exactly as an exec'd worker would, with the arguments the
 supervisor parsed (`common.workerargs.check_args`) and sent as fields, and rewrites its command
@@ -47,7 +47,7 @@ from common import logs
 from common.procutil import set_cmdline, set_parent_death_signal
 from common.workerargs import from_fields
 from worker.process import leave_out_ssl
-from worker.sharing import fill_allocator_holes, warm_abc_caches
+from worker.sharing import fill_allocator_holes, fill_malloc_holes, warm_abc_caches
 
 # What a worker imports, loaded once here (the zygote uses none of it itself). `worker.main`
 # brings the rest; the others are imported by a worker only once it runs (ZeroMQ, gRPC's server
@@ -78,6 +78,7 @@ def preload() -> None:
     gc.collect()  # what the imports left as garbage goes now, before the pages are shared
     gc.freeze()
     fill_allocator_holes()  # after the collection: it fills the holes that left too
+    fill_malloc_holes()  # then malloc's: the reports' text and the pymalloc fill's lists freed chunks
     gc.enable()
 
 

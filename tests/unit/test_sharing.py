@@ -1,4 +1,4 @@
-"""The zygote's filler objects land in the size class they are made for (worker/sharing.py)."""
+"""The zygote's fills (worker/sharing.py): filler objects land in their size class; malloc_info is read right."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from worker.sharing import filler
+from worker.sharing import filler, malloc_free_chunks
 
 
 @pytest.mark.parametrize("size", range(16, 513, 16))
@@ -15,3 +15,39 @@ def test_each_filler_object_takes_a_block_of_its_size_class(size: int) -> None:
     `size` - 16 and at most `size` bytes, so a fill of class N never spills into class N+1."""
     for obj in filler(size, 3):
         assert size - 16 < sys.getsizeof(obj) <= size, (size, type(obj), sys.getsizeof(obj))
+
+
+REPORT = """<malloc version="1">
+<heap nr="0">
+<sizes>
+  <size from="33" to="33" total="462" count="14"/>
+  <size from="209" to="209" total="1881" count="9"/>
+  <size from="1041" to="1137" total="3315" count="3"/>
+  <unsorted from="2785" to="2785" total="2785" count="1"/>
+</sizes>
+<total type="fast" count="0" size="0"/>
+<total type="rest" count="27" size="8443"/>
+</heap>
+<heap nr="1">
+<sizes>
+  <size from="65" to="65" total="650" count="10"/>
+</sizes>
+</heap>
+<total type="mmap" count="3" size="819200"/>
+</malloc>
+"""
+
+
+def test_the_main_arenas_free_chunks_are_read_from_malloc_info() -> None:
+    """malloc_free_chunks reads the bins of the first heap (glibc's main arena) only, the unsorted
+    bin included, with each size's flag bits (PREV_INUSE: 33 for a 32-byte chunk) cleared; a bin
+    of a range of sizes gives its smallest."""
+    assert malloc_free_chunks(REPORT) == [(32, 14), (208, 9), (1040, 3), (2784, 1)]
+
+
+def test_a_report_without_bins_gives_no_chunks() -> None:
+    """A report with no free chunk (or not glibc's at all) gives nothing to fill."""
+    assert (
+        malloc_free_chunks('<malloc version="1">\n<heap nr="0">\n<sizes>\n</sizes>\n</heap>\n</malloc>') == []
+    )
+    assert malloc_free_chunks("") == []
