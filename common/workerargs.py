@@ -78,6 +78,19 @@ def check_args(argv: list[str]) -> dict[str, object]:
     return dict(vars(_parser(_Refusing, add_help=False).parse_args(argv)))
 
 
-def from_fields(fields: Mapping[str, object]) -> argparse.Namespace:
-    """The Namespace of `check_args`'s fields (after a trip through JSON): what `parse_args` gives."""
+# The fields of a parsed command line, one per option above (a unit test holds them equal).
+FIELDS = frozenset(
+    {
+        "resource", "plan", "kubelet_socket", "control", "health", "supervisor_pid", "zygote_pid",
+        "log_format", "log_level", "heartbeat_interval", "secret_fd", "socket_tag",
+    }
+)  # fmt: skip
+
+
+def from_fields(fields: object) -> argparse.Namespace:
+    """The Namespace of `check_args`'s fields (after a trip through JSON): what `parse_args` gives.
+    Raises ValueError unless `fields` maps exactly the names in FIELDS."""
+    if not isinstance(fields, Mapping) or set(fields) != FIELDS:
+        names = sorted(map(str, fields)) if isinstance(fields, Mapping) else type(fields).__name__
+        raise ValueError(f"not a worker's parsed arguments: {names}")
     return argparse.Namespace(**fields)

@@ -9,8 +9,8 @@ into the zygote, where they happen once instead of in every worker:
   block of a pool of its size class that already holds objects. In a forked worker those pools
   are the zygote's, so each new object copies a page that is otherwise the zygote's unchanged.
   `fill_allocator_holes` fills every such free block in the zygote with a filler object that
-  is never touched again: a worker's new objects then go to fresh pools, many to a page, which
-  are its own anyway. The free blocks are counted from `sys._debugmallocstats()` (CPython's own
+  is never touched again: a worker's new objects then go mostly to pools the zygote never
+  touched, many to a page, which are the worker's own memory from the start. The free blocks are counted from `sys._debugmallocstats()` (CPython's own
   report, written to C's stderr; read here through a memfd); with another allocator
   (`PYTHONMALLOC=malloc`) the report has no pools and nothing is filled.
 - **malloc's free chunks.** Objects over 512 bytes (dict tables, big lists, a code object's
@@ -26,10 +26,11 @@ into the zygote, where they happen once instead of in every worker:
   those checks for the builtin types once, so a worker finds the answers in the caches. Measured
   in a forked child, the first log line copied ~0.5 MB of zygote pages cold and ~0.2 MB warmed.
 
-bench_memory (a further worker's USS, mean of five) measured 6.74 MB with none of these, 6.52
-MB with the pymalloc fill, 6.23-6.26 MB with the ABC caches too, and 5.97-5.99 MB with all
-three; the zygote holds ~0.2 MB of pymalloc filler and ~0.25 MB of malloc chunks. (Giving every
-class its attribute-cache version tag here as well changed nothing measurable.)
+bench_memory (a further worker's USS, mean of five, full rounds) measured 6.70-6.74 MB with none
+of these, 6.52 MB with the pymalloc fill, 6.23-6.26 MB with the ABC caches too, and 6.03-6.14
+MB with all three (quick rounds: 6.01-6.05); the zygote holds ~0.2 MB of pymalloc filler and
+~0.25 MB of malloc chunks. (Giving every class its attribute-cache version tag here as well
+changed nothing measurable.)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import os
 import re
 import sys
 
-FILL_MAX_BYTES = 8 << 20  # the most filler made, whatever the report says
+FILL_MAX_BYTES = 8 << 20  # the most each fill makes, whatever the reports say
 REPORT_MAX_BYTES = 1 << 20
 _FILLER: list[object] = []  # kept for the zygote's life: its pages are written once, here
 
@@ -107,14 +108,20 @@ def fill_allocator_holes() -> int:
 # malloc_info does not report; they are handed out before the bins' chunks.
 TCACHE_COUNT = 7
 TCACHE_MAX_CHUNK = 1040
-_BIN = re.compile(r'<(?:size|unsorted) from="(\d+)" to="\d+" total="\d+" count="(\d+)"')
+_BIN = re.compile(r'<(?:size|unsorted) from="(\d+)" to="(\d+)" total="\d+" count="(\d+)"')
+_FASTBIN_SPAN = 15  # a fastbin's row: from = its chunk size - 15, to = its chunk size
 
 
 def malloc_free_chunks(report: str) -> list[tuple[int, int]]:
     """(chunk size, count) of each bin of glibc's main arena, the first `<heap>` of a
-    malloc_info(3) report. A bin's `from` is a chunk's size field, whose low bits are flags."""
+    malloc_info(3) report. A fastbin's row spans `size - 15` to `size`; any other bin's `from`
+    is the size field of its smallest chunk, whose low three bits are flags."""
     main = report.split("</heap>", 1)[0]
-    return [(int(m[1]) & ~7, int(m[2])) for m in _BIN.finditer(main)]
+    chunks = []
+    for m in _BIN.finditer(main):
+        low, high, count = int(m[1]), int(m[2]), int(m[3])
+        chunks.append((high if high - low == _FASTBIN_SPAN else low & ~7, count))
+    return chunks
 
 
 def malloc_report() -> str | None:
@@ -158,7 +165,7 @@ def fill_malloc_holes() -> int:
     malloc.argtypes = [ctypes.c_size_t]
     malloc.restype = ctypes.c_void_p
     made = 0
-    for _ in range(2):
+    for rounds in range(2):
         report = malloc_report()
         chunks = malloc_free_chunks(report) if report is not None else []
         if not chunks:
@@ -166,7 +173,7 @@ def fill_malloc_holes() -> int:
         for size, count in chunks:
             if size < 32:
                 continue
-            count += TCACHE_COUNT if size <= TCACHE_MAX_CHUNK else 0
+            count += TCACHE_COUNT if rounds == 0 and size <= TCACHE_MAX_CHUNK else 0
             for _ in range(min(count, (FILL_MAX_BYTES - made) // size)):
                 if malloc(size - 8):  # a request of size - 8 bytes takes a chunk of `size`
                     made += size

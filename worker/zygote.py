@@ -37,11 +37,13 @@ import argparse
 import gc
 import importlib
 import json
+import logging
 import os
 import select
 import signal
 import socket
 import sys
+from collections.abc import Callable
 
 from common import logs
 from common.procutil import set_cmdline, set_parent_death_signal
@@ -74,12 +76,26 @@ def preload() -> None:
     # Logging as a worker sets it up by default (text, info): a worker with those settings then
     # keeps the handler and level it inherits instead of making its own.
     logs.setup(role="zygote")
-    warm_abc_caches()
+    _share(warm_abc_caches)
     gc.collect()  # what the imports left as garbage goes now, before the pages are shared
     gc.freeze()
-    fill_allocator_holes()  # after the collection: it fills the holes that left too
-    fill_malloc_holes()  # then malloc's: the reports' text and the pymalloc fill's lists freed chunks
+    _share(fill_allocator_holes)  # after the collection: it fills the holes that left too
+    _share(fill_malloc_holes)  # then malloc's: the reports' text and the pymalloc fill's lists freed chunks
     gc.enable()
+
+
+def _share(step: Callable[[], object]) -> None:
+    """Run one of worker/sharing.py's steps: they only save workers memory, so one that fails
+    is said in a line and skipped, never the zygote's end."""
+    try:
+        step()
+    except Exception as exc:  # any failure of an optimisation is the same to us
+        logging.getLogger("gpuvisor.zygote").warning(
+            "skipped %s (%s: %s): workers share fewer of the zygote's pages",
+            step.__name__,
+            type(exc).__name__,
+            exc,
+        )
 
 
 def _send(sock: socket.socket, message: dict[str, object]) -> None:

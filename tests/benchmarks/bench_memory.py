@@ -148,9 +148,12 @@ def _own_page_kinds(sim: SimNode) -> dict[str, float] | None:
     """The mean over the node's workers of their own pages by kind against the zygote's
     (tests/benchmarks/sharedpages.py); None where that memory cannot be read."""
     assert sim.proc is not None
-    procs = sim.workers()
-    zygotes = [p.pid for p in procs if _label(p, sim.proc.pid) == "zygote"]
-    workers = [p.pid for p in procs if _label(p, sim.proc.pid).startswith("worker ")]
+    try:
+        labels = [(_label(p, sim.proc.pid), p.pid) for p in sim.workers()]
+    except psutil.Error:  # a process of the tree ended meanwhile
+        return None
+    zygotes = [pid for label, pid in labels if label == "zygote"]
+    workers = [pid for label, pid in labels if label.startswith("worker ")]
     if len(zygotes) != 1 or not workers:
         return None
     found = [sharedpages.classify(zygotes[0], pid) for pid in workers]

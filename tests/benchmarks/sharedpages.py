@@ -28,7 +28,7 @@ FEW_WORDS = 3
 KINDS = ("new", "identical", "few words", "more")
 _PRESENT = 1 << 63
 _EXCLUSIVE = 1 << 56
-_MAX_MAPPING_PAGES = 1 << 20  # 4 GiB: a writable mapping larger than that is skipped (none here)
+_MAX_MAPPING_PAGES = 1 << 20  # 4 GiB: only the first 4 GiB of a larger mapping are read (none here)
 
 
 def _writable_mappings(pid: int) -> list[tuple[int, int]]:
@@ -61,12 +61,10 @@ def classify(zygote_pid: int, worker_pid: int) -> dict[str, int] | None:
         ):
             fds.append(os.open(f"/proc/{pid}/{name}", os.O_RDONLY))
         w_map, z_map, w_mem, z_mem = fds
-        zygote_ranges = _writable_mappings(zygote_pid)
         for start, end in _writable_mappings(worker_pid):
             pages = min((end - start) // PAGE, _MAX_MAPPING_PAGES)
             mine = _entries(w_map, start, pages)
-            overlap = any(z0 <= start < z1 for z0, z1 in zygote_ranges)
-            theirs = _entries(z_map, start, pages) if overlap else (0,) * pages
+            theirs = _entries(z_map, start, pages)  # an address the zygote has not mapped reads 0
             for i, entry in enumerate(mine):
                 if not entry & _PRESENT or not entry & _EXCLUSIVE:
                     continue

@@ -19,12 +19,14 @@ POOL_BYTES = 16384  # CPython 3.10+ pymalloc pools on 64-bit
 
 
 def _run(code: str) -> tuple[dict[str, Any], str]:
+    # pymalloc as on a node: the debug allocator's hooks would change every block's size
+    env = {k: v for k, v in child_env().items() if k not in ("PYTHONMALLOC", "PYTHONDEVMODE")}
     proc = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         cwd=REPO,
-        env=child_env(),
+        env=env,
         timeout=60,
         check=False,
     )

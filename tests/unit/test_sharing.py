@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
@@ -20,6 +21,8 @@ def test_each_filler_object_takes_a_block_of_its_size_class(size: int) -> None:
 REPORT = """<malloc version="1">
 <heap nr="0">
 <sizes>
+  <size from="17" to="32" total="64" count="2"/>
+  <size from="49" to="64" total="192" count="3"/>
   <size from="33" to="33" total="462" count="14"/>
   <size from="209" to="209" total="1881" count="9"/>
   <size from="1041" to="1137" total="3315" count="3"/>
@@ -40,9 +43,9 @@ REPORT = """<malloc version="1">
 
 def test_the_main_arenas_free_chunks_are_read_from_malloc_info() -> None:
     """malloc_free_chunks reads the bins of the first heap (glibc's main arena) only, the unsorted
-    bin included, with each size's flag bits (PREV_INUSE: 33 for a 32-byte chunk) cleared; a bin
-    of a range of sizes gives its smallest."""
-    assert malloc_free_chunks(REPORT) == [(32, 14), (208, 9), (1040, 3), (2784, 1)]
+    bin included: a fastbin's row (size - 15 to size) gives its size, any other bin's `from` its
+    size with the flag bits (PREV_INUSE: 33 for a 32-byte chunk) cleared, a range its smallest."""
+    assert malloc_free_chunks(REPORT) == [(32, 2), (64, 3), (32, 14), (208, 9), (1040, 3), (2784, 1)]
 
 
 def test_a_report_without_bins_gives_no_chunks() -> None:
@@ -51,3 +54,18 @@ def test_a_report_without_bins_gives_no_chunks() -> None:
         malloc_free_chunks('<malloc version="1">\n<heap nr="0">\n<sizes>\n</sizes>\n</heap>\n</malloc>') == []
     )
     assert malloc_free_chunks("") == []
+
+
+def test_a_failing_sharing_step_is_said_in_a_line_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    """The zygote's sharing steps only save memory: one that raises is logged as one warning
+    naming the step and the error, and preload goes on (the zygote never dies of it)."""
+    from worker.zygote import _share
+
+    def fill_something() -> None:
+        raise OSError("no memfd here")
+
+    with caplog.at_level(logging.WARNING, logger="gpuvisor.zygote"):
+        _share(fill_something)
+    assert [r.getMessage() for r in caplog.records] == [
+        "skipped fill_something (OSError: no memfd here): workers share fewer of the zygote's pages"
+    ]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from common.workerargs import WorkerArgsError, check_args, from_fields, parse_args
+from common.workerargs import FIELDS, WorkerArgsError, check_args, from_fields, parse_args
 
 ARGV = [
     "--resource", "nvidia.com/gpu",
@@ -55,3 +55,20 @@ def test_arguments_a_worker_refuses_are_refused_with_argparses_reason_and_no_out
         with pytest.raises(SystemExit) as exited:
             parse_args(argv)
         assert exited.value.code == 2
+
+
+def test_the_field_names_are_the_parsers_own() -> None:
+    """FIELDS, which the zygote checks a request against, names exactly what the parser makes."""
+    assert set(vars(parse_args(["--resource", "r", "--plan", "p"]))) == FIELDS
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [["resource"], {"resource": "r"}, {**dict.fromkeys(FIELDS, 0), "extra": 1}, "resource"],
+    ids=["list", "missing", "extra", "string"],
+)
+def test_fields_that_are_not_a_workers_parse_are_refused(fields: object) -> None:
+    """from_fields raises ValueError for a non-mapping, a missing field or an unknown one, so the
+    zygote answers that request with an error instead of forking a worker that would fail on it."""
+    with pytest.raises(ValueError, match="not a worker's parsed arguments"):
+        from_fields(fields)
