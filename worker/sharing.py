@@ -27,8 +27,8 @@ into the zygote, where they happen once instead of in every worker:
   in a forked child, the first log line copied ~0.5 MB of zygote pages cold and ~0.2 MB warmed.
 
 bench_memory (a further worker's USS, mean of five, full rounds) measured 6.70-6.74 MB with none
-of these, 6.52 MB with the pymalloc fill, 6.23-6.26 MB with the ABC caches too, and 6.03-6.14
-MB with all three (quick rounds: 6.01-6.05); the zygote holds ~0.2 MB of pymalloc filler and
+of these, 6.52 MB with the pymalloc fill, 6.23-6.26 MB with the ABC caches too, and 5.99-6.05
+MB with all three (four runs; quick rounds: 5.95-6.05); the zygote holds ~0.2 MB of pymalloc filler and
 ~0.25 MB of malloc chunks. (Giving every class its attribute-cache version tag here as well
 changed nothing measurable.)
 """
