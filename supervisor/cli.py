@@ -14,26 +14,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from supervisor.launch import check_import_root, command_of
+
 if TYPE_CHECKING:
+    import socket
+    import subprocess
+
     from supervisor.workers.zygote import Zygote
 
 DEFAULT_RUN_DIR = "/run/gpuvisor"
-
-
-def _check_import_root() -> None:
-    """`supervisor`, `worker` and `common` are top-level names (the design card's folders): make
-    sure they are ours and not another distribution's (Supervisor ships a `supervisor` package).
-    Found without importing them: the CLI must not pull the worker's modules in."""
-    import importlib.util
-
-    for name in ("common", "worker"):
-        spec = importlib.util.find_spec(name)
-        origin = spec.origin if spec is not None else None
-        if not origin or not os.path.exists(os.path.join(os.path.dirname(origin), "py.typed")):
-            raise SystemExit(
-                f"gpuvisor: the module {name!r} at {origin} is not gpuvisor's; "
-                "install gpuvisor into its own virtual environment (see the README)"
-            )
 
 
 class _VersionAction(argparse.Action):
@@ -135,12 +124,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    _check_import_root()
+def main(
+    argv: Sequence[str] | None = None, early: tuple[subprocess.Popen[bytes], socket.socket] | None = None
+) -> int:
+    """The `gpuvisor` command. `early`: the worker zygote supervisor/launch.py started already."""
     words = list(sys.argv[1:] if argv is None else argv)
-    command = next((w for w in words if not w.startswith("-")), None)
-    zygote = early_zygote(words, os.environ) if command == "run" else None
+    command = command_of(words)
+    zygote: Zygote | None = None
     try:
+        if early is not None:
+            from supervisor.workers.zygote import Zygote
+
+            zygote = Zygote.taking(*early)
+        check_import_root()  # again where the entry point was not supervisor/launch.py
+        if zygote is None and command == "run":
+            zygote = early_zygote(words, os.environ)
         return _main(argv, command if command in COMMANDS else None, zygote)
     finally:
         if zygote is not None:
@@ -151,14 +149,14 @@ COMMANDS = ("run", "labels", "demo", "status", "sim")
 
 
 def early_zygote(words: Sequence[str], environ: Mapping[str, str]) -> Zygote | None:
-    """The worker zygote, started before `gpuvisor run` imports the supervisor: its own imports
-    (gRPC, ZeroMQ, the worker's modules: ~100 ms) then run beside the supervisor's instead of
-    after them, and the first worker is forked as soon as the first plan is written. None when
-    this run will not use it (help, version, `--zygote=false`); a config file that turns the
-    zygote off has it stopped once the config is read (WorkerSpawner.adopt)."""
-    if {"-h", "--help", "-v", "--version", "--zygote=false"} & set(words):
-        return None
-    if environ.get("GPUVISOR_ZYGOTE", "").strip().lower() in ("0", "f", "false"):
+    """The worker zygote, started before `gpuvisor run` imports the supervisor (where
+    supervisor/launch.py did not start it sooner still): its own imports (gRPC, ZeroMQ, the
+    worker's modules: ~100 ms) then run beside the supervisor's instead of after them, and the
+    first worker is forked as soon as the first plan is written. None when this run will not use
+    it (help, version, `--zygote=false`: `zygoteproc.wanted`)."""
+    from supervisor.workers.zygoteproc import wanted
+
+    if not wanted(list(words), environ):
         return None
     from supervisor.workers.zygote import Zygote
 

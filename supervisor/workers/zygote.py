@@ -16,7 +16,6 @@ refuse fail the spawn before anything is sent; the exec that follows says why.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -24,11 +23,10 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 from common.procutil import pid_alive
-from common.workerargs import WorkerArgsError, check_args
+from supervisor.workers.zygoteproc import start_process
 
 log = logging.getLogger("gpuvisor.zygote")
 
@@ -39,6 +37,8 @@ SPAWN_TIMEOUT_S = 2.0
 def become_subreaper() -> bool:
     """Adopt orphaned descendants (workers of a dead zygote) so they can be reaped here."""
     try:
+        import ctypes  # here: the early start of the zygote (supervisor/entry.py) wants few imports
+
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
@@ -91,21 +91,17 @@ class Zygote:
         self._abandoned: set[int] = set()  # spawn requests we gave up on (fell back to exec)
 
     def start(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [
-            sys.executable, "-m", "worker.zygote",
-            "--fd", str(theirs.fileno()),
-            "--supervisor-pid", str(os.getpid()),
-            "--pad", " " * 1024,  # room for each forked worker to show its own command line
-        ]  # fmt: skip
-        env = dict(os.environ if self.env is None else self.env)
-        env["GRPC_ENABLE_FORK_SUPPORT"] = "0"  # no gRPC object exists in the zygote before a fork
-        self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
-        theirs.close()
-        ours.setblocking(False)
-        self.sock = ours
+        self.proc, self.sock = start_process(os.environ if self.env is None else self.env)
         self._buffer = b""
         log.info("worker zygote started (pid %d)", self.proc.pid)
+
+    @classmethod
+    def taking(cls, proc: subprocess.Popen[bytes], sock: socket.socket) -> Zygote:
+        """The handle of a zygote process started already (`zygoteproc.start_process`, by
+        supervisor/launch.py before the supervisor's imports)."""
+        zygote = cls()
+        zygote.proc, zygote.sock = proc, sock
+        return zygote
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -174,6 +170,8 @@ class Zygote:
             self._lost()
             self.start()
         assert self.sock is not None and self.proc is not None
+        from common.workerargs import WorkerArgsError, check_args  # argparse: not at the early start
+
         try:
             fields = check_args([*argv, "--zygote-pid", str(self.proc.pid)])
         except WorkerArgsError as exc:

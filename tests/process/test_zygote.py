@@ -186,3 +186,44 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
             assert wait_until(late_child_gone, 15)
         finally:
             zygote.stop()
+
+
+_EARLY = """
+import os, sys
+from supervisor.launch import check_import_root, start_early_zygote
+check_import_root()
+early = start_early_zygote(["run"], os.environ)
+heavy = ("supervisor.cli", "supervisor.main", "supervisor.workers.zygote", "argparse", "logging", "json", "grpc", "zmq")
+loaded = [m for m in heavy if m in sys.modules]
+assert early is not None
+proc, sock = early
+with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+    cmdline = fh.read().split(b"\\0")
+print(" ".join(loaded) or "-", b"worker.zygote" in cmdline, flush=True)
+proc.terminate()
+proc.wait(10)
+sock.close()
+"""
+
+
+def test_the_entry_point_starts_the_zygote_before_the_cli_and_its_imports() -> None:
+    """What supervisor/__main__.py does first for `gpuvisor run` starts the zygote's process
+    (`python -m worker.zygote`) having loaded neither the CLI nor the supervisor, nor argparse,
+    logging, JSON, gRPC or ZeroMQ: the zygote's imports begin before the supervisor's."""
+    import subprocess
+    import sys
+
+    from tests.harness import child_env
+    from tests.helpers import REPO
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _EARLY],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["-", "True"], proc.stdout

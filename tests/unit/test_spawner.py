@@ -81,3 +81,24 @@ def test_no_early_zygote_for_a_run_that_will_not_use_one(words: list[str], envir
 def test_a_fresh_zygote_handle_has_no_process() -> None:
     """The spawner's own handle starts nothing until start(): adopt() can tell it from an early one."""
     assert Zygote().proc is None
+
+
+@pytest.mark.parametrize(
+    ("words", "environ"),
+    [
+        (["status"], {}),
+        ([], {}),
+        (["labels", "--oneshot"], {}),
+        (["run", "--help"], {}),
+        (["run", "--zygote=false"], {}),
+        (["run"], {"GPUVISOR_ZYGOTE": "false"}),
+    ],
+)
+def test_the_entry_point_starts_no_zygote_for_a_command_that_will_not_use_one(
+    words: list[str], environ: dict[str, str]
+) -> None:
+    """supervisor.launch starts the zygote ahead of the CLI only for a `run` that will use it:
+    another command, help, or the zygote turned off start no process (this tier refuses one)."""
+    from supervisor.launch import start_early_zygote
+
+    assert start_early_zygote(words, environ) is None

@@ -23,6 +23,7 @@ SUPERVISOR_TOP = {
     "supervisor",
     "supervisor.main",
     "supervisor.cli",
+    "supervisor.launch",
     "supervisor.scheduler",
     "supervisor.__main__",
 }
