@@ -12,8 +12,14 @@ from supervisor.launch import check_import_root, start_early_zygote
 def main() -> int:
     check_import_root()
     early = start_early_zygote(sys.argv[1:], os.environ)
-    from supervisor.cli import main as cli_main
+    try:
+        from supervisor.cli import main as cli_main
+    except BaseException:  # a broken install, or Ctrl-C in these ~26 ms: no zygote is left behind
+        if early is not None:
+            from supervisor.workers.zygoteproc import stop_process
 
+            stop_process(*early)
+        raise
     return cli_main(early=early)
 
 

@@ -136,13 +136,18 @@ def main(
             from supervisor.workers.zygote import Zygote
 
             zygote = Zygote.taking(*early)
-        check_import_root()  # again where the entry point was not supervisor/launch.py
-        if zygote is None and command == "run":
-            zygote = early_zygote(words, os.environ)
+        else:  # called other than through supervisor/__main__.py, which has checked it
+            check_import_root()
+            if command == "run":
+                zygote = early_zygote(words, os.environ)
         return _main(argv, command if command in COMMANDS else None, zygote)
     finally:
         if zygote is not None:
             zygote.stop()  # not taken (an error before the supervisor ran), or already stopped by it
+        elif early is not None:  # the handle could not even be made
+            from supervisor.workers.zygoteproc import stop_process
+
+            stop_process(*early)
 
 
 COMMANDS = ("run", "labels", "demo", "status", "sim")

@@ -12,12 +12,12 @@ worker's fork waits for the zygote's own imports (README, Performance). The entr
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # typing itself is not imported before the zygote starts (mypy reads this)
 if TYPE_CHECKING:
     import socket
     import subprocess
+    from collections.abc import Mapping
 
 
 def check_import_root() -> None:

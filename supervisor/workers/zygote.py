@@ -16,6 +16,7 @@ refuse fail the spawn before anything is sent; the exec that follows says why.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ import subprocess
 import time
 
 from common.procutil import pid_alive
+from common.workerargs import WorkerArgsError, check_args
 from supervisor.workers.zygoteproc import start_process
 
 log = logging.getLogger("gpuvisor.zygote")
@@ -37,8 +39,6 @@ SPAWN_TIMEOUT_S = 2.0
 def become_subreaper() -> bool:
     """Adopt orphaned descendants (workers of a dead zygote) so they can be reaped here."""
     try:
-        import ctypes  # here: the early start of the zygote (supervisor/entry.py) wants few imports
-
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
@@ -170,8 +170,6 @@ class Zygote:
             self._lost()
             self.start()
         assert self.sock is not None and self.proc is not None
-        from common.workerargs import WorkerArgsError, check_args  # argparse: not at the early start
-
         try:
             fields = check_args([*argv, "--zygote-pid", str(self.proc.pid)])
         except WorkerArgsError as exc:

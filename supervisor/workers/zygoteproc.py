@@ -14,7 +14,10 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+
+TYPE_CHECKING = False  # typing itself is not imported before the zygote starts (mypy reads this)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 PAD = 1024  # blank room in the zygote's command line for each forked worker to show its own
 
@@ -40,6 +43,17 @@ def start_process(environ: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], 
         theirs.close()
     ours.setblocking(False)
     return proc, ours
+
+
+def stop_process(proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
+    """End a zygote process no `Zygote` handle took over (the CLI failed before it could)."""
+    sock.close()
+    proc.terminate()
+    try:
+        proc.wait(2)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def wanted(words: list[str], environ: Mapping[str, str]) -> bool:

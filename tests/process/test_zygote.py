@@ -189,27 +189,37 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
 
 
 _EARLY = """
-import os, sys
-from supervisor.launch import check_import_root, start_early_zygote
-check_import_root()
-early = start_early_zygote(["run"], os.environ)
+import sys
+import supervisor.__main__ as entry
+
 heavy = ("supervisor.cli", "supervisor.main", "supervisor.workers.zygote", "argparse", "logging", "json", "grpc", "zmq")
-loaded = [m for m in heavy if m in sys.modules]
-assert early is not None
-proc, sock = early
-with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
-    cmdline = fh.read().split(b"\\0")
-print(" ".join(loaded) or "-", b"worker.zygote" in cmdline, flush=True)
-proc.terminate()
-proc.wait(10)
-sock.close()
+real = entry.start_early_zygote
+
+
+def recording(words, environ):
+    loaded = [m for m in heavy if m in sys.modules]
+    early = real(words, environ)
+    assert early is not None, "no zygote started"
+    proc, sock = early
+    with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+        cmdline = fh.read().split(b"\\0")
+    print(" ".join(loaded) or "-", b"worker.zygote" in cmdline, flush=True)
+    proc.terminate()
+    proc.wait(10)
+    sock.close()
+    raise SystemExit(0)  # the run itself is not this test's
+
+
+entry.start_early_zygote = recording
+sys.argv = ["gpuvisor", "run"]
+entry.main()
 """
 
 
 def test_the_entry_point_starts_the_zygote_before_the_cli_and_its_imports() -> None:
-    """What supervisor/__main__.py does first for `gpuvisor run` starts the zygote's process
-    (`python -m worker.zygote`) having loaded neither the CLI nor the supervisor, nor argparse,
-    logging, JSON, gRPC or ZeroMQ: the zygote's imports begin before the supervisor's."""
+    """supervisor/__main__.py's main (the console script's entry) starts the zygote's process for
+    `gpuvisor run` (`python -m worker.zygote`) having loaded neither the CLI nor the supervisor,
+    nor argparse, logging, JSON, gRPC or ZeroMQ: the zygote's imports begin before the supervisor's."""
     import subprocess
     import sys
 
@@ -227,3 +237,44 @@ def test_the_entry_point_starts_the_zygote_before_the_cli_and_its_imports() -> N
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["-", "True"], proc.stdout
+
+
+_BROKEN_CLI = """
+import os, sys
+import supervisor.__main__ as entry
+
+sys.modules["supervisor.cli"] = None  # a broken install: the CLI cannot be imported
+sys.argv = ["gpuvisor", "run"]
+try:
+    entry.main()
+except ImportError:
+    pass
+try:
+    os.waitpid(-1, os.WNOHANG)
+    print("a child is left")
+except ChildProcessError:
+    print("no child")
+"""
+
+
+def test_an_early_zygote_is_stopped_when_the_cli_cannot_be_imported() -> None:
+    """The entry point started the zygote, then the CLI's import failed (a broken install, or
+    Ctrl-C in that window): the zygote is stopped and reaped before the error goes on, not left
+    to its parent-death signal."""
+    import subprocess
+    import sys
+
+    from tests.harness import child_env
+    from tests.helpers import REPO
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _BROKEN_CLI],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "no child"

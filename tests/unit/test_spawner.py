@@ -1,4 +1,5 @@
-"""The spawner takes the zygote `gpuvisor run` started early (supervisor/cli.py), or stops it."""
+"""The spawner takes the zygote `gpuvisor run` started early (supervisor/launch.py, or supervisor/cli.py
+when called directly), or stops it; the entry point starts one only for a run that will use it."""
 
 from __future__ import annotations
 
@@ -102,3 +103,18 @@ def test_the_entry_point_starts_no_zygote_for_a_command_that_will_not_use_one(
     from supervisor.launch import start_early_zygote
 
     assert start_early_zygote(words, environ) is None
+
+
+def test_the_console_script_is_the_entry_point_that_starts_the_zygote_first() -> None:
+    """`gpuvisor` (pyproject's console script) runs supervisor/__main__.py's main, which starts the
+    zygote before importing the CLI; not the CLI's main, which would start it ~26 ms later."""
+    import tomllib
+
+    from tests.helpers import REPO
+
+    with open(f"{REPO}/pyproject.toml", "rb") as fh:
+        scripts = tomllib.load(fh)["project"]["scripts"]
+    assert scripts == {"gpuvisor": "supervisor.__main__:main"}
+    import supervisor.__main__ as entry
+
+    assert callable(entry.main)
