@@ -11,10 +11,10 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from supervisor.launch import check_import_root, command_of
+from supervisor.launch import check_import_root, command_of, start_early_zygote
 
 if TYPE_CHECKING:
     import socket
@@ -132,14 +132,13 @@ def main(
     command = command_of(words)
     zygote: Zygote | None = None
     try:
+        if early is None:  # called other than through supervisor/__main__.py, which did both
+            check_import_root()
+            early = start_early_zygote(words, os.environ)
         if early is not None:
             from supervisor.workers.zygote import Zygote
 
             zygote = Zygote.taking(*early)
-        else:  # called other than through supervisor/__main__.py, which has checked it
-            check_import_root()
-            if command == "run":
-                zygote = early_zygote(words, os.environ)
         return _main(argv, command if command in COMMANDS else None, zygote)
     finally:
         if zygote is not None:
@@ -151,26 +150,6 @@ def main(
 
 
 COMMANDS = ("run", "labels", "demo", "status", "sim")
-
-
-def early_zygote(words: Sequence[str], environ: Mapping[str, str]) -> Zygote | None:
-    """The worker zygote, started before `gpuvisor run` imports the supervisor (where
-    supervisor/launch.py did not start it sooner still): its own imports (gRPC, ZeroMQ, the
-    worker's modules: ~100 ms) then run beside the supervisor's instead of after them, and the
-    first worker is forked as soon as the first plan is written. None when this run will not use
-    it (help, version, `--zygote=false`: `zygoteproc.wanted`)."""
-    from supervisor.workers.zygoteproc import wanted
-
-    if not wanted(list(words), environ):
-        return None
-    from supervisor.workers.zygote import Zygote
-
-    zygote = Zygote()
-    try:
-        zygote.start()
-    except OSError:
-        return None  # the supervisor starts one in its own time (and says so if it cannot)
-    return zygote
 
 
 def _main(argv: Sequence[str] | None, command: str | None, zygote: Zygote | None) -> int:

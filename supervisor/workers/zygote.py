@@ -28,7 +28,7 @@ import time
 
 from common.procutil import pid_alive
 from common.workerargs import WorkerArgsError, check_args
-from supervisor.workers.zygoteproc import start_process
+from supervisor.workers.zygoteproc import start_process, stop_process
 
 log = logging.getLogger("gpuvisor.zygote")
 
@@ -194,13 +194,8 @@ class Zygote:
         return pid
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(2)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.sock is not None:
+        if self.proc is not None:
+            stop_process(self.proc, self.sock)
+        elif self.sock is not None:
             self.sock.close()
-            self.sock = None
+        self.sock = None

@@ -45,15 +45,18 @@ def start_process(environ: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], 
     return proc, ours
 
 
-def stop_process(proc: subprocess.Popen[bytes], sock: socket.socket) -> None:
-    """End a zygote process no `Zygote` handle took over (the CLI failed before it could)."""
-    sock.close()
-    proc.terminate()
-    try:
-        proc.wait(2)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def stop_process(proc: subprocess.Popen[bytes], sock: socket.socket | None) -> None:
+    """End a zygote process (SIGTERM, SIGKILL after 2 s) and close our end of its socket: for the
+    `Zygote` handle, and for a process no handle took over (the CLI failed before it could)."""
+    if sock is not None:
+        sock.close()
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def wanted(words: list[str], environ: Mapping[str, str]) -> bool:

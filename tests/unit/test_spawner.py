@@ -1,5 +1,5 @@
-"""The spawner takes the zygote `gpuvisor run` started early (supervisor/launch.py, or supervisor/cli.py
-when called directly), or stops it; the entry point starts one only for a run that will use it."""
+"""The spawner takes the zygote `gpuvisor run` started early (supervisor/launch.py, from the entry
+point or from cli.main called directly), or stops it; one is started only for a run that will use it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from supervisor.cli import early_zygote
 from supervisor.host.rundir import RunDir
+from supervisor.launch import start_early_zygote
 from supervisor.workers.spawner import WorkerSpawner
 from supervisor.workers.zygote import Zygote
 from tests.fakes import sim_config
@@ -62,23 +62,6 @@ def test_a_zygote_already_started_by_the_spawner_is_kept_and_the_late_one_stoppe
     assert late.stopped and not own.stopped
 
 
-@pytest.mark.parametrize(
-    ("words", "environ"),
-    [
-        (["run", "--help"], {}),
-        (["run", "-h"], {}),
-        (["run", "--version"], {}),
-        (["run", "--zygote=false"], {}),
-        (["run"], {"GPUVISOR_ZYGOTE": "false"}),
-        (["run"], {"GPUVISOR_ZYGOTE": "0"}),
-    ],
-)
-def test_no_early_zygote_for_a_run_that_will_not_use_one(words: list[str], environ: dict[str, str]) -> None:
-    """Help, a version, or the zygote turned off on the command line or in the environment: no
-    zygote process is started ahead of the config."""
-    assert early_zygote(words, environ) is None
-
-
 def test_a_fresh_zygote_handle_has_no_process() -> None:
     """The spawner's own handle starts nothing until start(): adopt() can tell it from an early one."""
     assert Zygote().proc is None
@@ -91,17 +74,19 @@ def test_a_fresh_zygote_handle_has_no_process() -> None:
         ([], {}),
         (["labels", "--oneshot"], {}),
         (["run", "--help"], {}),
+        (["run", "-h"], {}),
+        (["run", "--version"], {}),
         (["run", "--zygote=false"], {}),
         (["run"], {"GPUVISOR_ZYGOTE": "false"}),
+        (["run"], {"GPUVISOR_ZYGOTE": "0"}),
     ],
 )
-def test_the_entry_point_starts_no_zygote_for_a_command_that_will_not_use_one(
+def test_no_early_zygote_for_a_command_that_will_not_use_one(
     words: list[str], environ: dict[str, str]
 ) -> None:
-    """supervisor.launch starts the zygote ahead of the CLI only for a `run` that will use it:
-    another command, help, or the zygote turned off start no process (this tier refuses one)."""
-    from supervisor.launch import start_early_zygote
-
+    """The zygote is started ahead of the CLI (by the entry point, or by cli.main called
+    directly) only for a `run` that will use it: another command, help, a version, or the zygote
+    turned off on the command line or in the environment start no process (this tier refuses one)."""
     assert start_early_zygote(words, environ) is None
 
 
