@@ -10,9 +10,10 @@ into the zygote, where they happen once instead of in every worker:
   are the zygote's, so each new object copies a page that is otherwise the zygote's unchanged.
   `fill_allocator_holes` fills every such free block in the zygote with a filler object that
   is never touched again: a worker's new objects then go mostly to pools the zygote never
-  touched, many to a page, which are the worker's own memory from the start. The free blocks are counted from `sys._debugmallocstats()` (CPython's own
-  report, written to C's stderr; read here through a memfd); with another allocator
-  (`PYTHONMALLOC=malloc`) the report has no pools and nothing is filled.
+  touched, many to a page, which are the worker's own memory from the start. The free blocks
+  are counted from `sys._debugmallocstats()` (CPython's own report, written to C's stderr; read
+  here through a memfd); with another allocator (`PYTHONMALLOC=malloc`) the report has no pools
+  and nothing is filled.
 - **malloc's free chunks.** Objects over 512 bytes (dict tables, big lists, a code object's
   bytes) and what the C libraries allocate from the main thread (libzmq, gRPC core, protobuf)
   come from glibc's malloc, which hands out a free chunk of the right size first: in a worker,
@@ -28,8 +29,8 @@ into the zygote, where they happen once instead of in every worker:
 
 bench_memory (a further worker's USS, mean of five, full rounds) measured 6.70-6.74 MB with none
 of these, 6.52 MB with the pymalloc fill, 6.23-6.26 MB with the ABC caches too, and 5.99-6.05
-MB with all three (four runs; quick rounds: 5.95-6.05); the zygote holds ~0.2 MB of pymalloc filler and
-~0.25 MB of malloc chunks. (Giving every class its attribute-cache version tag here as well
+MB with all three (four runs; quick rounds: 5.95-6.05); the zygote holds ~0.2 MB of pymalloc
+filler and ~0.25 MB of malloc chunks. (Giving every class its attribute-cache version tag here as well
 changed nothing measurable.)
 """
 
@@ -40,36 +41,50 @@ import ctypes
 import os
 import re
 import sys
+from collections.abc import Callable
 
 FILL_MAX_BYTES = 8 << 20  # the most each fill makes, whatever the reports say
 REPORT_MAX_BYTES = 1 << 20
 _FILLER: list[object] = []  # kept for the zygote's life: its pages are written once, here
 
 
-def pool_free_blocks() -> dict[int, int] | None:
-    """Free blocks in pymalloc's pools that hold objects, by block size (16 ... 512 bytes), read
-    from `sys._debugmallocstats()`; None where the report cannot be had, {} where it has no pools."""
+def _captured(write: Callable[[int], None]) -> str | None:
+    """What `write(fd)` writes to a fresh memfd (a C report, which only writes to a stream), read
+    back and bounded; None without a memfd, or where writing or reading fails."""
     try:
-        fd = os.memfd_create("gpuvisor-mallocstats")
+        fd = os.memfd_create("gpuvisor-report")
     except (AttributeError, OSError):
         return None
     try:
-        saved = os.dup(2)
-        try:
-            sys.stderr.flush()
-            os.dup2(fd, 2)
-            try:
-                sys._debugmallocstats()
-            finally:
-                os.dup2(saved, 2)
-        finally:
-            os.close(saved)
+        write(fd)
         size = os.lseek(fd, 0, os.SEEK_END)
-        text = os.pread(fd, min(size, REPORT_MAX_BYTES), 0).decode("ascii", "replace")
+        return os.pread(fd, min(size, REPORT_MAX_BYTES), 0).decode("ascii", "replace")
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _debugmallocstats_to(fd: int) -> None:
+    """`sys._debugmallocstats()`, which writes to C's stderr, with fd 2 pointed at `fd` meanwhile."""
+    saved = os.dup(2)
+    try:
+        sys.stderr.flush()
+        os.dup2(fd, 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+def pool_free_blocks() -> dict[int, int] | None:
+    """Free blocks in pymalloc's pools that hold objects, by block size (16 ... 512 bytes), read
+    from `sys._debugmallocstats()`; None where the report cannot be had, {} where it has no pools."""
+    text = _captured(_debugmallocstats_to)
+    if text is None:
+        return None
     free: dict[int, int] = {}
     for line in text.splitlines():
         # class   size   num pools   blocks in use  avail blocks
@@ -129,29 +144,25 @@ def malloc_report() -> str | None:
     try:
         libc = ctypes.CDLL(None)
         malloc_info, fdopen, fclose = libc.malloc_info, libc.fdopen, libc.fclose
-        fd = os.memfd_create("gpuvisor-mallocinfo")
     except (AttributeError, OSError):
         return None
     malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
     fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
     fdopen.restype = ctypes.c_void_p
     fclose.argtypes = [ctypes.c_void_p]
-    try:
+
+    def write(fd: int) -> None:
         copy = os.dup(fd)
         stream = fdopen(copy, b"w")
         if not stream:
             os.close(copy)
-            return None
+            raise OSError("fdopen failed")
         try:
             malloc_info(0, stream)
         finally:
             fclose(stream)  # flushes the report, closes `copy`
-        size = os.lseek(fd, 0, os.SEEK_END)
-        return os.pread(fd, min(size, REPORT_MAX_BYTES), 0).decode("ascii", "replace")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+
+    return _captured(write)
 
 
 def fill_malloc_holes() -> int:
