@@ -6,6 +6,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -17,7 +19,8 @@ from supervisor.node.planning import plan_resources
 from supervisor.sim.kubelet import KubeletStandin
 from supervisor.workers.zygote import Zygote, ZygoteProc
 from tests import nodes
-from tests.helpers import short_tmpdir, wait_until
+from tests.harness import child_env
+from tests.helpers import REPO, short_tmpdir, wait_until
 
 
 def _plan_file(directory: str) -> str:
@@ -188,6 +191,19 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
             zygote.stop()
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """`code` run by a fresh interpreter of the checkout, as `gpuvisor` would be started."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
+
+
 _EARLY = """
 import sys
 import supervisor.__main__ as entry
@@ -220,21 +236,7 @@ def test_the_entry_point_starts_the_zygote_before_the_cli_and_its_imports() -> N
     """supervisor/__main__.py's main (the console script's entry) starts the zygote's process for
     `gpuvisor run` (`python -m worker.zygote`) having loaded neither the CLI nor the supervisor,
     nor argparse, logging, JSON, gRPC or ZeroMQ: the zygote's imports begin before the supervisor's."""
-    import subprocess
-    import sys
-
-    from tests.harness import child_env
-    from tests.helpers import REPO
-
-    proc = subprocess.run(
-        [sys.executable, "-c", _EARLY],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=child_env(),
-        timeout=60,
-        check=False,
-    )
+    proc = _python(_EARLY)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["-", "True"], proc.stdout
 
@@ -261,20 +263,6 @@ def test_an_early_zygote_is_stopped_when_the_cli_cannot_be_imported() -> None:
     """The entry point started the zygote, then the CLI's import failed (a broken install, or
     Ctrl-C in that window): the zygote is stopped and reaped before the error goes on, not left
     to its parent-death signal."""
-    import subprocess
-    import sys
-
-    from tests.harness import child_env
-    from tests.helpers import REPO
-
-    proc = subprocess.run(
-        [sys.executable, "-c", _BROKEN_CLI],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=child_env(),
-        timeout=60,
-        check=False,
-    )
+    proc = _python(_BROKEN_CLI)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "no child"
