@@ -10,7 +10,8 @@ is written.
 
 Memory: every page a child writes is copied into it. The collector is off while the modules load
 (no freed holes between long-lived objects) and `gc.freeze()` then moves everything into the
-permanent generation, which no collection scans; a child never unfreezes, so its collections
+permanent generation, which no collection scans (it is not preceded by a collection: see
+`preload`); a child never unfreezes, so its collections
 walk only its own objects and leave the zygote's pages shared. The allocators' free blocks and
 chunks are then filled and the ABC caches warmed (worker/sharing.py), so a worker's new objects
 and its first isinstance checks do not copy zygote pages either.
@@ -77,9 +78,13 @@ def preload() -> None:
     # keeps the handler and level it inherits instead of making its own.
     logs.setup(role="zygote")
     _share(warm_abc_caches)
-    gc.collect()  # what the imports left as garbage goes now, before the pages are shared
+    # No collection first: the imports leave ~360 small objects of garbage (functions, classes,
+    # dates of module-level temporaries; no file or socket, which a unit test pins), and a
+    # full collection of the ~41,000 objects made here cost 6-9 ms of the zygote's preload,
+    # the last wait of a start (bench_startup). Frozen, that garbage stays, shared and
+    # untouched; each further worker measured the same (bench_memory).
     gc.freeze()
-    _share(fill_allocator_holes)  # after the collection: it fills the holes that left too
+    _share(fill_allocator_holes)  # then the pools' free blocks, the reports' own included
     _share(fill_malloc_holes)  # then malloc's: the reports' text and the pymalloc fill's lists freed chunks
     gc.enable()
 
