@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import signal
-import uuid
 from collections.abc import Callable, Mapping
 from functools import partial
 from types import FrameType
@@ -140,7 +139,7 @@ class Supervisor:
             policy=startup_policy(config),
             metrics=self.metrics,
             clock=self.clock,
-            epoch=uuid.uuid4().hex[:12],
+            epoch=os.urandom(6).hex(),
             post=self.mailbox.post,
             listeners=(self.on_health_decision,),
         )

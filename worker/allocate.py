@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import os
 import posixpath
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
 from common.imex import IMEX_CLASS, ImexChannelMissing, char_device_problem, select_channels
 from common.model import AllocatableDevice, ResourcePlan
+from common.uuidtext import uuid4_text
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"
@@ -103,7 +103,7 @@ class Allocator:
     def __init__(
         self,
         plan: ResourcePlan,
-        uuid_factory: Callable[[], uuid.UUID | str] = uuid.uuid4,
+        uuid_factory: Callable[[], str] = uuid4_text,
         exists: Callable[[str], bool] = os.path.exists,
         imex_problem: Callable[[str], str | None] = char_device_problem,
         strict_imex: bool = True,

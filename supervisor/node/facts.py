@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.uuidtext import uuid_text
 from supervisor.node.nvml import (
     MIB,
     NVML_ERROR_FUNCTION_NOT_FOUND,
@@ -114,7 +114,7 @@ def fabric_clique(cluster_uuid: bytes, clique_id: int, state: int, status: int) 
     """go-nvlib IsFabricAttached: registration completed, a non-zero cluster UUID, status success."""
     if state != FABRIC_STATE_COMPLETED or not any(cluster_uuid) or status != 0:
         return None
-    return FabricClique(str(uuid.UUID(bytes=cluster_uuid)), str(clique_id))
+    return FabricClique(uuid_text(cluster_uuid), str(clique_id))
 
 
 # ---------------------------------------------------------------------- read from NVML, as GFD reads

@@ -13,7 +13,7 @@ from common.devnodes import host_path, read_mig_minors
 from common.model import AllocatableDevice, AllocateSettings, ResourcePlan
 from worker.allocate import AllocationError, Allocator, ContainerResponse, DeviceSpec, Mount
 
-FIXED_UUID = uuid.UUID("12345678-1234-5678-1234-567812345678")
+FIXED_UUID = "12345678-1234-5678-1234-567812345678"
 ANNOTATION = f"cdi.k8s.io/nvidia-device-plugin_{FIXED_UUID}"
 VMR = "/var/run/nvidia-container-devices"
 
