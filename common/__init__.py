@@ -6,8 +6,8 @@ plan model (`model`), the ZeroMQ messages (`messages`), socket names (`socketnam
 worker's checkpoint of prepared claims (`dracheckpoint`: the worker keeps it, the supervisor
 reads which devices it holds), process
 helpers (`procutil`), logging (`logs`), a worker's command line (`workerargs`: the spawner
-parses it for the zygote, a worker for itself), device nodes (`devnodes`) and IMEX channels
-(`imex`).
+parses it for the zygote, a worker for itself), device nodes (`devnodes`), IMEX channels (`imex`) and UUIDs
+as text (`uuidtext`).
 Every module here is imported by both roles (tests/unit/test_structure.py checks it); what only
 one role needs lives with that role. Imports nothing of `supervisor/` or `worker/`.
 """
