@@ -1,9 +1,10 @@
 """UUIDs as text, without the `uuid` module.
 
-`import uuid` loads `platform` too: ~2 ms of a process's start on a 2-core machine, paid by the
-supervisor and by the zygote (a worker's CDI annotation keys), for what is sixteen bytes in
-8-4-4-4-12 lowercase hex. These give the same text as `str(uuid.UUID(bytes=raw))` and
-`str(uuid.uuid4())` (the unit tests hold them to the `uuid` module).
+`import uuid` cost each process that loaded it ~0.5-1 ms of its start (`_uuid` and the module;
+the `platform` it also loads is loaded by ZeroMQ anyway), paid by the supervisor and by the
+zygote (a worker's CDI annotation keys), for what is sixteen bytes in 8-4-4-4-12 lowercase hex.
+These give the same text as `str(uuid.UUID(bytes=raw))` and `str(uuid.uuid4())` (the unit tests
+hold them to the `uuid` module).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def preload() -> None:
     logs.setup(role="zygote")
     _share(warm_abc_caches)
     # No collection first: the imports leave ~360 small objects of garbage (functions, classes,
-    # dates of module-level temporaries; no file or socket, which a unit test pins), and a
+    # dates of module-level temporaries; no file or socket, which a process test pins), and a
     # full collection of the ~41,000 objects made here cost 6-9 ms of the zygote's preload,
     # the last wait of a start (bench_startup). Frozen, that garbage stays, shared and
     # untouched; each further worker measured the same (bench_memory).
