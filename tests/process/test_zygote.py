@@ -269,7 +269,7 @@ def test_an_early_zygote_is_stopped_when_the_cli_cannot_be_imported() -> None:
 
 
 _GARBAGE = """
-import gc, io, json, socket, sys
+import gc, io, json, os, socket, sys
 from worker import zygote
 
 zygote.leave_out_ssl()
@@ -277,12 +277,16 @@ real_freeze = gc.freeze
 
 
 def looking(*args):  # what preload() would freeze: its garbage, seen by a collection here only
+    fds = sorted(os.listdir("/proc/self/fd"))
     gc.set_debug(gc.DEBUG_SAVEALL)
     found = gc.collect()
     gc.set_debug(0)
+    finalized = [type(o).__name__ for o in gc.garbage if hasattr(type(o), "__del__")]
     held = [type(o).__name__ for o in gc.garbage if isinstance(o, (io.IOBase, socket.socket))]
-    print(json.dumps({"garbage": found, "files": held}), flush=True)
     gc.garbage.clear()
+    gc.collect()  # now freed for real: a descriptor only the garbage held would close here
+    closed = sorted(set(fds) - set(os.listdir("/proc/self/fd")))
+    print(json.dumps({"garbage": found, "files": held, "finalizers": finalized, "closed": closed}), flush=True)
     real_freeze(*args)
 
 
@@ -293,10 +297,13 @@ zygote.preload()
 
 def test_the_preloads_garbage_holds_no_file_or_socket() -> None:
     """The zygote freezes its imports' garbage instead of collecting it (a collection cost the
-    start 6-9 ms): that garbage must hold no open file or socket, which every worker would
-    then inherit and never close. Counts too: a few hundred objects, not thousands."""
+    start 6-9 ms). That garbage must hold nothing a collection would have released: no open
+    file or socket, no descriptor at all (which every worker would inherit and never close),
+    no object with a finalizer. And it stays a few hundred objects."""
     result = _python(_GARBAGE)
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["files"] == []
-    assert 0 <= seen["garbage"] < 5000, seen
+    assert seen["closed"] == []
+    assert seen["finalizers"] == []
+    assert 0 <= seen["garbage"] < 2000, seen
