@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 import psutil
 
@@ -59,20 +60,29 @@ def _rollup(pid: int) -> dict[str, float]:
     return out
 
 
-def _tree(sim: SimNode) -> list[tuple[str, float, float]]:
-    """(label, PSS, USS) in bytes of every process of the tree."""
+class _Proc(NamedTuple):
+    label: str
+    pss: float  # bytes
+    uss: float  # bytes
+    pid: int
+
+
+def _tree(sim: SimNode) -> list[_Proc]:
+    """Every process of the tree, labelled, with its PSS and USS."""
     assert sim.proc is not None
     out = []
     for proc in [psutil.Process(sim.proc.pid), *sim.workers()]:
         try:
             r = _rollup(proc.pid)
-            out.append((_label(proc, sim.proc.pid), r["Pss"], r["Private_Dirty"] + r["Private_Clean"]))
+            out.append(
+                _Proc(_label(proc, sim.proc.pid), r["Pss"], r["Private_Dirty"] + r["Private_Clean"], proc.pid)
+            )
         except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
             continue
     return out
 
 
-def _settled(sim: SimNode, resources: list[str], settle: float) -> list[tuple[str, float, float]]:
+def _settled(sim: SimNode, resources: list[str], settle: float) -> list[_Proc]:
     sim.wait_listed(resources, 60)
     time.sleep(settle)
     return _tree(sim)
@@ -86,15 +96,15 @@ def run(quick: bool) -> list[Row]:
         one = _settled(sim, [node.GPU], settle)
     with node.mig_node() as sim:
         five = _settled(sim, node.MIG_RESOURCES, settle)
-        kinds = _own_page_kinds(sim)
-    one_pss = sum(p for _, p, _ in one) / MB
-    five_pss = sum(p for _, p, _ in five) / MB
-    workers_uss = [u for label, _, u in five if label.startswith("worker ")]
+        kinds = _own_page_kinds(five)
+    one_pss = sum(p.pss for p in one) / MB
+    five_pss = sum(p.pss for p in five) / MB
+    workers_uss = [p.uss for p in five if p.label.startswith("worker ")]
     rows = [
         Row(
             "1 resource: PSS of the tree", one_pss, "MB",
             f"<= {2 * NVIDIA_PSS_MB:.0f} MB (2x NVIDIA's {NVIDIA_PSS_MB:.0f} MB)",
-            f"{len(one)} processes, {kind.what}; USS {sum(u for _, _, u in one) / MB:.1f} MB",
+            f"{len(one)} processes, {kind.what}; USS {sum(p.uss for p in one) / MB:.1f} MB",
         ),
         Row(
             "1 resource: PSS, x the bare plugin", ratio(one_pss, floor.bare_pss_mb), "x", "",
@@ -103,16 +113,16 @@ def run(quick: bool) -> list[Row]:
     ]  # fmt: skip
     rows += [
         Row(f"1 resource: {label} PSS", pss / MB, "MB", "", f"USS {uss / MB:.1f} MB")
-        for label, pss, uss in one
+        for label, pss, uss, _ in one
     ]
     rows += [
         Row(f"5 resources: {label} PSS", pss / MB, "MB", "", f"USS {uss / MB:.1f} MB")
-        for label, pss, uss in five
+        for label, pss, uss, _ in five
     ]
     rows += [
         Row(
             "5 resources: PSS of the tree", five_pss, "MB", "",
-            f"{len(five)} processes, {node.five_resources().what}; USS {sum(u for _, _, u in five) / MB:.1f} MB",
+            f"{len(five)} processes, {node.five_resources().what}; USS {sum(p.uss for p in five) / MB:.1f} MB",
         ),
         Row(
             "each further worker: its USS, mean", sum(workers_uss) / len(workers_uss) / MB if workers_uss else float("nan"),
@@ -144,16 +154,11 @@ _KIND_NOTES = {
 }
 
 
-def _own_page_kinds(sim: SimNode) -> dict[str, float] | None:
-    """The mean over the node's workers of their own pages by kind against the zygote's
+def _own_page_kinds(tree: list[_Proc]) -> dict[str, float] | None:
+    """The mean over the tree's workers of their own pages by kind against the zygote's
     (tests/benchmarks/sharedpages.py); None where that memory cannot be read."""
-    assert sim.proc is not None
-    try:
-        labels = [(_label(p, sim.proc.pid), p.pid) for p in sim.workers()]
-    except psutil.Error:  # a process of the tree ended meanwhile
-        return None
-    zygotes = [pid for label, pid in labels if label == "zygote"]
-    workers = [pid for label, pid in labels if label.startswith("worker ")]
+    zygotes = [p.pid for p in tree if p.label == "zygote"]
+    workers = [p.pid for p in tree if p.label.startswith("worker ")]
     if len(zygotes) != 1 or not workers:
         return None
     found = [sharedpages.classify(zygotes[0], pid) for pid in workers]
