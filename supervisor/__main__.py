@@ -13,14 +13,14 @@ def main() -> int:
     check_import_root()
     early = start_early_zygote(sys.argv[1:], os.environ)
     try:
-        from supervisor.cli import main as cli_main
+        from supervisor.cli import launched
     except BaseException:  # a broken install, or Ctrl-C in these ~26 ms: no zygote is left behind
         if early is not None:
             from supervisor.workers.zygoteproc import stop_process
 
             stop_process(*early)
         raise
-    return cli_main(early=early)
+    return launched(None, early)
 
 
 if __name__ == "__main__":

@@ -124,17 +124,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(
-    argv: Sequence[str] | None = None, early: tuple[subprocess.Popen[bytes], socket.socket] | None = None
-) -> int:
-    """The `gpuvisor` command. `early`: the worker zygote supervisor/launch.py started already."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The `gpuvisor` command, called other than through supervisor/__main__.py (the tests, an old
+    entry point): it checks the import root and starts the early zygote as the entry point does."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    check_import_root()
+    return launched(argv, start_early_zygote(words, os.environ))
+
+
+def launched(argv: Sequence[str] | None, early: tuple[subprocess.Popen[bytes], socket.socket] | None) -> int:
+    """The `gpuvisor` command once its launch is done (supervisor/launch.py: the import root
+    checked, and `early`, the worker zygote for a `run` that uses one, started)."""
     words = list(sys.argv[1:] if argv is None else argv)
     command = command_of(words)
     zygote: Zygote | None = None
     try:
-        if early is None:  # called other than through supervisor/__main__.py, which did both
-            check_import_root()
-            early = start_early_zygote(words, os.environ)
         if early is not None:
             from supervisor.workers.zygote import Zygote
 

@@ -6,7 +6,7 @@ names could be another distribution's). `start_early_zygote` starts the worker z
 imported: about 30 ms sooner than from the CLI, which matters because on a small node the first
 worker's fork waits for the zygote's own imports (README, Performance). The entry point
 (`supervisor/__main__.py`: the console script and `python -m supervisor`) calls both, then
-`supervisor.cli.main`. Imports nothing of the supervisor's but the zygote's process start.
+`supervisor.cli.launched`. Imports nothing of the supervisor's but the zygote's process start.
 """
 
 from __future__ import annotations
