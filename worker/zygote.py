@@ -195,7 +195,7 @@ def serve(fd: int, supervisor_pid: int) -> int:
                 secret = str(request.get("secret", ""))
                 # Parsed by the supervisor, --zygote-pid included (see the module doc).
                 args = from_fields(request["args"])
-                if getattr(args, "zygote_pid", None) != zygote_pid:
+                if args.zygote_pid != zygote_pid:
                     raise ValueError(f"the fields' zygote_pid is not {zygote_pid}")
             except (ValueError, KeyError, TypeError) as exc:
                 _send(sock, {"op": "error", "id": rid, "error": f"bad request: {exc}"})
