@@ -54,6 +54,20 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def run_python(code: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`code` run to its end by a fresh interpreter of the checkout, in the checkout, with `env`
+    (default: `child_env()`); its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=child_env() if env is None else dict(env),
+        timeout=60,
+        check=False,
+    )
+
+
 def run_supervisor(
     tmp: str, args: Sequence[str], env: Mapping[str, str] | None = None, run_dir: str | None = None
 ) -> subprocess.CompletedProcess[str]:

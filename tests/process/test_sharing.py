@@ -8,12 +8,9 @@ decide the outcome instead of the code under test.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
-from tests.harness import child_env
-from tests.helpers import REPO
+from tests.harness import child_env, run_python
 
 POOL_BYTES = 16384  # CPython 3.10+ pymalloc pools on 64-bit
 
@@ -21,15 +18,7 @@ POOL_BYTES = 16384  # CPython 3.10+ pymalloc pools on 64-bit
 def _run(code: str) -> tuple[dict[str, Any], str]:
     # pymalloc as on a node: the debug allocator's hooks would change every block's size
     env = {k: v for k, v in child_env().items() if k not in ("PYTHONMALLOC", "PYTHONDEVMODE")}
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    proc = run_python(code, env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout), proc.stderr
 
@@ -72,11 +61,10 @@ def test_the_fill_is_bounded() -> None:
 
 def test_without_pymalloc_nothing_is_filled() -> None:
     """With PYTHONMALLOC=malloc the report has no pools: the fill makes nothing and says nothing."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "from worker.sharing import fill_allocator_holes as f; print(f())"],
-        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
-        env={**child_env(), "PYTHONMALLOC": "malloc"},
-    )  # fmt: skip
+    proc = run_python(
+        "from worker.sharing import fill_allocator_holes as f; print(f())",
+        {**child_env(), "PYTHONMALLOC": "malloc"},
+    )
     assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "0", "")
 
 

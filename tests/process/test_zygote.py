@@ -6,8 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
@@ -19,8 +17,8 @@ from supervisor.node.planning import plan_resources
 from supervisor.sim.kubelet import KubeletStandin
 from supervisor.workers.zygote import Zygote, ZygoteProc
 from tests import nodes
-from tests.harness import child_env
-from tests.helpers import REPO, short_tmpdir, wait_until
+from tests.harness import run_python
+from tests.helpers import short_tmpdir, wait_until
 
 
 def _plan_file(directory: str) -> str:
@@ -191,19 +189,6 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
             zygote.stop()
 
 
-def _python(code: str) -> subprocess.CompletedProcess[str]:
-    """`code` run by a fresh interpreter of the checkout, as `gpuvisor` would be started."""
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=child_env(),
-        timeout=60,
-        check=False,
-    )
-
-
 _EARLY = """
 import sys
 import supervisor.__main__ as entry
@@ -236,7 +221,7 @@ def test_the_entry_point_starts_the_zygote_before_the_cli_and_its_imports() -> N
     """supervisor/__main__.py's main (the console script's entry) starts the zygote's process for
     `gpuvisor run` (`python -m worker.zygote`) having loaded neither the CLI nor the supervisor,
     nor argparse, logging, JSON, gRPC or ZeroMQ: the zygote's imports begin before the supervisor's."""
-    proc = _python(_EARLY)
+    proc = run_python(_EARLY)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["-", "True"], proc.stdout
 
@@ -263,7 +248,7 @@ def test_an_early_zygote_is_stopped_when_the_cli_cannot_be_imported() -> None:
     """The entry point started the zygote, then the CLI's import failed (a broken install, or
     Ctrl-C in that window): the zygote is stopped and reaped before the error goes on, not left
     to its parent-death signal."""
-    proc = _python(_BROKEN_CLI)
+    proc = run_python(_BROKEN_CLI)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "no child"
 
@@ -300,7 +285,7 @@ def test_the_preloads_garbage_holds_no_file_or_socket() -> None:
     start 6-9 ms). That garbage must hold nothing a collection would have released: no open
     file or socket, no descriptor at all (which every worker would inherit and never close),
     no object with a finalizer. And it stays a few hundred objects."""
-    result = _python(_GARBAGE)
+    result = run_python(_GARBAGE)
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["files"] == []
