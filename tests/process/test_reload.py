@@ -132,8 +132,14 @@ def test_added_and_removed_resources_start_and_stop_workers(tmp_path: Path) -> N
             assert node.kubelet.wait_for(lambda: node.kubelet.allocatable(GPU) == 4, 15)
         assert sampler.lowest[GPU] >= 3
         assert node.worker_pid(GPU) == gpu_pid
-        states = {w["resource"]: w["state"] for w in node.command("status")["workers"]}
-        assert states == {GPU: "RUNNING", SHARED: "STOPPED"}
+
+        # The worker's process is gone a moment before the supervisor hears of its exit (from
+        # the zygote, on its next turn): its state reads STOPPING until then.
+        def states() -> dict[str, str]:
+            return {w["resource"]: w["state"] for w in node.command("status")["workers"]}
+
+        wait_until(lambda: states() == {GPU: "RUNNING", SHARED: "STOPPED"}, 10)
+        assert states() == {GPU: "RUNNING", SHARED: "STOPPED"}
         log = node.log()
         assert f"resource {SHARED} added" in log and f"resource {SHARED} removed" in log
 
