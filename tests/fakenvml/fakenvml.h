@@ -151,6 +151,7 @@ typedef struct {
     unsigned long long controlLine;
     char pending[4096];
     size_t pendingLen;
+    int skippingLine; /* a line longer than `pending` was reported: the rest of it is skipped */
 } FakeState;
 
 extern FakeState fake;
