@@ -406,17 +406,17 @@ def environ(
     """The environment of a process that loads the library in `libdir` (None: no library at all)
     over `node_file`, faulted through `control`. GPUVISOR_*, DP_* and FAKENVML_* variables of the
     calling environment are left out, so a test sees only what it sets; `pythonpath` goes before
-    the checkout on PYTHONPATH (e.g. a directory holding an older `pynvml`)."""
-    env = {
-        k: v
-        for k, v in (os.environ if base is None else base).items()
-        if not k.startswith(("GPUVISOR_", "DP_", "FAKENVML_"))
-    }
+    the checkout on PYTHONPATH (e.g. a directory holding an older `pynvml`), and what the calling
+    environment's PYTHONPATH held comes after it (packages carried beside the checkout, as on a
+    GPU machine)."""
+    calling = os.environ if base is None else base
+    env = {k: v for k, v in calling.items() if not k.startswith(("GPUVISOR_", "DP_", "FAKENVML_"))}
     if libdir is not None:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             p for p in (str(libdir), env.get("LD_LIBRARY_PATH", "")) if p
         )
-    env["PYTHONPATH"] = os.pathsep.join([*pythonpath, REPO])
+    inherited = [p for p in calling.get("PYTHONPATH", "").split(os.pathsep) if p and p != REPO]
+    env["PYTHONPATH"] = os.pathsep.join([*pythonpath, REPO, *inherited])
     if node_file is not None:
         env["FAKENVML_NODE"] = str(node_file)
     if control is not None:
