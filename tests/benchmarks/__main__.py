@@ -1,4 +1,4 @@
-"""The benchmark runner: `python -m tests.benchmarks [--quick] [--json PATH] [--only NAME,...]`.
+"""The benchmark runner: `python -m tests.benchmarks [--quick] [--json PATH] [--only NAME,...] [--real-gpu]`.
 
 Runs every module in `BENCHES` (in order), prints one aligned table and then a JSON document
 (rows plus machine info) to stdout, and writes the JSON to `--json PATH` too. First it compiles
@@ -11,6 +11,8 @@ taken on an interpreter like the image's (tests/benchmarks/interpreter.py; `--wi
 keeps the one it was started with). A module that does not exist yet is listed as "not
 available". The runner reports and does not judge: it exits 0 even when targets are missed, and
 non-zero only when a benchmark crashed (named on stderr and in the JSON under "crashed").
+On a GPU node, `--real-gpu` runs the one-resource figures (start, memory, idle CPU) on the node's
+own libnvidia-ml and GPUs (tests/benchmarks/node.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tests.benchmarks import interpreter
+from tests.benchmarks import interpreter, node
 from tests.benchmarks.common import Row, format_table, machine_info, row_dict
 
 BENCHES = [
@@ -59,6 +61,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--with-import-hooks",
         action="store_true",
         help="measure on this interpreter as it is, .pth import hooks (an editable install) included",
+    )
+    p.add_argument(
+        "--real-gpu",
+        action="store_true",
+        help="run the one-resource node on this node's own libnvidia-ml and GPUs (a GPU node), not the fake library",
     )
     args = p.parse_args(argv)
     if args.only:
@@ -99,6 +106,8 @@ def compile_checkout() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.real_gpu:
+        os.environ[node.REAL_GPU_ENV] = "1"  # read by tests/benchmarks/node.py, here and in the rerun
     if not args.with_import_hooks and os.environ.get(interpreter.PLAIN_ENV) != "1":
         import site
 
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             durations[name] = round(time.monotonic() - start, 2)
     document: dict[str, Any] = {
         "quick": args.quick,
-        "machine": {**machine_info(), "interpreter": interpreter.describe()},
+        "machine": {**machine_info(), "interpreter": interpreter.describe(), "real_gpu": args.real_gpu},
         "rows": [row_dict(bench, row) for bench, row in rows],
         "not_available": not_available,
         "crashed": crashed,

@@ -5,10 +5,16 @@ like here is `gpuvisor run` on the real nvidia-ml-py binding over the project's 
 libnvidia-ml serving that profile (or the simulator's dgx-h100 when NVIDIA's profiles are not
 beside the checkout): what a node runs, the simulator and its YAML profiles not loaded. The MIG
 node (five resources) is mig-a100 with the mixed strategy, over the same library. Where no C
-compiler can build the library, the simulator's profiles stand in and the notes say so.
+compiler can build the library (none is there, or it refuses the sources), the simulator's
+profiles stand in and the notes say why.
 
 The library is built once per run (the first benchmark that asks) and removed when the runner
 exits.
+
+On a GPU node, `python -m tests.benchmarks --real-gpu` (which sets `REAL_GPU_ENV`) runs the
+one-resource node on the node's own libnvidia-ml and GPUs instead, as a DaemonSet's pod would:
+the figures issue 30 quotes from a real H100 are then the reference. The five-resource node stays
+the fake mig-a100: the benchmark never changes a GPU's settings, so it makes no MIG layout.
 """
 
 from __future__ import annotations
@@ -16,13 +22,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import json
+import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests import fakenvml
-from tests.harness import SimNode
+from tests.harness import SimNode, run_python
+
+REAL_GPU_ENV = "GPUVISOR_BENCH_REAL_GPU"  # "1": the one-resource node is this node's own GPUs
 
 GPU = "nvidia.com/gpu"
 MIG_RESOURCES = [
@@ -53,31 +63,74 @@ atexit.register(_cleanup.close)
 
 
 @functools.cache
-def _library() -> Path | None:
-    if fakenvml.skip_reason() is not None:
-        return None
-    return _cleanup.enter_context(fakenvml.built())
+def _library() -> Path | str:
+    """The folder of the fake library, built for this run; else why it cannot be had here (no
+    compiler or header, or the compiler refused it: its last line)."""
+    reason = fakenvml.skip_reason()
+    if reason is not None:
+        return reason
+    try:
+        return _cleanup.enter_context(fakenvml.built())
+    except fakenvml.BuildError as exc:
+        return "its build failed: " + (str(exc).strip().splitlines() or ["?"])[-1]
+
+
+def library_missing() -> str | None:
+    """Why the fake library is not used in this run, or None when it is."""
+    found = _library()
+    return found if isinstance(found, str) else None
 
 
 def _real(name: str, what: str) -> tuple[dict[str, str], str] | None:
     """The environment of a supervisor on the real binding over the fake library serving `name`."""
     libdir = _library()
-    if libdir is None:
+    if isinstance(libdir, str):
         return None
     tmp = _cleanup.enter_context(tempfile.TemporaryDirectory(prefix="gvbench-node-"))
     fake = fakenvml.FakeNode(tmp, name)
     return fake.environ(libdir), f"{what}, real nvidia-ml-py over the fake libnvidia-ml"
 
 
+def real_gpu() -> bool:
+    """Was the run asked to use this node's own GPUs (`--real-gpu`)?"""
+    return os.environ.get(REAL_GPU_ENV) == "1"
+
+
+# What the probe prints: how many GPUs NVML counts, the first one's name, the driver's version.
+_PROBE = """
+import json, pynvml
+pynvml.nvmlInit()
+n = pynvml.nvmlDeviceGetCount()
+name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if n else ""
+print(json.dumps({"count": n, "name": name, "driver": pynvml.nvmlSystemGetDriverVersion()}))
+"""
+
+
+def node_gpus(env: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(count, description) of this node's GPUs, as NVML reports them, read in a fresh
+    interpreter (with `env`, default `child_env()`) so that the runner itself holds no NVML.
+    Raises RuntimeError with NVML's reason when there is no driver or no GPU."""
+    proc = run_python(_PROBE, env)
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"--real-gpu: this node's NVML could not be read: {reason}")
+    found = json.loads(proc.stdout)
+    if found["count"] < 1:
+        raise RuntimeError("--real-gpu: NVML reports no GPU on this node")
+    return found["count"], f"{found['count']} x {found['name']} (driver {found['driver']})"
+
+
 @functools.cache
 def one_resource() -> Kind:
-    """NVIDIA's h100 over the real binding when it can be had, else the simulator's dgx-h100."""
+    """This node's GPUs under `--real-gpu`; else NVIDIA's h100 over the real binding when it can
+    be had, else the simulator's dgx-h100."""
+    if real_gpu():
+        count, what = node_gpus()
+        return Kind(None, {}, f"this node's {what}, its own libnvidia-ml", gpus=count)
     name = "h100" if "h100" in fakenvml.mock_profiles() else "dgx-h100"
     real = _real(name, ("NVIDIA's h100 profile" if name == "h100" else "dgx-h100") + ", 8 GPUs")
     if real is None:
-        return Kind(
-            "dgx-h100", {}, f"simulated dgx-h100, 8 GPUs (no fake libnvidia-ml: {fakenvml.skip_reason()})"
-        )
+        return Kind("dgx-h100", {}, f"simulated dgx-h100, 8 GPUs (no fake libnvidia-ml: {library_missing()})")
     return Kind(None, real[0], real[1])
 
 
@@ -90,7 +143,7 @@ def five_resources() -> Kind:
         return Kind(
             "mig-a100",
             {},
-            f"simulated mig-a100 --mig-strategy mixed (no fake libnvidia-ml: {fakenvml.skip_reason()})",
+            f"simulated mig-a100 --mig-strategy mixed (no fake libnvidia-ml: {library_missing()})",
         )
     return Kind(None, real[0], real[1])
 

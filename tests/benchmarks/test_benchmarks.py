@@ -219,3 +219,62 @@ def test_shared_pages_sorts_a_forked_childs_own_pages_by_what_it_wrote() -> None
     assert set(found) == set(KINDS)
     for kind, size in found.items():
         assert 2 * mib <= size < 3 * mib, (kind, found)
+
+
+def test_real_gpu_probe_counts_the_nodes_gpus(fake_nvml_libdir: Path, tmp_path: Path) -> None:
+    """`--real-gpu`'s probe (node.node_gpus) reads the GPU count, the first GPU's name and the
+    driver's version from the libnvidia-ml the process loads: the fake library serving NVIDIA's
+    h100 profile (dgx-h100 where those profiles are not here) gives 8 H100s."""
+    from tests import fakenvml
+    from tests.benchmarks import node
+
+    profile = "h100" if "h100" in fakenvml.mock_profiles() else "dgx-h100"
+    fake = fakenvml.FakeNode(tmp_path, profile)
+    count, what = node.node_gpus(fake.environ(fake_nvml_libdir))
+    assert count == 8
+    assert what.startswith("8 x NVIDIA H100") and "(driver " in what
+
+
+def test_real_gpu_probe_says_nvmls_reason(fake_nvml_libdir: Path, tmp_path: Path) -> None:
+    """Where NVML cannot be initialised (the fake driver "not loaded"), the probe raises naming
+    the flag and NVML's error, which the runner reports as that benchmark's crash."""
+    from tests import fakenvml
+    from tests.benchmarks import node
+
+    fake = fakenvml.FakeNode(tmp_path, "pcie-l4")
+    fake.control.fail_init()
+    with pytest.raises(
+        RuntimeError, match=r"--real-gpu: this node's NVML could not be read: .*Driver Not Loaded"
+    ):
+        node.node_gpus(fake.environ(fake_nvml_libdir))
+
+
+def test_real_gpu_flag_is_seen_by_the_nodes_module() -> None:
+    """`--real-gpu` is parsed by the runner, and the environment variable it sets (which a rerun
+    on the plain venv inherits) is what node.real_gpu() reads."""
+    from tests.benchmarks import node
+    from tests.benchmarks.__main__ import parse_args
+
+    assert parse_args(["--real-gpu", "--only", "bench_startup"]).real_gpu
+    assert not parse_args([]).real_gpu
+    probe = "from tests.benchmarks import node; print(node.real_gpu())"
+    for value, want in (("1", "True"), ("", "False")):
+        env = {**child_env(), node.REAL_GPU_ENV: value}
+        proc = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO, env=env
+        )
+        assert proc.returncode == 0 and proc.stdout.strip() == want, proc.stderr
+
+
+def test_a_fake_library_that_does_not_build_leaves_the_simulator_in_its_place() -> None:
+    """Where the compiler refuses the fake library (here $CC is `false`), the benchmark's nodes
+    fall back to the simulator's profiles and say why, instead of crashing every benchmark."""
+    probe = "from tests.benchmarks import node; print(node.five_resources().what)"
+    env = {**child_env(), "CC": "false"}
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(
+        "simulated mig-a100 --mig-strategy mixed (no fake libnvidia-ml: its build failed: "
+    )
