@@ -313,7 +313,9 @@ def test_a_bad_node_file_fails_init_naming_the_line(fake_nvml_libdir: Path, tmp_
     assert f"{good.control.path}:1: unknown command (line skipped)" in d.stderr
 
 
-def test_a_control_line_longer_than_the_buffer_is_skipped_whole(fake_nvml_libdir: Path, tmp_path: Path) -> None:
+def test_a_control_line_longer_than_the_buffer_is_skipped_whole(
+    fake_nvml_libdir: Path, tmp_path: Path
+) -> None:
     """The control file is read through a 4 KiB buffer: a line of 10,000 characters is reported
     once, as line 1, and skipped to its end (no piece of it is read as a command of its own), and
     the line after it still applies."""
@@ -324,7 +326,9 @@ def test_a_control_line_longer_than_the_buffer_is_skipped_whole(fake_nvml_libdir
         node.control.lose(node.spec.gpus[0].uuid)
         assert d.code("gpu(0)") == pynvml.NVML_ERROR_GPU_IS_LOST
     skipped = [line for line in d.stderr.splitlines() if "(line skipped)" in line]
-    assert skipped == [f"fakenvml: {node.control.path}:1: a line longer than 4095 characters (line skipped)"], skipped
+    assert skipped == [
+        f"fakenvml: {node.control.path}:1: a line longer than 4095 characters (line skipped)"
+    ], skipped
 
 
 def test_no_node_file_is_driver_not_loaded(fake_nvml_libdir: Path) -> None:
