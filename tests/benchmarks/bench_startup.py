@@ -98,7 +98,7 @@ def run(quick: bool) -> list[Row]:
     rows = [
         Row(
             "1 resource: start -> registered p50", p50(one), "ms", one_target,
-            f"{len(one)}/{rounds} cold starts, {kind.what}; -> {kind.gpus} healthy devices at the stand-in",
+            f"{len(one)}/{rounds} cold starts, {kind.what}; until all {kind.gpus} devices are healthy at the stand-in",
         ),
         Row("1 resource: start -> registered max", max(one, default=float("nan")), "ms"),
         Row(
