@@ -290,7 +290,7 @@ def start_worker(env: Env, procs: list[subprocess.Popen[bytes]]) -> subprocess.P
             [sys.executable, "-m", "worker", "--resource", GPU, "--plan", env.plan_path,
              "--kubelet-socket", env.kubelet_socket],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-            env={**os.environ, "PYTHONPATH": REPO},
+            env={**os.environ, "PYTHONPATH": checkout_path()},
         )  # fmt: skip
     procs.append(proc)
     return proc

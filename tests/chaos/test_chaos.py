@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, checkout_path
 
 
 @pytest.mark.slow
 def test_short_chaos_run_survives_every_fault(tmp_path: object) -> None:
     """50 seeded random faults (kills, hangs, kubelet restarts, XIDs, reloads, MIG changes) all recover with every invariant held."""
     out = os.path.join(str(tmp_path), "chaos.json")
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=checkout_path())
     proc = subprocess.run(
         [sys.executable, "-m", "tests.chaos", "--seed", "20261122", "--faults", "50", "--json", out],
         cwd=REPO,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests import nodes
-from tests.helpers import REPO
+from tests.helpers import REPO, checkout_path
 
 CHANNEL0 = "/dev/nvidia-caps-imex-channels/channel0"
 
@@ -27,7 +27,7 @@ def test_worker_with_missing_required_channel_exits_with_config_error(tmp_path: 
     done = subprocess.run(
         [sys.executable, "-m", "worker", "--resource", plan.resource, "--plan", str(plan_path),
          "--kubelet-socket", str(tmp_path / "kubelet.sock")],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True, text=True, timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": checkout_path()},
     )  # fmt: skip
     assert done.returncode == 78, done.stderr
     assert "cannot serve nvidia.com/gpu: requested IMEX channel channel0 does not exist" in done.stderr

@@ -19,7 +19,7 @@ from supervisor.node.nvml import Nvml
 from supervisor.node.planning import plan_resources
 from supervisor.sim.nvml import load_simulator
 from tests import nodes
-from tests.helpers import wait_until
+from tests.helpers import checkout_path, wait_until
 from tests.mpsfake import (
     EVEN,
     RESOURCE,
@@ -317,7 +317,7 @@ def test_daemon_zombie_is_reaped_by_a_subreaper_that_is_not_pid_1(tmp_path: Path
     done = subprocess.run(
         [sys.executable, "-c", SUBREAPER_SCRIPT, str(fake), str(plan_path), RESOURCE],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": REPO},
+        env={**os.environ, "PYTHONPATH": checkout_path()},
         capture_output=True,
         text=True,
         timeout=60,

@@ -22,7 +22,7 @@ from supervisor.desired.discovery import keep_vanished_gpus
 from supervisor.sim.kubelet import DeviceState
 from tests import nodes
 from tests.harness import SimNode, config_node, sighup_and_wait, time_slicing
-from tests.helpers import REPO, gone, wait_until
+from tests.helpers import REPO, checkout_path, gone, wait_until
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
@@ -220,7 +220,7 @@ def test_sim_mig_command_changes_devices_in_place() -> None:
             argv = [sys.executable, "-m", "supervisor", "sim", "mig", "--run-dir", node.run_dir, "--gpu", "0"]
             result = subprocess.run(
                 [*argv, "--layout", "3g.40gb,3g.40gb"],
-                capture_output=True, text=True, timeout=30, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, check=False,
+                capture_output=True, text=True, timeout=30, cwd=REPO, env={**os.environ, "PYTHONPATH": checkout_path()}, check=False,
             )  # fmt: skip
             assert result.returncode == 0, result.stderr
             want = {"nvidia.com/mig-3g.40gb": 4, "nvidia.com/mig-2g.20gb": 3, "nvidia.com/mig-1g.10gb": 7}
