@@ -9,6 +9,7 @@ of these answers is tested in test_realnvml.py (the adapter) and test_realnvml_n
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 import sys
 import time
@@ -316,19 +317,50 @@ def test_a_bad_node_file_fails_init_naming_the_line(fake_nvml_libdir: Path, tmp_
 def test_a_control_line_longer_than_the_buffer_is_skipped_whole(
     fake_nvml_libdir: Path, tmp_path: Path
 ) -> None:
-    """The control file is read through a 4 KiB buffer: a line of 10,000 characters is reported
-    once, as line 1, and skipped to its end (no piece of it is read as a command of its own), and
-    the line after it still applies."""
+    """The control file is read through a 4 KiB buffer: a line of 10,005 characters, appended in
+    two parts with an NVML call between them (so its end comes in a later read), is reported once,
+    as line 1, and skipped to its newline: no piece of it is read as a command, the next line is
+    line 2 (a bad command, reported as such), and the one after it still applies."""
     node = FakeNode(tmp_path, "pcie-l4")
     with Driver(node.environ(fake_nvml_libdir)) as d:
         d.eval("pynvml.nvmlInit()")
-        node.control.send("lose " + "x" * 10_000)
+        with open(node.control.path, "a", encoding="ascii") as fh:
+            fh.write("lose " + "x" * 5_000)
+        assert d.eval("pynvml.nvmlDeviceGetCount()") == 4  # reads the first part, no newline yet
+        with open(node.control.path, "a", encoding="ascii") as fh:
+            fh.write("x" * 5_000 + "\n")
+        node.control.send("explode GPU-0")
         node.control.lose(node.spec.gpus[0].uuid)
         assert d.code("gpu(0)") == pynvml.NVML_ERROR_GPU_IS_LOST
     skipped = [line for line in d.stderr.splitlines() if "(line skipped)" in line]
     assert skipped == [
-        f"fakenvml: {node.control.path}:1: a line longer than 4095 characters (line skipped)"
+        f"fakenvml: {node.control.path}:1: a line of 4095 characters or more (line skipped)",
+        f"fakenvml: {node.control.path}:2: unknown command (line skipped)",
     ], skipped
+
+
+def test_a_line_of_4094_characters_still_applies(fake_nvml_libdir: Path, tmp_path: Path) -> None:
+    """The longest line the buffer holds (4094 characters and its newline) is read as a command:
+    a `lose` padded with spaces to that length loses the GPU, and nothing is reported."""
+    node = FakeNode(tmp_path, "pcie-l4")
+    command = f"lose {node.spec.gpus[0].uuid}"
+    with Driver(node.environ(fake_nvml_libdir)) as d:
+        d.eval("pynvml.nvmlInit()")
+        node.control.send(command + " " * (4094 - len(command)))
+        assert d.code("gpu(0)") == pynvml.NVML_ERROR_GPU_IS_LOST
+    assert "(line skipped)" not in d.stderr
+
+
+def test_environ_puts_a_tests_path_then_the_checkout_then_the_callers_path() -> None:
+    """fakenvml.environ's PYTHONPATH: the test's own folders first (an older pynvml), then the
+    checkout, then what the calling environment's PYTHONPATH held (packages carried beside the
+    checkout), with the checkout not named twice."""
+    from tests.helpers import REPO
+
+    env = fakenvml.environ(
+        None, base={"PYTHONPATH": os.pathsep.join(["/a", REPO, "/b"])}, pythonpath=["/old"]
+    )
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/old", REPO, "/a", "/b"]
 
 
 def test_no_node_file_is_driver_not_loaded(fake_nvml_libdir: Path) -> None:

@@ -15,7 +15,8 @@
  *   fail <function> <nvmlReturn_t> [count]       the function fails (count times, or until cleared)
  *   clear [function]                             ends injected failures (of one function)
  *
- * A line that is not one of these is reported on stderr with its line number and skipped.
+ * A line that is not one of these is reported on stderr with its line number and skipped, and so
+ * is a line of 4095 characters or more (with its newline it does not fit the 4 KiB buffer).
  */
 #define _GNU_SOURCE
 #include "fakenvml.h"
@@ -273,7 +274,7 @@ void fake_sync_control(void)
         size_t left = fake.pendingLen - (size_t)(start - fake.pending);
         if (left == sizeof fake.pending - 1) { /* a line longer than the buffer: drop it */
             fake.controlLine++;
-            complain("a line longer than 4095 characters");
+            complain("a line of 4095 characters or more");
             fake.skippingLine = 1;
             left = 0;
         }
