@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             durations[name] = round(time.monotonic() - start, 2)
     document: dict[str, Any] = {
         "quick": args.quick,
-        "machine": {**machine_info(), "interpreter": interpreter.describe(), "real_gpu": args.real_gpu},
+        "machine": {**machine_info(), "interpreter": interpreter.describe(), "real_gpu": node.real_gpu()},
         "rows": [row_dict(bench, row) for bench, row in rows],
         "not_available": not_available,
         "crashed": crashed,

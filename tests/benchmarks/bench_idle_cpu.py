@@ -28,8 +28,8 @@ def _idle(sim: SimNode, resources: list[str], window: float) -> tuple[float, int
 
 def run(quick: bool) -> list[Row]:
     window = 10.0 if quick else 30.0
+    kind = node.one_resource()  # first: under --real-gpu, a node without a driver fails before the floors
     floor = floors.measure(quick)
-    kind = node.one_resource()
     with kind.node() as sim:
         one, one_procs = _idle(sim, [node.GPU], window)
     with node.mig_node() as sim:

@@ -6,8 +6,9 @@ the tree costs the node; USS is what one process alone would free. Read from
 few heartbeats later).
 
 - One resource (`node.one_resource()`, as NVIDIA's figure was taken): the supervisor, the worker
-  zygote and one worker, against 2x NVIDIA's 28 MB; beside it the floors of the same run: one
-  bare gRPC plugin process, and an idle interpreter.
+  zygote and one worker, against 2x NVIDIA's 28 MB (2x its 39 MB on a real H100 under
+  `--real-gpu`); beside it the floors of the same run: one bare gRPC plugin process, and an idle
+  interpreter.
 - Five resources (mig-a100, mixed): every process; and what each further worker costs: the mean
   USS of the workers (its own pages; the pages it shares with the zygote and its siblings are
   counted once already), and the tree's PSS difference to the one-resource tree over four; and
@@ -90,8 +91,8 @@ def _settled(sim: SimNode, resources: list[str], settle: float) -> list[_Proc]:
 
 def run(quick: bool) -> list[Row]:
     settle = 1.0 if quick else 3.0
+    kind = node.one_resource()  # first: under --real-gpu, a node without a driver fails before the floors
     floor = floors.measure(quick)
-    kind = node.one_resource()
     with kind.node() as sim:
         one = _settled(sim, [node.GPU], settle)
     with node.mig_node() as sim:

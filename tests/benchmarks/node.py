@@ -13,7 +13,9 @@ exits.
 
 On a GPU node, `python -m tests.benchmarks --real-gpu` (which sets `REAL_GPU_ENV`) runs the
 one-resource node on the node's own libnvidia-ml and GPUs instead, as a DaemonSet's pod would:
-the figures issue 30 quotes from a real H100 are then the reference. The five-resource node stays
+the start and memory figures issue 30 quotes from a real H100 are then the reference (it gives
+no idle figure there, so idle CPU keeps the mock's). A start counts when every GPU NVML reports
+is healthy at the stand-in, so the node's GPUs must all be healthy. The five-resource node stays
 the fake mig-a100: the benchmark never changes a GPU's settings, so it makes no MIG layout.
 """
 
@@ -65,14 +67,21 @@ atexit.register(_cleanup.close)
 @functools.cache
 def _library() -> Path | str:
     """The folder of the fake library, built for this run; else why it cannot be had here (no
-    compiler or header, or the compiler refused it: its last line)."""
+    compiler or header, or the compiler refused it: its error line)."""
     reason = fakenvml.skip_reason()
     if reason is not None:
         return reason
     try:
         return _cleanup.enter_context(fakenvml.built())
     except fakenvml.BuildError as exc:
-        return "its build failed: " + (str(exc).strip().splitlines() or ["?"])[-1]
+        return "its build failed: " + build_error_line(str(exc))
+
+
+def build_error_line(words: str) -> str:
+    """The line of a compiler's output that says why: its first `error:` line (GCC's last line
+    under -Werror says only that warnings were errors), else its first non-empty line."""
+    lines = [line.strip() for line in words.splitlines() if line.strip()]
+    return next((line for line in lines if "error:" in line), lines[0] if lines else "no output")
 
 
 def library_missing() -> str | None:
@@ -99,10 +108,11 @@ def real_gpu() -> bool:
 # What the probe prints: how many GPUs NVML counts, the first one's name, the driver's version.
 _PROBE = """
 import json, pynvml
+from supervisor.node.nvml import text
 pynvml.nvmlInit()
 n = pynvml.nvmlDeviceGetCount()
-name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if n else ""
-print(json.dumps({"count": n, "name": name, "driver": pynvml.nvmlSystemGetDriverVersion()}))
+name = text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))) if n else ""
+print(json.dumps({"count": n, "name": name, "driver": text(pynvml.nvmlSystemGetDriverVersion())}))
 """
 
 

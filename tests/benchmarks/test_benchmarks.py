@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests import fakenvml
 from tests.benchmarks.__main__ import load
 from tests.benchmarks.common import Row, format_table, percentile
 from tests.harness import child_env
@@ -249,32 +251,80 @@ def test_real_gpu_probe_says_nvmls_reason(fake_nvml_libdir: Path, tmp_path: Path
         node.node_gpus(fake.environ(fake_nvml_libdir))
 
 
-def test_real_gpu_flag_is_seen_by_the_nodes_module() -> None:
-    """`--real-gpu` is parsed by the runner, and the environment variable it sets (which a rerun
-    on the plain venv inherits) is what node.real_gpu() reads."""
+def test_real_gpu_flag_reaches_the_benchmarks_and_the_json(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`main(["--real-gpu", ...])` sets the environment variable that node.real_gpu() reads (and a
+    rerun on the plain venv inherits) before any benchmark runs, and the JSON's
+    `machine.real_gpu` says so; without the flag both say no."""
+    from tests.benchmarks import __main__ as runner
     from tests.benchmarks import node
-    from tests.benchmarks.__main__ import parse_args
 
-    assert parse_args(["--real-gpu", "--only", "bench_startup"]).real_gpu
-    assert not parse_args([]).real_gpu
-    probe = "from tests.benchmarks import node; print(node.real_gpu())"
-    for value, want in (("1", "True"), ("", "False")):
-        env = {**child_env(), node.REAL_GPU_ENV: value}
-        proc = subprocess.run(
-            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=REPO, env=env
-        )
-        assert proc.returncode == 0 and proc.stdout.strip() == want, proc.stderr
+    seen: list[bool] = []
+
+    def bench(quick: bool) -> list[Row]:
+        seen.append(node.real_gpu())
+        return []
+
+    def fake_load(name: str) -> Any:
+        return bench
+
+    monkeypatch.setattr(runner, "load", fake_load)
+    monkeypatch.setattr(runner, "compile_checkout", lambda: 0)
+    monkeypatch.delenv(node.REAL_GPU_ENV, raising=False)
+    out = tmp_path / "plain.json"
+    assert runner.main(["--with-import-hooks", "--only", "bench_floors", "--json", str(out)]) == 0
+    assert seen == [False] and json.loads(out.read_text())["machine"]["real_gpu"] is False
+    out = tmp_path / "real.json"
+    assert (
+        runner.main(["--with-import-hooks", "--real-gpu", "--only", "bench_floors", "--json", str(out)]) == 0
+    )
+    assert seen == [False, True] and json.loads(out.read_text())["machine"]["real_gpu"] is True
 
 
-def test_a_fake_library_that_does_not_build_leaves_the_simulator_in_its_place() -> None:
-    """Where the compiler refuses the fake library (here $CC is `false`), the benchmark's nodes
-    fall back to the simulator's profiles and say why, instead of crashing every benchmark."""
+_REFUSING_CC = """#!/bin/sh
+echo "In file included from x.h:1," >&2
+echo "control.c:245:10: error: made up for the test [-Werror=stringop-overflow=]" >&2
+echo "cc1: all warnings being treated as errors" >&2
+exit 1
+"""
+
+
+@pytest.mark.skipif(
+    fakenvml.header_dir() is None, reason="NVIDIA's nvml.h (nvidia-nvml-dev) is not installed"
+)
+def test_a_fake_library_that_does_not_build_leaves_the_simulator_in_its_place(tmp_path: Path) -> None:
+    """Where the compiler refuses the fake library (here a $CC that fails as GCC does under
+    -Werror), the benchmark's nodes fall back to the simulator's profiles, and the note names the
+    compiler's error line, not its last line, instead of crashing every benchmark."""
+    cc = tmp_path / "cc"
+    cc.write_text(_REFUSING_CC)
+    cc.chmod(0o755)
     probe = "from tests.benchmarks import node; print(node.five_resources().what)"
-    env = {**child_env(), "CC": "false"}
+    env = {**child_env(), "CC": str(cc)}
     proc = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(
+    assert proc.stdout.strip() == (
         "simulated mig-a100 --mig-strategy mixed (no fake libnvidia-ml: its build failed: "
+        "control.c:245:10: error: made up for the test [-Werror=stringop-overflow=])"
     )
+
+
+@pytest.mark.parametrize(
+    ("words", "want"),
+    [
+        (
+            "gcc failed (1):\na.c:1: warning: w\na.c:2:3: error: e\ncc1: all warnings being treated as errors",
+            "a.c:2:3: error: e",
+        ),
+        ("/usr/bin/false failed (1):\n", "/usr/bin/false failed (1):"),
+        ("", "no output"),
+    ],
+)
+def test_build_error_line_is_the_first_error(words: str, want: str) -> None:
+    """The reason a failed build gives is the compiler's first `error:` line, else its first line."""
+    from tests.benchmarks.node import build_error_line
+
+    assert build_error_line(words) == want
