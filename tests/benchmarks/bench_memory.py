@@ -101,12 +101,8 @@ def run(quick: bool) -> list[Row]:
     one_pss = sum(p.pss for p in one) / MB
     five_pss = sum(p.pss for p in five) / MB
     workers_uss = [p.uss for p in five if p.label.startswith("worker ")]
-    if node.real_gpu():
-        one_target = (
-            f"<= {2 * NVIDIA_REAL_PSS_MB:.0f} MB (2x NVIDIA's {NVIDIA_REAL_PSS_MB:.0f} MB on a real H100)"
-        )
-    else:
-        one_target = f"<= {2 * NVIDIA_PSS_MB:.0f} MB (2x NVIDIA's {NVIDIA_PSS_MB:.0f} MB)"
+    ref, where = (NVIDIA_REAL_PSS_MB, " on a real H100") if node.real_gpu() else (NVIDIA_PSS_MB, "")
+    one_target = f"<= {2 * ref:.0f} MB (2x NVIDIA's {ref:.0f} MB{where})"
     rows = [
         Row(
             "1 resource: PSS of the tree", one_pss, "MB", one_target,

@@ -91,12 +91,8 @@ def run(quick: bool) -> list[Row]:
     one, marks, to_ready = _start(kind.node, one_ready, rounds)
     mig, _, _ = _start(node.mig_node, mig_ready, rounds)
     bare = floor.bare_start_ms
-    if node.real_gpu():
-        one_target = (
-            f"<= {4 * NVIDIA_REAL_START_MS:.0f} ms (4x NVIDIA's {NVIDIA_REAL_START_MS:.0f} ms on a real H100)"
-        )
-    else:
-        one_target = f"<= {4 * NVIDIA_START_MS:.0f} ms (4x NVIDIA's {NVIDIA_START_MS:.0f} ms)"
+    ref, where = (NVIDIA_REAL_START_MS, " on a real H100") if node.real_gpu() else (NVIDIA_START_MS, "")
+    one_target = f"<= {4 * ref:.0f} ms (4x NVIDIA's {ref:.0f} ms{where})"
     rows = [
         Row(
             "1 resource: start -> registered p50", p50(one), "ms", one_target,

@@ -15,7 +15,7 @@ import pytest
 from tests import fakenvml
 from tests.benchmarks.__main__ import load
 from tests.benchmarks.common import Row, format_table, percentile
-from tests.harness import child_env
+from tests.harness import child_env, run_python
 from tests.helpers import REPO
 
 
@@ -301,10 +301,7 @@ def test_a_fake_library_that_does_not_build_leaves_the_simulator_in_its_place(tm
     cc.write_text(_REFUSING_CC)
     cc.chmod(0o755)
     probe = "from tests.benchmarks import node; print(node.five_resources().what)"
-    env = {**child_env(), "CC": str(cc)}
-    proc = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
-    )
+    proc = run_python(probe, {**child_env(), "CC": str(cc)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (
         "simulated mig-a100 --mig-strategy mixed (no fake libnvidia-ml: its build failed: "

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -18,8 +16,8 @@ import pytest
 
 from tests import fakenvml
 from tests.fakenvml import FakeNode
-from tests.harness import SimNode, child_env, get, metrics_url
-from tests.helpers import REPO, short_tmpdir, wait_until
+from tests.harness import SimNode, get, metrics_url, run_python
+from tests.helpers import short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)\s*$", re.MULTILINE)
@@ -149,13 +147,7 @@ def test_a_client_says_its_version_without_importlib_metadata() -> None:
         "client = KubeClient(creds, component='supervisor', version='1.2.3')\n"
         "print(client.user_agent, 'importlib.metadata' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        cwd=REPO,
-        timeout=60,
-        check=True,
-    ).stdout.split()
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.split()
     assert out[0] == "gpuvisor/1.2.3" and out[-2:] == ["supervisor", "False"], out
