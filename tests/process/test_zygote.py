@@ -202,8 +202,17 @@ def recording(words, environ):
     early = real(words, environ)
     assert early is not None, "no zygote started"
     proc, sock = early
-    with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
-        cmdline = fh.read().split(b"\\0")
+    # Popen returns once exec has begun, before the kernel has set the new command line's bounds
+    # (it reads empty for a moment): poll for it rather than read it once.
+    import time
+
+    deadline = time.monotonic() + 30
+    while True:
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+            cmdline = fh.read().split(b"\\0")
+        if b"worker.zygote" in cmdline or time.monotonic() > deadline or proc.poll() is not None:
+            break
+        time.sleep(0.01)
     print(" ".join(loaded) or "-", b"worker.zygote" in cmdline, flush=True)
     proc.terminate()
     proc.wait(10)
