@@ -13,9 +13,9 @@ import os
 TEMP_PREFIX = ".gv-"  # temp files of atomic writes: `.gv-<name>.<pid>.tmp`
 
 
-def stage_atomic(path: str, text: str, mode: int = 0o600) -> str:
-    """Write `text` to a temp file beside `path`, fsync'd; returns the temp file (rename it into
-    place, or unlink it). Raises OSError, leaving no temp file.
+def stage_atomic(path: str, text: str | bytes, mode: int = 0o600) -> str:
+    """Write `text` (UTF-8, or bytes as they are) to a temp file beside `path`, fsync'd; returns
+    the temp file (rename it into place, or unlink it). Raises OSError, leaving no temp file.
 
     The temp file is created exclusively and never through a symlink; the rename replaces a
     symlink at `path` itself rather than writing where it points.
@@ -27,8 +27,8 @@ def stage_atomic(path: str, text: str, mode: int = 0o600) -> str:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)  # exactly `mode`, whatever the umask (as renameio's WriteFile does)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text if isinstance(text, bytes) else text.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
@@ -38,7 +38,7 @@ def stage_atomic(path: str, text: str, mode: int = 0o600) -> str:
     return tmp
 
 
-def write_atomic(path: str, text: str, mode: int = 0o600, *, sync_dir: bool = False) -> None:
+def write_atomic(path: str, text: str | bytes, mode: int = 0o600, *, sync_dir: bool = False) -> None:
     """Replace `path` with `text`: temp file beside it, fsync, rename. Raises OSError.
 
     With `sync_dir`, the directory is fsync'd after the rename too, so that the new name (not

@@ -184,7 +184,7 @@ def _main(argv: Sequence[str] | None, command: str | None, zygote: Zygote | None
 
 
 def cmd_run(args: argparse.Namespace, zygote: Zygote | None = None) -> int:
-    from common import logs
+    from common import logs, methodcache
     from supervisor.config import EXIT_CONFIG_ERROR, ConfigError, load_config
     from supervisor.main import StartupError, Supervisor
 
@@ -200,6 +200,11 @@ def cmd_run(args: argparse.Namespace, zygote: Zygote | None = None) -> int:
         supervisor = Supervisor(config, argv_flags=args)
         if zygote is not None:
             supervisor.spawner.adopt(zygote)
+        taken, compiled = methodcache.release()  # the start's imports are done (installed by the entry point)
+        if taken or compiled:
+            logging.getLogger("gpuvisor.supervisor").debug(
+                "dataclass code: %d taken from %s, %d compiled", taken, methodcache.cache_path(), compiled
+            )
         return supervisor.run()
     except StartupError as exc:
         print(f"gpuvisor: {exc}", file=sys.stderr)

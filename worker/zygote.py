@@ -46,7 +46,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-from common import logs
+from common import logs, methodcache
 from common.procutil import set_cmdline, set_parent_death_signal
 from common.workerargs import from_fields
 from worker.process import leave_out_ssl
@@ -72,8 +72,10 @@ def preload() -> None:
     """Import the worker's modules with the collector off, then freeze what they made and make
     the first writes a worker would make to shared pages here instead (worker/sharing.py)."""
     gc.disable()
+    methodcache.install()  # the code @dataclass compiles, from its cache
     for name in PRELOAD:
         importlib.import_module(name)
+    methodcache.release()
     # Logging as a worker sets it up by default (text, info): a worker with those settings then
     # keeps the handler and level it inherits instead of making its own.
     logs.setup(role="zygote")

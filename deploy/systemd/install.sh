@@ -87,6 +87,10 @@ if [ "$make_venv" -eq 1 ]; then
     echo "installing $source_arg into it"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "$source_arg" \
         || die "pip could not install $source_arg"
+    # The code gpuvisor's dataclasses compile, cached beside its bytecode (the unit's
+    # ProtectSystem=strict keeps the service from writing it): ~35 ms off every start.
+    "$venv/bin/python" -I -m common.methodcache >/dev/null \
+        || echo "warning: the dataclass code cache was not written; gpuvisor starts without it" >&2
     "$venv/bin/gpuvisor" --help >/dev/null || die "$venv/bin/gpuvisor does not run after the install"
 fi
 

@@ -2,10 +2,10 @@
 
 Runs every module in `BENCHES` (in order), prints one aligned table and then a JSON document
 (rows plus machine info) to stdout, and writes the JSON to `--json PATH` too. First it compiles
-the checkout's bytecode (`compileall`, into the __pycache__ folders git ignores), as the
-container image's `pip install --compile` does: with PYTHONDONTWRITEBYTECODE set, every process
-started from a source checkout would otherwise compile gpuvisor's modules again, about 300 ms
-that no node pays. Started from a development venv whose `.pth` files run code at start (an
+the checkout's bytecode (`compileall`, into the __pycache__ folders git ignores) and the cache of
+the code its dataclasses compile (`python -m common.methodcache`), as the container image's build
+does: with PYTHONDONTWRITEBYTECODE set, every process started from a source checkout would
+otherwise compile gpuvisor's modules again, about 300 ms that no node pays. Started from a development venv whose `.pth` files run code at start (an
 editable install), it runs itself again on a bare venv over the same packages, so every figure is
 taken on an interpreter like the image's (tests/benchmarks/interpreter.py; `--with-import-hooks`
 keeps the one it was started with). A module that does not exist yet is listed as "not
@@ -93,15 +93,23 @@ def load(name: str) -> Callable[[bool], list[Row]] | None:
 
 
 def compile_checkout() -> int:
-    """Compile gpuvisor's modules (and the tests' helpers the benchmarks start) where they lie."""
+    """Compile gpuvisor's modules (and the tests' helpers the benchmarks start) where they lie,
+    and write the cache of the code their dataclasses compile (common/methodcache.py), in a
+    fresh interpreter as the image's build step does."""
     import compileall
+    import subprocess
 
     from tests.helpers import REPO
 
     ok = True
     for package in ("common", "supervisor", "worker", "tests"):
         ok = bool(compileall.compile_dir(os.path.join(REPO, package), quiet=1)) and ok
-    return 0 if ok else 1
+    cache = subprocess.run(
+        [sys.executable, "-m", "common.methodcache"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    if cache.returncode != 0:
+        print(cache.stderr.strip(), file=sys.stderr)
+    return 0 if ok and cache.returncode == 0 else 1
 
 
 def main(argv: list[str] | None = None) -> int:

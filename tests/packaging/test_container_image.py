@@ -297,5 +297,16 @@ def test_image_builds_offline_and_runs_the_demo(engine: Engine, tmp_path: Path) 
             timeout=120, check=False,
         )  # fmt: skip
         assert probe.returncode == 0, probe.stdout + probe.stderr
+        # The build wrote the cache of the code the dataclasses compile (common/methodcache.py):
+        # the supervisor's imports take every text from it, on the read-only root.
+        cache = engine.run(
+            "run", "--rm", "--network", "none", "--read-only", "--entrypoint", "/opt/gpuvisor/venv/bin/python", image, "-c",
+            "from common import methodcache; methodcache.install(); import supervisor.cli, supervisor.main; "
+            "print(*methodcache.release())",
+            timeout=120, check=False,
+        )  # fmt: skip
+        assert cache.returncode == 0, cache.stdout + cache.stderr
+        taken, compiled = map(int, cache.stdout.split())
+        assert compiled == 0 and taken > 400, cache.stdout
     finally:
         engine.run("rmi", "--force", image, timeout=120, check=False)

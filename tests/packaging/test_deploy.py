@@ -605,7 +605,8 @@ def test_install_rejects_bad_usage_clearly(args: list[str], message: str, tmp_pa
 
 @pytest.mark.slow
 def test_install_builds_a_dedicated_venv(tmp_path: Path) -> None:
-    """install.sh --prefix with a source tree makes opt/gpuvisor/venv whose gpuvisor runs (~20 s: pip)."""
+    """install.sh --prefix with a source tree makes opt/gpuvisor/venv whose gpuvisor runs (~20 s:
+    pip), with the dataclass code cache written in it."""
     source = tmp_path / "src"
     source.mkdir()
     # A copy, so that pip's in-tree build leaves no build/ or egg-info in the work tree.
@@ -631,6 +632,23 @@ def test_install_builds_a_dedicated_venv(tmp_path: Path) -> None:
     )
     assert help_text.returncode == 0, help_text.stderr
     assert "--metrics-address" in help_text.stdout
+    # The cache of the code the dataclasses compile (common/methodcache.py) is written beside the
+    # installed bytecode, where the unit's ProtectSystem=strict keeps the service from writing it.
+    cache = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "from common import methodcache; print(methodcache.cache_path())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert cache.returncode == 0, cache.stderr
+    assert cache.stdout.strip().startswith(str(venv)) and os.path.getsize(cache.stdout.strip()) > 0
 
 
 def test_mig_overlay_asks_the_runtime_for_the_mig_monitor_devices() -> None:
