@@ -34,64 +34,80 @@ import marshal
 import mmap
 import os
 import sys
+import time
 import types
+import zlib
 from typing import Any
 
 from common.atomicfile import write_atomic
 
-HEADER = b"gpuvisor dataclass code\n"
-MAX_FILE_BYTES = 16 << 20  # the file written for the whole project is ~0.5 MB
+# The file: HEADER, the bytecode magic, the index's length and CRC-32 (4 bytes each, little
+# endian), the index (marshalled {module: (offset, length, CRC-32)}, offsets from its end), then
+# each module's section (marshalled {text: code}). A new layout gets a new HEADER.
+HEADER = b"gpuvisor dataclass code 1\n"
+MAX_FILE_BYTES = 16 << 20  # the file written for the whole project is ~0.8 MB
 MAX_SECTION_TEXTS = 4096  # a module's classes make a few texts each; more is not ours
+LOCK_WAIT = 2.0  # seconds a write waits for another process's write; then it is skipped
 PACKAGES = ("common", "supervisor", "worker")
+
+
+def _prefix() -> bytes:
+    return HEADER + importlib.util.MAGIC_NUMBER
 
 
 class _File:
     """The file, mapped (not read: a large block malloc'd and freed would raise glibc's mmap
-    threshold for the rest of the process, and the tree's memory with it): its index of
-    sections (module → offset and length of the marshalled {text: code})."""
+    threshold for the rest of the process, and the tree's memory with it), and its index. Every
+    part is checked (bounds, CRC-32, types) before it is used, and any failure reads as a part
+    that is not there: a damaged file costs the compiling it would have saved, never a start."""
 
     def __init__(self, path: str) -> None:
         self.map: mmap.mmap | None = None
-        self.index: dict[str, tuple[int, int]] = {}
+        self.index: dict[str, tuple[int, int, int]] = {}
         try:
             with open(path, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
-                if not 0 < size <= MAX_FILE_BYTES:
+                if not len(_prefix()) + 8 < size <= MAX_FILE_BYTES:
                     return
                 self.map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):
-            return
-        self.index = self._index()
+            self.index = self._index()
+        except Exception:  # an unreadable file is no file
+            self.index = {}
 
-    def _index(self) -> dict[str, tuple[int, int]]:
-        start = len(HEADER) + len(importlib.util.MAGIC_NUMBER)
+    def _index(self) -> dict[str, tuple[int, int, int]]:
         assert self.map is not None
-        if self.map[:start] != HEADER + importlib.util.MAGIC_NUMBER or len(self.map) < start + 4:
+        start = len(_prefix())
+        if self.map[:start] != _prefix():
             return {}
         length = int.from_bytes(self.map[start : start + 4], "little")
-        index = self._load(start + 4, length)
+        crc = int.from_bytes(self.map[start + 4 : start + 8], "little")
+        index = self._load(start + 8, length, crc)
         if type(index) is not dict:
             return {}
-        base, end = start + 4 + length, len(self.map)
-        return {
-            module: (base + where[0], where[1])
-            for module, where in index.items()
-            if type(module) is str
-            and type(where) is tuple
-            and len(where) == 2
-            and all(type(n) is int for n in where)
-            and where[0] >= 0
-            and 0 < where[1] <= end - base - where[0]
-        }
+        base = start + 8 + length
+        found = {}
+        for module, where in index.items():
+            if (
+                type(module) is str
+                and type(where) is tuple
+                and len(where) == 3
+                and all(type(n) is int for n in where)
+            ):
+                found[module] = (base + where[0], where[1], where[2])
+        return found
 
-    def _load(self, offset: int, length: int) -> object:
-        if self.map is None or offset < 0 or length <= 0 or offset + length > len(self.map):
+    def _load(self, offset: int, length: int, crc: int) -> object:
+        """The object marshalled at [offset, offset + length) if its CRC-32 is `crc`; else None."""
+        mapped = self.map
+        if mapped is None or offset < 0 or length <= 0 or offset + length > len(mapped):
             return None
-        with memoryview(self.map) as whole, whole[offset : offset + length] as part:
-            try:
+        try:
+            with memoryview(mapped) as whole, whole[offset : offset + length] as part:
+                if zlib.crc32(part) != crc:
+                    return None
                 return marshal.loads(part)
-            except (EOFError, ValueError, TypeError):
-                return None
+        except Exception:  # closed meanwhile, or a damage the CRC did not see
+            return None
 
     def section(self, module: str) -> dict[str, types.CodeType]:
         """One module's texts and their code; {} where the file has none, or none readable."""
@@ -101,15 +117,17 @@ class _File:
             return {}
         return {k: v for k, v in section.items() if type(k) is str and type(v) is types.CodeType}
 
-    def blob(self, module: str) -> bytes:
-        """One module's section as the file has it (for a rewrite that keeps it)."""
-        offset, length = self.index[module]
-        assert self.map is not None
-        return self.map[offset : offset + length]
+    def blob(self, module: str) -> bytes | None:
+        """One module's section as the file has it, if intact (for a rewrite that keeps it)."""
+        offset, length, crc = self.index[module]
+        if self.map is None or offset < 0 or offset + length > len(self.map):
+            return None
+        data = self.map[offset : offset + length]
+        return data if zlib.crc32(data) == crc else None
 
     def close(self) -> None:
         if self.map is not None:
-            with contextlib.suppress(BufferError):
+            with contextlib.suppress(BufferError):  # a lookup of another thread still reading
                 self.map.close()
             self.map = None
 
@@ -121,8 +139,8 @@ class _Table:
     A text found is taken out of its section, and only its hash kept: text held until the
     release and then freed would leave ~0.75 MB of the supervisor's heap in holes. A text met a
     second time in one module (two classes can make the same method) is compiled, as without
-    the cache. A section is rewritten only where something was compiled, with what this run
-    used of it: the texts of a changed class do not pile up."""
+    the cache, and counted once. A section is rewritten only where something was compiled, with
+    what this run used of it: the texts of a changed class do not pile up."""
 
     def __init__(self, path: str, *, fresh: bool = False) -> None:
         self.path = path
@@ -143,10 +161,10 @@ class _Table:
             self.hits += 1
             taken.add(hash(text))
             return code
-        code = compile(text, "<string>", "exec", dont_inherit=True)
-        if hash(text) not in taken:
+        code = _compile(text)
+        compiled = self.compiled.setdefault(module, {})
+        if hash(text) not in taken and text not in compiled:
             self.misses += 1
-            compiled = self.compiled.setdefault(module, {})
             if len(compiled) < MAX_SECTION_TEXTS:
                 compiled[text] = code
         return code
@@ -155,6 +173,8 @@ class _Table:
         """For each module that had a text compiled: what this run used of it, to be written."""
         changed = {}
         for module, compiled in self.compiled.items():
+            if not compiled:
+                continue
             taken = self.taken.get(module, set())
             kept = {text: code for text, code in self.file.section(module).items() if hash(text) in taken}
             changed[module] = {**kept, **compiled}
@@ -164,55 +184,85 @@ class _Table:
 _table: _Table | None = None
 
 
+def _compile(text: str) -> types.CodeType:
+    """`text` compiled as `exec` compiles it when `dataclasses` calls it: file name `<string>`,
+    and no `__future__` flags (dataclasses.py has none; this module's must not reach it)."""
+    return compile(text, "<string>", "exec", dont_inherit=True)
+
+
 def cache_path() -> str:
     """Where this interpreter's file is: in `common/__pycache__` (or under `sys.pycache_prefix`),
-    named for the interpreter as its `.pyc` files are."""
+    named for the interpreter as its `.pyc` files are. Raises NotImplementedError for an
+    interpreter without a bytecode cache (`sys.implementation.cache_tag` None)."""
     pyc = importlib.util.cache_from_source(__file__)
     return os.path.join(os.path.dirname(pyc), f"dataclass-code.{sys.implementation.cache_tag}.bin")
 
 
 def install(path: str | None = None) -> None:
-    """Load the file and have `@dataclass` compile through it until `release()`. Never raises
+    """Map the file and have `@dataclass` compile through it until `release()`. Never raises
     for the file: one that cannot be read is an empty table."""
     global _table
     if _table is not None:
         return
-    _table = _Table(path or cache_path())
+    try:
+        where = path or cache_path()
+    except NotImplementedError:
+        return  # no bytecode cache, so no place for this one either
+    _table = _Table(where)
     dataclasses.exec = _exec  # type: ignore[attr-defined]  # found before the builtin
 
 
 def release(write: bool | None = None) -> tuple[int, int]:
     """Stop, drop the table, and write the sections that had a text compiled (when `write`, by
-    default when Python writes bytecode). Returns (hits, misses); never raises."""
+    default when Python writes bytecode). Returns (texts taken from the file, texts compiled);
+    never raises."""
     global _table
+    if dataclasses.__dict__.get("exec") is _exec:
+        del dataclasses.exec  # type: ignore[attr-defined]
     table, _table = _table, None
     if table is None:
         return 0, 0
-    if dataclasses.__dict__.get("exec") is _exec:
-        del dataclasses.exec  # type: ignore[attr-defined]
     table.opened.clear()
     if write is None:
         write = not sys.dont_write_bytecode
-    if write and table.compiled:
-        _write(table.path, table.changed_sections())
-    table.file.close()
+    try:
+        if write and table.misses:
+            _write(table.path, table.changed_sections())
+    finally:
+        table.file.close()
     return table.hits, table.misses
 
 
 def _exec(source: Any, globals: dict[str, Any] | None = None, locals: Any = None, /) -> None:
     table = _table
-    if table is not None and type(source) is str and type(globals) is dict:
-        source = table.code_for(str(globals.get("__name__", "")), source)
+    if type(source) is str:
+        if table is not None and type(globals) is dict:
+            source = table.code_for(str(globals.get("__name__", "")), source)
+        else:  # released meanwhile (another thread's import): as dataclasses' own exec would
+            source = _compile(source)
     builtins.exec(source, globals, locals)
 
 
-def _write(path: str, sections: dict[str, dict[str, types.CodeType]], *, whole: bool = False) -> bool:
-    """Replace these modules' sections in the file, keeping the others as the file has them now,
-    or none with `whole`. Atomic, and under a lock on the folder: the supervisor and the zygote
-    write at about the same moment of a first start, and neither may drop the other's sections.
-    False if it could not."""
+def _lock(fd: int) -> bool:
+    """An exclusive flock on `fd`, waited for up to LOCK_WAIT (a write is never worth a start)."""
     import fcntl
 
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+
+def _write(path: str, sections: dict[str, dict[str, types.CodeType]], *, whole: bool = False) -> bool:
+    """Replace these modules' sections in the file, keeping the others (intact ones) as the file
+    has them now, or none with `whole`. Atomic, and under a lock on the folder: the supervisor
+    and the zygote write at about the same moment of a first start, and neither may drop the
+    other's sections. False if it could not."""
     blobs: dict[str, bytes] = {module: marshal.dumps(texts) for module, texts in sections.items()}
     folder = os.path.dirname(path)
     try:
@@ -221,23 +271,24 @@ def _write(path: str, sections: dict[str, dict[str, types.CodeType]], *, whole: 
     except OSError:
         return False
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _lock(lock):
+            return False
         current = _File("" if whole else path)
         try:
             for module in current.index:
-                if module not in blobs:
-                    blobs[module] = current.blob(module)
+                kept = current.blob(module) if module not in blobs else None
+                if kept is not None:
+                    blobs[module] = kept
         finally:
             current.close()
-        index: dict[str, tuple[int, int]] = {}
+        index: dict[str, tuple[int, int, int]] = {}
         offset = 0
         for module, blob in blobs.items():
-            index[module] = (offset, len(blob))
+            index[module] = (offset, len(blob), zlib.crc32(blob))
             offset += len(blob)
         head = marshal.dumps(index)
-        data = b"".join(
-            [HEADER, importlib.util.MAGIC_NUMBER, len(head).to_bytes(4, "little"), head, *blobs.values()]
-        )
+        sizes = len(head).to_bytes(4, "little") + zlib.crc32(head).to_bytes(4, "little")
+        data = b"".join([_prefix(), sizes, head, *blobs.values()])
         if len(data) > MAX_FILE_BYTES:
             return False
         write_atomic(path, data, 0o644)  # readable as the .pyc files beside it are
@@ -252,7 +303,8 @@ def write_all(packages: tuple[str, ...] = PACKAGES, path: str | None = None) -> 
     """Import every module of `packages`, compiling every text, and write the file anew with
     them, whatever PYTHONDONTWRITEBYTECODE says (for an image or install step). Run it in a
     fresh interpreter: a module imported before it made its classes without the cache. Returns
-    the number of texts written and the modules that could not be imported, each with its error."""
+    the number of texts written and the modules that could not be imported, each with its error.
+    The one place `common` names the roles' packages (by name, as a build step; no start runs it)."""
     import pkgutil
 
     global _table
@@ -277,9 +329,10 @@ def write_all(packages: tuple[str, ...] = PACKAGES, path: str | None = None) -> 
                     failed.append(f"{info.name}: {type(exc).__name__}: {exc}")
     finally:
         release(write=False)
-    if not _write(where, table.compiled, whole=True):
+    sections = {module: texts for module, texts in table.compiled.items() if texts}
+    if not _write(where, sections, whole=True):
         raise OSError(f"cannot write {where}")
-    return sum(len(v) for v in table.compiled.values()), failed
+    return sum(len(v) for v in sections.values()), failed
 
 
 def main(argv: list[str] | None = None) -> int:

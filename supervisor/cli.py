@@ -203,7 +203,7 @@ def cmd_run(args: argparse.Namespace, zygote: Zygote | None = None) -> int:
         taken, compiled = methodcache.release()  # the start's imports are done (installed by the entry point)
         if taken or compiled:
             logging.getLogger("gpuvisor.supervisor").debug(
-                "dataclass code: %d taken from %s, %d compiled", taken, methodcache.cache_path(), compiled
+                "dataclass code: %d texts from %s, %d compiled", taken, methodcache.cache_path(), compiled
             )
         return supervisor.run()
     except StartupError as exc:

@@ -16,7 +16,7 @@ from tests.harness import SimNode, child_env, run_python
 from tests.helpers import REPO, short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
-LINE = re.compile(r"dataclass code: (\d+) taken from (\S+), (\d+) compiled")
+LINE = re.compile(r"dataclass code: (\d+) texts from (\S+), (\d+) compiled")
 
 
 def _file_under(prefix: str) -> str:
