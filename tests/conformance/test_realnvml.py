@@ -163,7 +163,10 @@ def test_idle_health_loop_does_not_spin(fake_nvml_libdir: Path) -> None:
     print(
         f"idle health thread: {share:.3%} of a core; whole process {idle['process_cpu_s'] / idle['seconds']:.3%}"
     )
-    assert share < 0.02, idle
+    # A spinning loop takes a core (NVIDIA's #1937: 100 %). An idle one reads 0.1-1 % of one, and
+    # up to 2.2 % in a busy hour on these shared machines (0.7-0.9 % typical then, as the bare
+    # plugin's floor read 7x its quiet-hour figure): the bound separates the two, not the hours.
+    assert share < 0.10, idle
 
 
 def render_sysfs(profile: str, root: str) -> str:
