@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from supervisor.launch import check_import_root, command_of, start_early_zygote
 
 if TYPE_CHECKING:
-    import socket
-    import subprocess
+    import _socket
 
     from supervisor.workers.zygote import Zygote
+    from supervisor.workers.zygoteproc import ZygoteProcess
 
 DEFAULT_RUN_DIR = "/run/gpuvisor"
 
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return launched(argv, start_early_zygote(words, os.environ))
 
 
-def launched(argv: Sequence[str] | None, early: tuple[subprocess.Popen[bytes], socket.socket] | None) -> int:
+def launched(argv: Sequence[str] | None, early: tuple[ZygoteProcess, _socket.socket] | None) -> int:
     """The `gpuvisor` command once its launch is done (supervisor/launch.py: the import root
     checked, and `early`, the worker zygote for a `run` that uses one, started)."""
     words = list(sys.argv[1:] if argv is None else argv)

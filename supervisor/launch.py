@@ -15,9 +15,10 @@ import os
 
 TYPE_CHECKING = False  # typing itself is not imported before the zygote starts (mypy reads this)
 if TYPE_CHECKING:
-    import socket
-    import subprocess
+    import _socket
     from collections.abc import Mapping
+
+    from supervisor.workers.zygoteproc import ZygoteProcess
 
 
 def check_import_root() -> None:
@@ -43,7 +44,7 @@ def command_of(words: list[str]) -> str | None:
 
 def start_early_zygote(
     words: list[str], environ: Mapping[str, str]
-) -> tuple[subprocess.Popen[bytes], socket.socket] | None:
+) -> tuple[ZygoteProcess, _socket.socket] | None:
     """The zygote's process and our end of its socket, for a command line that will use it
     (`gpuvisor run`, without help, version or `--zygote=false`); None otherwise, or when it
     cannot be started (the supervisor then starts one in its own time, and says so if it cannot)."""

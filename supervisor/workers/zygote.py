@@ -15,6 +15,7 @@ refuse fail the spawn before anything is sent; the exec that follows says why.
 
 from __future__ import annotations
 
+import _socket
 import contextlib
 import ctypes
 import json
@@ -22,13 +23,11 @@ import logging
 import os
 import select
 import signal
-import socket
-import subprocess
 import time
 
 from common.procutil import pid_alive
 from common.workerargs import WorkerArgsError, check_args
-from supervisor.workers.zygoteproc import start_process, stop_process
+from supervisor.workers.zygoteproc import ZygoteProcess, start_process, stop_process
 
 log = logging.getLogger("gpuvisor.zygote")
 
@@ -81,8 +80,8 @@ class Zygote:
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
         self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.sock: socket.socket | None = None
+        self.proc: ZygoteProcess | None = None
+        self.sock: _socket.socket | None = None
         self.exits: dict[int, int] = {}
         self._children: set[int] = set()
         self._buffer = b""
@@ -96,7 +95,7 @@ class Zygote:
         log.info("worker zygote started (pid %d)", self.proc.pid)
 
     @classmethod
-    def taking(cls, proc: subprocess.Popen[bytes], sock: socket.socket) -> Zygote:
+    def taking(cls, proc: ZygoteProcess, sock: _socket.socket) -> Zygote:
         """The handle of a zygote process started already (`zygoteproc.start_process`, by
         supervisor/launch.py before the supervisor's imports)."""
         zygote = cls()

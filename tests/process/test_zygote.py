@@ -301,3 +301,64 @@ def test_the_preloads_garbage_holds_no_file_or_socket() -> None:
     assert seen["closed"] == []
     assert seen["finalizers"] == []
     assert 0 <= seen["garbage"] < 2000, seen
+
+
+def _links(pid: int) -> dict[int, str]:
+    """What each descriptor of `pid` points at (`pipe:[inode]`, `/dev/null`, ...)."""
+    out: dict[int, str] = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            out[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+    return out
+
+
+def test_the_zygote_inherits_no_descriptor_of_ours_but_its_socket() -> None:
+    """The zygote is started with os.posix_spawn: it gets stdin from /dev/null, its end of the
+    socketpair and our stdout and stderr, and no other descriptor the supervisor could pass on
+    (one its own parent left it inheritable, here a pipe), as Popen(close_fds=True) did."""
+    from supervisor.workers.zygoteproc import start_process, stop_process
+
+    r, w = os.pipe()
+    os.set_inheritable(r, True)
+    os.set_inheritable(w, True)
+    proc, sock = start_process(dict(os.environ))
+    try:
+
+        def execd() -> bool:  # the new command line shows a moment after the exec began
+            with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+                return b"worker.zygote" in fh.read().split(b"\0")
+
+        assert wait_until(execd, 15)
+        links = _links(proc.pid)
+        ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (r, w)}
+        assert not ours & set(links.values()), links
+        assert links[0] == os.devnull
+        fd = int(proc.args[proc.args.index("--fd") + 1])
+        assert links[fd].startswith("socket:"), links
+    finally:
+        stop_process(proc, sock)
+        os.close(r)
+        os.close(w)
+    assert proc.returncode is not None
+
+
+def test_the_zygote_process_handle_answers_as_popen_does() -> None:
+    """ZygoteProcess, the part of Popen the supervisor uses: poll() is None while it runs,
+    wait(timeout) raises TimeoutError then, and after kill() wait() gives -SIGKILL, as poll()
+    does from then on."""
+    from supervisor.workers.zygoteproc import start_process
+
+    proc, sock = start_process(dict(os.environ))
+    try:
+        assert proc.poll() is None
+        with pytest.raises(TimeoutError):
+            proc.wait(0.05)
+        proc.kill()
+        assert proc.wait(10) == -signal.SIGKILL
+        assert proc.poll() == -signal.SIGKILL and proc.returncode == -signal.SIGKILL
+        proc.terminate()  # a no-op on a process already reaped
+    finally:
+        sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
