@@ -39,8 +39,8 @@ class ZygoteProcess:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: gone all the same
-                self.returncode = -9
+            except ChildProcessError:  # reaped elsewhere: gone all the same (Popen says 0 too)
+                self.returncode = 0
             else:
                 if pid == self.pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
@@ -53,7 +53,7 @@ class ZygoteProcess:
                     _, status = os.waitpid(self.pid, 0)
                     self.returncode = os.waitstatus_to_exitcode(status)
                 except ChildProcessError:
-                    self.returncode = -9
+                    self.returncode = 0
             return self.returncode
         deadline = time.monotonic() + timeout
         delay = 0.0005
@@ -67,7 +67,7 @@ class ZygoteProcess:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            try:  # noqa: SIM105 - contextlib (and collections, functools) is not loaded this early
+            try:  # noqa: SIM105 - contextlib (with collections, functools) is not otherwise loaded this early
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
@@ -82,7 +82,10 @@ class ZygoteProcess:
 def start_process(environ: Mapping[str, str]) -> tuple[ZygoteProcess, _socket.socket]:
     """Start `python -m worker.zygote` on one end of a new socketpair; its process and our end
     (non-blocking). The child gets the socket's end, stdin from /dev/null and our stdout and
-    stderr, and no other descriptor (as `Popen(close_fds=True)` would). Raises OSError."""
+    stderr, and no other descriptor (as `Popen(close_fds=True)` would). Raises OSError; the
+    caller waits for the process (no `Popen` finalizer reaps it)."""
+    if not sys.executable:  # posix_spawn would raise ValueError; callers fall back on OSError
+        raise OSError("the Python interpreter's path is unknown (sys.executable is empty)")
     ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         fd = theirs.fileno()
@@ -95,11 +98,12 @@ def start_process(environ: Mapping[str, str]) -> tuple[ZygoteProcess, _socket.so
         env = dict(environ)
         env["GRPC_ENABLE_FORK_SUPPORT"] = "0"  # no gRPC object exists in the zygote before a fork
         os.set_inheritable(fd, True)
-        actions: list[tuple[int, ...] | tuple[int, int, str, int, int]] = [
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)
-        ]
+        actions: list[tuple[object, ...]] = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
         actions += [(os.POSIX_SPAWN_CLOSE, other) for other in _inherited(keep=(0, 1, 2, fd))]
-        pid = os.posix_spawn(sys.executable, argv, env, file_actions=actions)
+        try:
+            pid = os.posix_spawn(sys.executable, argv, env, file_actions=actions)
+        except ValueError as exc:  # an argument posix_spawn refuses: to the callers, a start that failed
+            raise OSError(f"cannot start the worker zygote: {exc}") from None
     except BaseException:
         ours.close()
         raise
@@ -114,8 +118,8 @@ def _inherited(keep: tuple[int, ...]) -> list[int]:
     manager's), which the zygote, and every worker it forks, must not hold."""
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except (OSError, ValueError):
-        fds = list(range(3, 256))
+    except (OSError, ValueError):  # no /proc: every descriptor the limit allows (a slow path)
+        fds = list(range(3, min(os.sysconf("SC_OPEN_MAX"), 1 << 16)))
     found = []
     for fd in fds:
         if fd in keep:

@@ -193,13 +193,16 @@ _EARLY = """
 import sys
 import supervisor.__main__ as entry
 
-heavy = ("supervisor.cli", "supervisor.main", "supervisor.workers.zygote", "argparse", "logging", "json", "grpc", "zmq")
+heavy = (
+    "supervisor.cli", "supervisor.main", "supervisor.workers.zygote", "argparse", "logging", "json", "grpc", "zmq",
+    "subprocess", "socket", "selectors",
+)
 real = entry.start_early_zygote
 
 
 def recording(words, environ):
-    loaded = [m for m in heavy if m in sys.modules]
     early = real(words, environ)
+    loaded = [m for m in heavy if m in sys.modules]  # what starting it took (zygoteproc's imports too)
     assert early is not None, "no zygote started"
     proc, sock = early
     # Popen returns once exec has begun, before the kernel has set the new command line's bounds
@@ -229,7 +232,8 @@ entry.main()
 def test_the_entry_point_starts_the_zygote_before_the_cli_and_its_imports() -> None:
     """supervisor/__main__.py's main (the console script's entry) starts the zygote's process for
     `gpuvisor run` (`python -m worker.zygote`) having loaded neither the CLI nor the supervisor,
-    nor argparse, logging, JSON, gRPC or ZeroMQ: the zygote's imports begin before the supervisor's."""
+    nor argparse, logging, JSON, gRPC or ZeroMQ, nor `subprocess` and `socket` (posix_spawn and
+    `_socket` start it): the zygote's imports begin before the supervisor's."""
     proc = run_python(_EARLY)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["-", "True"], proc.stdout
@@ -321,7 +325,13 @@ def test_the_zygote_inherits_no_descriptor_of_ours_but_its_socket() -> None:
     r, w = os.pipe()
     os.set_inheritable(r, True)
     os.set_inheritable(w, True)
-    proc, sock = start_process(dict(os.environ))
+    stdin = os.dup(0)
+    os.dup2(r, 0)  # a stdin that is not /dev/null already (pytest's capture makes it so)
+    try:
+        proc, sock = start_process(dict(os.environ))
+    finally:
+        os.dup2(stdin, 0)
+        os.close(stdin)
     try:
 
         def execd() -> bool:  # the new command line shows a moment after the exec began
@@ -362,3 +372,26 @@ def test_the_zygote_process_handle_answers_as_popen_does() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_an_unknown_interpreter_path_is_a_start_that_failed_not_a_crash() -> None:
+    """With sys.executable empty (Python could not tell its own path), starting the zygote raises
+    OSError, as a failed exec does, so the entry point goes on without an early zygote (the
+    supervisor then starts workers by exec, saying so) instead of ending in a traceback."""
+    code = (
+        "import os, sys\n"
+        "from supervisor.launch import start_early_zygote\n"
+        "from supervisor.workers.zygoteproc import start_process\n"
+        "sys.executable = ''\n"
+        "try:\n"
+        "    start_process(dict(os.environ))\n"
+        "except OSError as exc:\n"
+        "    print('OSError', exc)\n"
+        "print(start_early_zygote(['run'], os.environ))\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "OSError the Python interpreter's path is unknown (sys.executable is empty)",
+        "None",
+    ], proc.stdout
