@@ -162,9 +162,9 @@ class _Table:
             taken.add(hash(text))
             return code
         code = _compile(text)
-        compiled = self.compiled.setdefault(module, {})
-        if hash(text) not in taken and text not in compiled:
+        if hash(text) not in taken and text not in self.compiled.get(module, {}):
             self.misses += 1
+            compiled = self.compiled.setdefault(module, {})
             if len(compiled) < MAX_SECTION_TEXTS:
                 compiled[text] = code
         return code
@@ -173,8 +173,6 @@ class _Table:
         """For each module that had a text compiled: what this run used of it, to be written."""
         changed = {}
         for module, compiled in self.compiled.items():
-            if not compiled:
-                continue
             taken = self.taken.get(module, set())
             kept = {text: code for text, code in self.file.section(module).items() if hash(text) in taken}
             changed[module] = {**kept, **compiled}
@@ -198,9 +196,10 @@ def cache_path() -> str:
     return os.path.join(os.path.dirname(pyc), f"dataclass-code.{sys.implementation.cache_tag}.bin")
 
 
-def install(path: str | None = None) -> None:
-    """Map the file and have `@dataclass` compile through it until `release()`. Never raises
-    for the file: one that cannot be read is an empty table."""
+def install(path: str | None = None, *, fresh: bool = False) -> None:
+    """Map the file and have `@dataclass` compile through it until `release()` (with `fresh`,
+    compile every text, as if there were no file). Never raises for the file: one that cannot
+    be read is an empty table."""
     global _table
     if _table is not None:
         return
@@ -208,7 +207,7 @@ def install(path: str | None = None) -> None:
         where = path or cache_path()
     except NotImplementedError:
         return  # no bytecode cache, so no place for this one either
-    _table = _Table(where)
+    _table = _Table(where, fresh=fresh)
     dataclasses.exec = _exec  # type: ignore[attr-defined]  # found before the builtin
 
 
@@ -307,11 +306,11 @@ def write_all(packages: tuple[str, ...] = PACKAGES, path: str | None = None) -> 
     The one place `common` names the roles' packages (by name, as a build step; no start runs it)."""
     import pkgutil
 
-    global _table
     release(write=False)
     where = path or cache_path()
-    table = _table = _Table(where, fresh=True)
-    dataclasses.exec = _exec  # type: ignore[attr-defined]
+    install(where, fresh=True)
+    table = _table
+    assert table is not None
     failed: list[str] = []
     try:
         for name in packages:
@@ -329,10 +328,9 @@ def write_all(packages: tuple[str, ...] = PACKAGES, path: str | None = None) -> 
                     failed.append(f"{info.name}: {type(exc).__name__}: {exc}")
     finally:
         release(write=False)
-    sections = {module: texts for module, texts in table.compiled.items() if texts}
-    if not _write(where, sections, whole=True):
+    if not _write(where, table.compiled, whole=True):
         raise OSError(f"cannot write {where}")
-    return sum(len(v) for v in sections.values()), failed
+    return sum(len(v) for v in table.compiled.values()), failed
 
 
 def main(argv: list[str] | None = None) -> int:

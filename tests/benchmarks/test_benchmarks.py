@@ -227,7 +227,6 @@ def test_real_gpu_probe_counts_the_nodes_gpus(fake_nvml_libdir: Path, tmp_path: 
     """`--real-gpu`'s probe (node.node_gpus) reads the GPU count, the first GPU's name and the
     driver's version from the libnvidia-ml the process loads: the fake library serving NVIDIA's
     h100 profile (dgx-h100 where those profiles are not here) gives 8 H100s."""
-    from tests import fakenvml
     from tests.benchmarks import node
 
     profile = "h100" if "h100" in fakenvml.mock_profiles() else "dgx-h100"
@@ -240,7 +239,6 @@ def test_real_gpu_probe_counts_the_nodes_gpus(fake_nvml_libdir: Path, tmp_path: 
 def test_real_gpu_probe_says_nvmls_reason(fake_nvml_libdir: Path, tmp_path: Path) -> None:
     """Where NVML cannot be initialised (the fake driver "not loaded"), the probe raises naming
     the flag and NVML's error, which the runner reports as that benchmark's crash."""
-    from tests import fakenvml
     from tests.benchmarks import node
 
     fake = fakenvml.FakeNode(tmp_path, "pcie-l4")

@@ -622,30 +622,25 @@ def test_install_builds_a_dedicated_venv(tmp_path: Path) -> None:
     assert (venv / "pyvenv.cfg").exists()
     gpuvisor = venv / "bin" / "gpuvisor"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    help_text = subprocess.run(
-        [str(gpuvisor), "run", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT,
-        env=env,
-        check=False,
-    )
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:  # as installed, outside the checkout
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT,
+            env=env,
+            cwd=tmp_path,
+            check=False,
+        )
+
+    help_text = run(str(gpuvisor), "run", "--help")
     assert help_text.returncode == 0, help_text.stderr
     assert "--metrics-address" in help_text.stdout
     # The cache of the code the dataclasses compile (common/methodcache.py) is written beside the
     # installed bytecode, where the unit's ProtectSystem=strict keeps the service from writing it.
-    cache = subprocess.run(
-        [
-            str(venv / "bin" / "python"),
-            "-c",
-            "from common import methodcache; print(methodcache.cache_path())",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_TIMEOUT,
-        env=env,
-        cwd=tmp_path,
-        check=False,
+    cache = run(
+        str(venv / "bin" / "python"), "-c", "from common import methodcache; print(methodcache.cache_path())"
     )
     assert cache.returncode == 0, cache.stderr
     assert cache.stdout.strip().startswith(str(venv)) and os.path.getsize(cache.stdout.strip()) > 0

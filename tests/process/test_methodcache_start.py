@@ -13,7 +13,7 @@ import sys
 
 from common import methodcache
 from tests.harness import SimNode, child_env, run_python
-from tests.helpers import REPO, short_tmpdir, wait_until
+from tests.helpers import short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
 LINE = re.compile(r"dataclass code: (\d+) texts from (\S+), (\d+) compiled")
@@ -83,15 +83,7 @@ def test_the_build_step_writes_every_module_and_a_start_then_compiles_nothing() 
             "for name in PRELOAD: importlib.import_module(name)\n"
             "print(*methodcache.release())\n"
         )
-        proc = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            env=env,
-            timeout=60,
-            check=False,
-        )
+        proc = run_python(code, env)
         assert proc.returncode == 0, proc.stderr
         taken, compiled = map(int, proc.stdout.split())
         assert compiled == 0 and taken > 400, proc.stdout
