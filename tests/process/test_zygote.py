@@ -205,8 +205,8 @@ def recording(words, environ):
     loaded = [m for m in heavy if m in sys.modules]  # what starting it took (zygoteproc's imports too)
     assert early is not None, "no zygote started"
     proc, sock = early
-    # Popen returns once exec has begun, before the kernel has set the new command line's bounds
-    # (it reads empty for a moment): poll for it rather than read it once.
+    # The spawn returns once exec has begun, before the kernel has set the new command line's
+    # bounds (it reads empty for a moment): poll for it rather than read it once.
     import time
 
     deadline = time.monotonic() + 30
