@@ -13,7 +13,10 @@ few heartbeats later).
   USS of the workers (its own pages; the pages it shares with the zygote and its siblings are
   counted once already), and the tree's PSS difference to the one-resource tree over four; and
   what those own pages are, each compared with the zygote's page at the same address
-  (tests/benchmarks/sharedpages.py).
+  (tests/benchmarks/sharedpages.py); and how many threads a worker runs, gRPC's event engine's
+  among them: gRPC core starts clamp(CPUs, 4, 16) of them, CPUs as sysconf(_SC_NPROCESSORS_CONF)
+  counts them (the node's, not the container's limit), and each holds its own stack and heap
+  pages, so a worker on a node of 16 CPUs or more has 12 more than on a 2-CPU machine.
 
 A caution on PSS here: a page of a shared library is split among every process on the machine
 that maps it, the kubelet stand-in in this benchmark's own process included (it maps gRPC and
@@ -22,7 +25,9 @@ protobuf too), so a tree's PSS moves with what else runs; USS does not.
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,6 +42,7 @@ from tests.harness import SimNode, child_env
 from tests.helpers import REPO
 
 MB = 1e6
+EVENT_ENGINE_THREAD = "event_engine"  # the name gRPC core gives its event engine's pool threads
 
 
 def _label(proc: psutil.Process, supervisor_pid: int) -> str:
@@ -66,6 +72,19 @@ class _Proc(NamedTuple):
     pss: float  # bytes
     uss: float  # bytes
     pid: int
+
+
+def thread_names(pid: int) -> collections.Counter[str]:
+    """How many threads of process `pid` carry each name (/proc/<pid>/task/<tid>/comm); a thread
+    that ends while they are read is left out."""
+    names: collections.Counter[str] = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as fh:
+                names[fh.read().strip()] += 1
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return names
 
 
 def _tree(sim: SimNode) -> list[_Proc]:
@@ -98,6 +117,7 @@ def run(quick: bool) -> list[Row]:
     with node.mig_node() as sim:
         five = _settled(sim, node.MIG_RESOURCES, settle)
         kinds = _own_page_kinds(five)
+        threads = [thread_names(p.pid) for p in five if p.label.startswith("worker ")]
     one_pss = sum(p.pss for p in one) / MB
     five_pss = sum(p.pss for p in five) / MB
     workers_uss = [p.uss for p in five if p.label.startswith("worker ")]
@@ -135,6 +155,14 @@ def run(quick: bool) -> list[Row]:
             "(5-resource tree - 1-resource tree) / 4; moves with the shared libraries' other users",
         ),
     ]  # fmt: skip
+    if threads:
+        total = sum(sum(t.values()) for t in threads) / len(threads)
+        engine = sum(t[EVENT_ENGINE_THREAD] for t in threads) / len(threads)
+        rows.append(
+            Row("each further worker: threads", total, "", "",
+                f"mean of the 5; {engine:.0f} of them gRPC's event engine: clamp(CPUs, 4, 16), "
+                f"{os.cpu_count()} CPUs here")
+        )  # fmt: skip
     if kinds is None:
         rows.append(
             Row("each further worker's own pages, by kind", float("nan"), "MB", "",

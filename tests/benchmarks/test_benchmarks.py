@@ -223,6 +223,39 @@ def test_shared_pages_sorts_a_forked_childs_own_pages_by_what_it_wrote() -> None
         assert 2 * mib <= size < 3 * mib, (kind, found)
 
 
+def test_thread_names_counts_a_process_threads_by_their_kernel_name() -> None:
+    """bench_memory.thread_names counts the threads of a process by the name the kernel keeps for
+    each (as gRPC names its event engine's): three threads named alike count 3 under that name,
+    and the process's other threads are counted under theirs."""
+    import ctypes
+    import threading
+
+    from tests.benchmarks.bench_memory import thread_names
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    named = threading.Barrier(4)
+    done = threading.Event()
+
+    def run() -> None:
+        libc.prctl(15, b"gv_bench_probe", 0, 0, 0)  # PR_SET_NAME: this thread's comm
+        named.wait(timeout=30)
+        done.wait(timeout=30)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        named.wait(timeout=30)
+        found = thread_names(os.getpid())
+        tasks = len(os.listdir(f"/proc/{os.getpid()}/task"))
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert found["gv_bench_probe"] == 3
+    assert sum(found.values()) == tasks >= 4
+
+
 def test_real_gpu_probe_counts_the_nodes_gpus(fake_nvml_libdir: Path, tmp_path: Path) -> None:
     """`--real-gpu`'s probe (node.node_gpus) reads the GPU count, the first GPU's name and the
     driver's version from the libnvidia-ml the process loads: the fake library serving NVIDIA's
