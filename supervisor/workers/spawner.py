@@ -20,6 +20,7 @@ from supervisor.config import Config
 from supervisor.host.rundir import RunDir
 from supervisor.workers.lifecycle import Proc, WorkerHandle
 from supervisor.workers.zygote import Zygote, ZygoteProc
+from supervisor.workers.zygoteproc import worker_environ
 
 log = logging.getLogger("gpuvisor.supervisor")
 
@@ -107,6 +108,7 @@ class WorkerSpawner:
                 close_fds=True,
                 pass_fds=(read_end,),
                 stdin=subprocess.DEVNULL,
+                env=worker_environ(os.environ),
             )
         finally:
             with contextlib.suppress(OSError):

@@ -17,7 +17,7 @@ from supervisor.node.planning import plan_resources
 from supervisor.sim.kubelet import KubeletStandin
 from supervisor.workers.zygote import Zygote, ZygoteProc
 from tests import nodes
-from tests.harness import run_python
+from tests.harness import child_env, run_python
 from tests.helpers import short_tmpdir, wait_until
 
 
@@ -350,6 +350,83 @@ def test_the_zygote_inherits_no_descriptor_of_ours_but_its_socket() -> None:
         os.close(r)
         os.close(w)
     assert proc.returncode is not None
+
+
+_ARENAS = """
+import ctypes, os, sys, tempfile, threading
+libc = ctypes.CDLL(None)
+if not hasattr(libc, "malloc_info"):
+    print("no malloc_info"); sys.exit(0)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.fopen.restype = ctypes.c_void_p
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+started = threading.Barrier(7)
+done = threading.Event()
+def run():
+    libc.free(libc.malloc(4096))  # this thread's first allocation: an arena of its own, if allowed
+    started.wait(30)
+    done.wait(30)
+threads = [threading.Thread(target=run) for _ in range(6)]
+for t in threads:
+    t.start()
+started.wait(30)
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "info.xml").encode()
+    fp = libc.fopen(path, b"w")
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    print(open(path).read().count("<heap nr="))
+done.set()
+for t in threads:
+    t.join()
+"""
+
+
+def test_a_worker_process_environment_holds_glibc_to_two_malloc_arenas() -> None:
+    """worker_environ's MALLOC_ARENA_MAX is honoured: a process started with it and running six
+    threads that allocate has 2 malloc arenas (glibc's malloc_info), where the same process
+    without it has one per thread and the main one, 7. Skips where libc has no malloc_info."""
+    from supervisor.workers.zygoteproc import worker_environ
+
+    plain = {k: v for k, v in child_env().items() if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")}
+    counts = {}
+    for name, env in (("capped", worker_environ(plain)), ("plain", plain)):
+        out = run_python(_ARENAS, env=env)
+        assert out.returncode == 0, out.stderr
+        if out.stdout.strip() == "no malloc_info":
+            pytest.skip("this libc has no malloc_info (not glibc)")
+        counts[name] = int(out.stdout)
+    assert counts == {"capped": 2, "plain": 7}
+
+
+def test_the_zygote_and_an_execd_worker_start_with_the_arena_cap() -> None:
+    """Both ways a worker starts carry MALLOC_ARENA_MAX=2 from worker_environ: the zygote process
+    (its forked workers inherit its malloc settings) and a worker the spawner starts by exec."""
+    from supervisor.workers.spawner import WorkerSpawner
+    from supervisor.workers.zygoteproc import start_process, stop_process
+
+    def environ(pid: int) -> list[bytes]:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read().split(b"\0")
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    proc, sock = start_process(env)
+    try:
+        assert wait_until(lambda: b"MALLOC_ARENA_MAX=2" in environ(proc.pid), 15)
+    finally:
+        stop_process(proc, sock)
+    # A worker that cannot reach its kubelet socket retries, so it runs while it is read.
+    with short_tmpdir() as d:
+        worker = WorkerSpawner._exec(["--resource", "nvidia.com/gpu", "--plan", _plan_file(d),
+                                      "--kubelet-socket", os.path.join(d, "kubelet.sock")], "secret")  # fmt: skip
+        try:
+            assert wait_until(lambda: b"MALLOC_ARENA_MAX=2" in environ(worker.pid), 15)
+            assert worker.poll() is None
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: worker.poll() is not None, 30)
 
 
 def test_the_zygote_process_handle_answers_as_popen_does() -> None:

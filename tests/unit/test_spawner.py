@@ -103,3 +103,27 @@ def test_the_console_script_is_the_entry_point_that_starts_the_zygote_first() ->
     import supervisor.__main__ as entry
 
     assert callable(entry.main)
+
+
+@pytest.mark.parametrize(
+    ("environ", "want"),
+    [
+        ({"PATH": "/bin"}, "2"),
+        ({"MALLOC_ARENA_MAX": "8"}, "8"),
+        ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, None),
+        ({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}, "2"),
+    ],
+)
+def test_worker_processes_get_two_malloc_arenas_unless_the_operator_chose(
+    environ: dict[str, str], want: str | None
+) -> None:
+    """worker_environ (the zygote's and an exec'd worker's environment) caps glibc's malloc
+    arenas at 2 by MALLOC_ARENA_MAX, keeps the operator's own MALLOC_ARENA_MAX, adds none where
+    GLIBC_TUNABLES sets glibc.malloc.arena_max, and leaves every other variable as it was."""
+    from supervisor.workers.zygoteproc import worker_environ
+
+    env = worker_environ(environ)
+    assert env.get("MALLOC_ARENA_MAX") == want
+    assert {k: v for k, v in env.items() if k != "MALLOC_ARENA_MAX"} == {
+        k: v for k, v in environ.items() if k != "MALLOC_ARENA_MAX"
+    }
