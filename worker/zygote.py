@@ -81,7 +81,11 @@ def preload() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     methodcache.release()
-    placed, missing = hotset.relocate()
+    try:
+        placed, missing = hotset.relocate()
+    except Exception as exc:  # it only saves workers memory: said, and the zygote goes on
+        logging.getLogger("gpuvisor.zygote").warning("hot set not laid out (%s: %s)", type(exc).__name__, exc)
+        placed = missing = 0
     # Logging as a worker sets it up by default (text, info): a worker with those settings then
     # keeps the handler and level it inherits instead of making its own.
     logs.setup(role="zygote")

@@ -87,9 +87,9 @@ class ZygoteProcess:
 def worker_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment of a worker process (the zygote, and a worker started by exec): `environ`,
     with glibc's malloc arenas capped at MALLOC_ARENAS unless the operator chose a cap already
-    (MALLOC_ARENA_MAX, or glibc.malloc.arena_max in GLIBC_TUNABLES)."""
+    (a non-empty MALLOC_ARENA_MAX, or glibc.malloc.arena_max in GLIBC_TUNABLES)."""
     env = dict(environ)
-    if "MALLOC_ARENA_MAX" not in env and "glibc.malloc.arena_max=" not in env.get("GLIBC_TUNABLES", ""):
+    if not env.get("MALLOC_ARENA_MAX") and "glibc.malloc.arena_max=" not in env.get("GLIBC_TUNABLES", ""):
         env["MALLOC_ARENA_MAX"] = MALLOC_ARENAS
     return env
 

@@ -4,8 +4,10 @@ Runs the benchmark's two nodes (`node.one_resource()`, then the five-resource MI
 `sitecustomize` of this module's on the path of their processes. In the zygote it registers an
 at-fork hook, so that each forked worker profiles the calls it makes (`sys.setprofile` and
 `threading.setprofile`, from the fork on) for `--seconds`, and then writes the functions it ran:
-each function object whose code object ran, or whose code defines one that ran (a closure or a
-comprehension made at run time), as `module:qualname`, the names worker/hotset.py looks up. The
+each function object of a module the zygote had loaded whose code object ran, or whose code
+defines one that ran (a closure or a comprehension made at run time), as `module:qualname`, the
+names worker/hotset.py looks up; not a wrapper whose code others share (functools.wraps: which
+of them ran is not known; the function it wraps is recorded when it runs). The
 union over every worker is the hot set's functions. Its names are then read from those
 functions' code, in this process: the names the code uses (`co_names`) and the constants that
 are identifiers (keyword-argument names among them), which the compiler interns.
@@ -43,18 +45,25 @@ if os.environ.get("GVHOTRECORD_OUT") and "worker.zygote" in getattr(sys, "orig_a
     def _gv_record_in_child():
         import gc, threading, time, types
         ran = {}
+        done = []
+        loaded = set(sys.modules)  # the zygote's modules: a function of another is not to be found there
         def profile(frame, event, arg):
-            if event == "call":
+            if event == "call" and not done:
                 ran[id(frame.f_code)] = frame.f_code
         def write():
             time.sleep(float(os.environ["GVHOTRECORD_SECONDS"]))
-            sys.setprofile(None)
-            threading.setprofile(None)
+            done.append(True)  # every thread's profile does nothing from here on
             gc.unfreeze()  # the zygote's objects, frozen before the fork: get_objects lists them then
+            functions = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)]
+            holders = {}
+            for f in functions:
+                holders[id(f.__code__)] = holders.get(id(f.__code__), 0) + 1
             found = set()
-            for f in gc.get_objects():
-                if not isinstance(f, types.FunctionType) or not isinstance(f.__module__, str):
+            for f in functions:
+                if f.__module__ not in loaded:
                     continue
+                if holders[id(f.__code__)] > 1 and id(f.__code__) in ran:
+                    continue  # a wrapper's code (functools.wraps): which wrapper ran is not known
                 name = f.__module__ + ":" + f.__qualname__
                 stack = [f.__code__]
                 while stack:
@@ -67,9 +76,9 @@ if os.environ.get("GVHOTRECORD_OUT") and "worker.zygote" in getattr(sys, "orig_a
             with open(path + ".part", "w") as fh:
                 fh.write("\\n".join(sorted(found)))
             os.rename(path + ".part", path)
+        threading.Thread(target=write, daemon=True).start()  # before the profile: not profiled
         sys.setprofile(profile)
         threading.setprofile(profile)
-        threading.Thread(target=write, daemon=True).start()
     os.register_at_fork(after_in_child=_gv_record_in_child)
 """
 
@@ -107,8 +116,8 @@ def record_functions(seconds: float) -> list[str]:
         )
         found: set[str] = set()
         for path in glob.glob(os.path.join(out, "*.txt")):
-            with open(path, encoding="ascii") as fh:
-                found.update(line for line in fh.read().splitlines() if line)
+            with open(path, "rb") as fh:  # bytes: an "ascii" text file would import a codec here
+                found.update(line for line in fh.read().decode("ascii").splitlines() if line)
     return sorted(f for f in found if hotset.is_function(f))
 
 

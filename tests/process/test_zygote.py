@@ -384,6 +384,27 @@ for t in threads:
 """
 
 
+def test_the_zygote_imports_the_hot_set_first_and_its_preload_lays_it_out() -> None:
+    """worker.zygote imports worker.hotset before any other module of its own imports (so the
+    hot names are interned before those modules make them), and preload() gives the worker's
+    hot functions new code objects equal to the old (worker/hotset.py)."""
+    out = run_python(
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import worker.zygote as z\n"
+        "new = [m for m in sys.modules if m not in before]\n"
+        "print(new.index('worker.hotset') < min(new.index(m) for m in ('argparse', 'json', 'logging', 'common.logs')))\n"
+        "from worker.process import leave_out_ssl\n"
+        "leave_out_ssl()\n"
+        "import worker.main as m\n"
+        "old = m.main.__code__\n"
+        "z.preload()\n"
+        "print(m.main.__code__ is not old and m.main.__code__ == old)\n"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
+
+
 def test_a_worker_process_environment_holds_glibc_to_two_malloc_arenas() -> None:
     """worker_environ's MALLOC_ARENA_MAX is honoured: a process started with it and running six
     threads that allocate has 2 malloc arenas (glibc's malloc_info), where the same process
@@ -401,9 +422,11 @@ def test_a_worker_process_environment_holds_glibc_to_two_malloc_arenas() -> None
     assert counts == {"capped": 2, "plain": 7}
 
 
-def test_the_zygote_and_an_execd_worker_start_with_the_arena_cap() -> None:
+def test_the_zygote_and_an_execd_worker_start_with_the_arena_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both ways a worker starts carry MALLOC_ARENA_MAX=2 from worker_environ: the zygote process
     (its forked workers inherit its malloc settings) and a worker the spawner starts by exec."""
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)  # an operator's own would be kept
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     from supervisor.workers.spawner import WorkerSpawner
     from supervisor.workers.zygoteproc import start_process, stop_process
 
@@ -411,8 +434,7 @@ def test_the_zygote_and_an_execd_worker_start_with_the_arena_cap() -> None:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             return fh.read().split(b"\0")
 
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
-    proc, sock = start_process(env)
+    proc, sock = start_process(dict(os.environ))
     try:
         assert wait_until(lambda: b"MALLOC_ARENA_MAX=2" in environ(proc.pid), 15)
     finally:

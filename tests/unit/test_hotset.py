@@ -35,13 +35,16 @@ def test_a_hot_set_file_gives_its_names_and_functions_in_order() -> None:
         ((hotset.HEADER + "\nnames alpha\n").encode(), "line 2"),
         ((hotset.HEADER + "\nname " + "a" * (hotset.MAX_ENTRY + 1) + "\n").encode(), "line 2"),
         ((hotset.HEADER + "\n" + "name a\n" * (hotset.MAX_NAMES + 1)).encode(), "over"),
+        ((hotset.HEADER + "\n" + "func m:f\n" * (hotset.MAX_FUNCTIONS + 1)).encode(), "over"),
+        ((hotset.HEADER + "\nfunc " + "m." * 130 + "m:f\n").encode(), "line 2"),
         (b"#" * (hotset.MAX_BYTES + 1), "over the limit"),
     ],
 )
 def test_a_malformed_hot_set_is_refused_with_what_and_where(data: bytes, says: str) -> None:
     """A missing header, non-ASCII bytes, a line that is neither `name NAME` (an ASCII
     identifier) nor `func MODULE:QUALNAME`, an entry over MAX_ENTRY, more names than MAX_NAMES, a
-    file over MAX_BYTES: each a ValueError naming the problem and its line."""
+    file over MAX_BYTES, more functions than MAX_FUNCTIONS, a function entry over MAX_ENTRY in
+    all: each a ValueError naming the problem and its line."""
     with pytest.raises(ValueError, match=says):
         hotset.parse(data)
 
@@ -70,6 +73,12 @@ def test_the_names_interned_at_import_are_the_strings_code_compiled_later_uses()
 
 MODULE = textwrap.dedent(
     """
+    import contextlib
+
+    @contextlib.contextmanager
+    def managed():
+        yield "managed"
+
     def plain(x):
         return x + 1
 
@@ -112,10 +121,11 @@ def module() -> Iterator[types.ModuleType]:
 
 
 def test_relocated_functions_get_equal_new_code_and_behave_the_same(module: types.ModuleType) -> None:
-    """A function, a method, a staticmethod, a classmethod and a property's getter and setter
-    each get a new code object equal to the old; a closure made afterwards runs a copy of its
-    code too; every one answers as before; an entry listed twice is given one copy, and entries
-    not found (no such module, no such name) are counted, not raised."""
+    """A function, a method, a staticmethod, a classmethod, a property's getter and setter, and
+    a @contextmanager's wrapper and the generator it wraps each get a new code object equal to
+    the old; a closure made afterwards runs a copy of its code too; every one answers as before;
+    an entry listed twice is given one copy, and entries not found (no such module, no such
+    name) are counted, not raised."""
     m = module
     old = {
         "plain": m.plain.__code__,
@@ -125,16 +135,18 @@ def test_relocated_functions_get_equal_new_code_and_behave_the_same(module: type
         "klass": m.Cls.__dict__["klass"].__func__.__code__,
         "get": m.Cls.__dict__["prop"].fget.__code__,
         "set": m.Cls.__dict__["prop"].fset.__code__,
+        "wrapper": m.managed.__code__,
+        "wrapped": m.managed.__wrapped__.__code__,
     }
     old_inner = m.maker(2).__code__
     entries = [
         f"gv_hotset_probe:{q}"
-        for q in ("plain", "maker", "Cls.method", "Cls.static", "Cls.klass", "Cls.prop")
+        for q in ("plain", "maker", "Cls.method", "Cls.static", "Cls.klass", "Cls.prop", "managed")
     ]
     done, missing = hotset.relocate(
         [*entries, "gv_hotset_probe:plain", "no_such_module:f", "gv_hotset_probe:nope"]
     )
-    assert (done, missing) == (7, 2)
+    assert (done, missing) == (9, 2)
     new = {
         "plain": m.plain.__code__,
         "maker": m.maker.__code__,
@@ -143,6 +155,8 @@ def test_relocated_functions_get_equal_new_code_and_behave_the_same(module: type
         "klass": m.Cls.__dict__["klass"].__func__.__code__,
         "get": m.Cls.__dict__["prop"].fget.__code__,
         "set": m.Cls.__dict__["prop"].fset.__code__,
+        "wrapper": m.managed.__code__,
+        "wrapped": m.managed.__wrapped__.__code__,
     }
     for key in old:
         assert new[key] is not old[key] and new[key] == old[key], key
@@ -153,7 +167,9 @@ def test_relocated_functions_get_equal_new_code_and_behave_the_same(module: type
     obj = m.Cls()
     obj.prop = 5
     assert (obj.method(), m.Cls.static(), m.Cls.klass(), obj.prop) == ("method", "static", "Cls", 5)
-    assert all(old[key] in hotset._KEPT for key in old)
+    with m.managed() as value:
+        assert value == "managed"
+    assert all(any(kept is old[key] for kept in hotset._KEPT) for key in old)
 
 
 def test_the_recorded_set_names_functions_the_zygotes_modules_still_have() -> None:

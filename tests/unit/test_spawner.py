@@ -110,6 +110,7 @@ def test_the_console_script_is_the_entry_point_that_starts_the_zygote_first() ->
     [
         ({"PATH": "/bin"}, "2"),
         ({"MALLOC_ARENA_MAX": "8"}, "8"),
+        ({"MALLOC_ARENA_MAX": ""}, "2"),
         ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, None),
         ({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}, "2"),
     ],
@@ -118,7 +119,8 @@ def test_worker_processes_get_two_malloc_arenas_unless_the_operator_chose(
     environ: dict[str, str], want: str | None
 ) -> None:
     """worker_environ (the zygote's and an exec'd worker's environment) caps glibc's malloc
-    arenas at 2 by MALLOC_ARENA_MAX, keeps the operator's own MALLOC_ARENA_MAX, adds none where
+    arenas at 2 by MALLOC_ARENA_MAX, keeps the operator's own MALLOC_ARENA_MAX (an empty one is
+    none), adds none where
     GLIBC_TUNABLES sets glibc.malloc.arena_max, and leaves every other variable as it was."""
     from supervisor.workers.zygoteproc import worker_environ
 
