@@ -129,12 +129,6 @@ def _send(sock: socket.socket, message: dict[str, object]) -> None:
     sock.sendall((json.dumps(message) + "\n").encode())
 
 
-def _returncode(status: int) -> int:
-    if os.WIFSIGNALED(status):
-        return -os.WTERMSIG(status)
-    return os.WEXITSTATUS(status)
-
-
 def _child(
     sock: socket.socket, wake_r: int, wake_w: int, argv: list[str], args: argparse.Namespace, secret: str
 ) -> None:
@@ -200,7 +194,7 @@ def serve(fd: int, supervisor_pid: int) -> int:
                 break
             if pid == 0:
                 break
-            _send(sock, {"op": "exit", "pid": pid, "status": _returncode(status)})
+            _send(sock, {"op": "exit", "pid": pid, "status": os.waitstatus_to_exitcode(status)})
         if sock.fileno() not in ready:
             continue
         chunk = sock.recv(65536)

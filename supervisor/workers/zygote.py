@@ -64,9 +64,7 @@ class ZygoteProc:
                 self.returncode = -signal.SIGKILL if not pid_alive(self.pid) else None
             else:
                 if pid == self.pid:
-                    self.returncode = (
-                        -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-                    )
+                    self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
