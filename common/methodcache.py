@@ -312,20 +312,22 @@ def write_all(packages: tuple[str, ...] = PACKAGES, path: str | None = None) -> 
     table = _table
     assert table is not None
     failed: list[str] = []
+
+    def load(name: str) -> types.ModuleType | None:
+        try:
+            return importlib.import_module(name)
+        except Exception as exc:  # said in the list the caller prints; the others go on
+            failed.append(f"{name}: {type(exc).__name__}: {exc}")
+            return None
+
     try:
         for name in packages:
-            try:
-                package = importlib.import_module(name)
-            except Exception as exc:
-                failed.append(f"{name}: {type(exc).__name__}: {exc}")
+            package = load(name)
+            if package is None:
                 continue
             for info in pkgutil.walk_packages(package.__path__, f"{name}.", onerror=lambda _n: None):
-                if info.name.rsplit(".", 1)[-1] == "__main__":
-                    continue  # runs its program when imported
-                try:
-                    importlib.import_module(info.name)
-                except Exception as exc:
-                    failed.append(f"{info.name}: {type(exc).__name__}: {exc}")
+                if info.name.rsplit(".", 1)[-1] != "__main__":  # a __main__ runs its program when imported
+                    load(info.name)
     finally:
         release(write=False)
     if not _write(where, table.compiled, whole=True):

@@ -6,6 +6,7 @@ so the file they read and write is the test's, not the checkout's.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -13,7 +14,7 @@ import sys
 
 from common import methodcache
 from tests.harness import SimNode, child_env, run_python
-from tests.helpers import short_tmpdir, wait_until
+from tests.helpers import checkout_path, short_tmpdir, wait_until
 
 GPU = "nvidia.com/gpu"
 LINE = re.compile(r"dataclass code: (\d+) texts from (\S+), (\d+) compiled")
@@ -87,3 +88,37 @@ def test_the_build_step_writes_every_module_and_a_start_then_compiles_nothing() 
         assert proc.returncode == 0, proc.stderr
         taken, compiled = map(int, proc.stdout.split())
         assert compiled == 0 and taken > 400, proc.stdout
+
+
+def test_the_build_step_names_each_module_it_could_not_import_and_writes_the_rest() -> None:
+    """write_all imports every module of the packages it is given: a package that is not there
+    and a module that raises are each listed with their error, in order, the other modules' texts
+    are still written, and a package's __main__ is not imported (it would run its program)."""
+    with short_tmpdir() as where:
+        package = os.path.join(where, "gvprobe")
+        os.mkdir(package)
+        files = {
+            "__init__.py": "",
+            "good.py": "from dataclasses import dataclass\n@dataclass\nclass Point:\n    x: int\n",
+            "bad.py": "raise RuntimeError('boom')\n",
+            "__main__.py": "raise SystemExit('the program ran')\n",
+        }
+        for name, text in files.items():
+            with open(os.path.join(package, name), "w") as fh:
+                fh.write(text)
+        target = os.path.join(where, "cache.bin")
+        env = child_env({"PYTHONPATH": os.pathsep.join([checkout_path(), where])})
+        proc = run_python(
+            "import json\n"
+            "from common import methodcache\n"
+            f"count, failed = methodcache.write_all(('gvprobe', 'gv_no_such_package'), path={target!r})\n"
+            "print(json.dumps([count, failed]))\n",
+            env,
+        )
+        assert proc.returncode == 0, proc.stderr
+        count, failed = json.loads(proc.stdout)
+        assert failed == [
+            "gvprobe.bad: RuntimeError: boom",
+            "gv_no_such_package: ModuleNotFoundError: No module named 'gv_no_such_package'",
+        ]
+        assert count > 0 and os.path.getsize(target) > 0
