@@ -98,9 +98,9 @@ def _read(path: str) -> tuple[list[str], list[str], str | None]:
     return names, functions, None
 
 
-NAMES, FUNCTIONS, PROBLEM = _read(PATH)
-# Held for the life of the process: an interned string no object refers to is freed.
-INTERNED = tuple(sys.intern(name) for name in NAMES)
+_names, FUNCTIONS, PROBLEM = _read(PATH)
+# Interned, and held for the life of the process: an interned string no object refers to is freed.
+NAMES = tuple(sys.intern(name) for name in _names)
 
 
 def functions_named(module: types.ModuleType, qualname: str) -> list[types.FunctionType]:

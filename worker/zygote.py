@@ -81,25 +81,11 @@ def preload() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     methodcache.release()
-    try:
-        placed, missing = hotset.relocate()
-    except Exception as exc:  # it only saves workers memory: said, and the zygote goes on
-        logging.getLogger("gpuvisor.zygote").warning("hot set not laid out (%s: %s)", type(exc).__name__, exc)
-        placed = missing = 0
     # Logging as a worker sets it up by default (text, info): a worker with those settings then
     # keeps the handler and level it inherits instead of making its own.
     logs.setup(role="zygote")
     _share(warm_abc_caches)
-    log = logging.getLogger("gpuvisor.zygote")
-    if hotset.PROBLEM is not None:
-        log.warning("hot set not read (%s): workers share fewer of the zygote's pages", hotset.PROBLEM)
-    else:
-        log.debug(
-            "hot set: %d names, %d functions laid out together, %d not found",
-            len(hotset.INTERNED),
-            placed,
-            missing,
-        )
+    _share(lay_out_hot_set)
     # No collection first: the imports leave ~360 small objects of garbage (functions, classes,
     # dates of module-level temporaries; no file or socket, which a process test pins), and a
     # full collection of the ~41,000 objects made here cost 6-9 ms of the zygote's preload,
@@ -109,6 +95,19 @@ def preload() -> None:
     _share(fill_allocator_holes)  # then the pools' free blocks, the reports' own included
     _share(fill_malloc_holes)  # then malloc's: the reports' text and the pymalloc fill's lists freed chunks
     gc.enable()
+
+
+def lay_out_hot_set() -> None:
+    """Give the hot set's functions their copies made together (worker/hotset.py), and say what
+    was done, or why there was no set to read."""
+    log = logging.getLogger("gpuvisor.zygote")
+    if hotset.PROBLEM is not None:
+        log.warning("hot set not read (%s): workers share fewer of the zygote's pages", hotset.PROBLEM)
+        return
+    placed, missing = hotset.relocate()
+    log.debug(
+        "hot set: %d names, %d functions laid out together, %d not found", len(hotset.NAMES), placed, missing
+    )
 
 
 def _share(step: Callable[[], object]) -> None:

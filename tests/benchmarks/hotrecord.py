@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import glob
 import importlib
 import os
@@ -121,13 +122,19 @@ def record_functions(seconds: float) -> list[str]:
     return sorted(f for f in found if hotset.is_function(f))
 
 
-def _found(entry: str) -> list[types.FunctionType]:
-    """The functions `entry` names, in this process, with the zygote's modules imported;
-    `__main__` is the zygote's module (it runs as `python -m worker.zygote`)."""
+@functools.cache
+def _zygote_modules() -> None:
+    """Import, once, the modules a zygote's preload imports."""
     from worker.zygote import PRELOAD
 
     for preloaded in PRELOAD:
         importlib.import_module(preloaded)
+
+
+def _found(entry: str) -> list[types.FunctionType]:
+    """The functions `entry` names, in this process, with the zygote's modules imported;
+    `__main__` is the zygote's module (it runs as `python -m worker.zygote`)."""
+    _zygote_modules()
     module_name, _, qualname = entry.partition(":")
     module = sys.modules.get("worker.zygote" if module_name == "__main__" else module_name)
     return hotset.functions_named(module, qualname) if module is not None else []
