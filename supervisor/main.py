@@ -41,7 +41,7 @@ from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
 from common.messages import ClaimReply, Json
 from common.procutil import Mailbox
 from supervisor.cdi.sync import CdiSync
-from supervisor.cluster.side import ClusterSide
+from supervisor.cluster.side import ClusterSide, api_client
 from supervisor.config import Config
 from supervisor.control.commands import CommandTarget, reply_to
 from supervisor.control.endpoint import ControlEndpoint
@@ -49,6 +49,7 @@ from supervisor.desired.discovery import NvmlLink, StartupError
 from supervisor.desired.follow import Follow, worker_policy
 from supervisor.desired.reconcile import Reconciler
 from supervisor.desired.replan import Replanner
+from supervisor.dra.earlier import EarlierPool
 from supervisor.dra.side import DraSide
 from supervisor.health.book import ChangeBatch
 from supervisor.health.hub import HealthHub
@@ -208,12 +209,22 @@ class Supervisor:
     def _build_outside(self, config: Config) -> None:
         """What reaches the supervisor from outside, or looks in: worker messages and CLI commands,
         the file watches, the cluster side (the node's label, health on the Node), the probes."""
+        self.earlier_pool = EarlierPool(
+            node_name=config.node_name,
+            plugins_dir=config.kubelet_plugins_dir,
+            connect=partial(api_client, config.kubeconfig, self.environ, self.metrics),
+            timers=self.timers,
+            post=self.mailbox.post,
+            on_done=self.replan.rediscover,
+            on_count=self.metrics.dra_call,
+        )
         self.dra = DraSide(
             node_name=config.node_name,
             plugin_dir=self.plugin_dir,
             pod_resources_socket=config.pod_resources_socket,
             metrics=self.metrics,
             reply=self.reply_claim,
+            earlier=self.earlier_pool,
         )
         self.events = WorkerEvents(
             workers=self.workers,
@@ -346,6 +357,7 @@ class Supervisor:
         self.rundir.secure_sockets()
         self.watches.start()
         self.spawner.start()
+        self.earlier_pool.look()  # before the first plans: an earlier DRA life's pool on this node?
         self.timers.call_later("beacon", 0.0, self.beacon)
         self.try_nvml()
 
@@ -462,6 +474,7 @@ class Supervisor:
         """What DRA claims hold while the node runs as a device plugin (planning's input): not
         settled while a DRA worker that may still prepare claims runs (one not confirmed draining);
         else the devices its checkpoint lists (the checkpoint is final once it drains)."""
+        waiting = self.dra.hold_reason(config.mode)
         if config.mode == "dra":
             return NO_HOLD
         from common.dracheckpoint import CheckpointError, held_devices  # loaded at planning, not at start
@@ -477,13 +490,13 @@ class Supervisor:
             return DraHold(settled=False)
         directory = os.path.join(config.kubelet_plugins_dir, DRIVER)
         try:
-            return DraHold(devices=held_devices(directory))
+            return DraHold(devices=held_devices(directory), waiting=waiting)
         except CheckpointError as exc:
             # The DRA worker moves such a file aside and starts empty: nothing it lists is held.
             log.warning(
                 "the DRA checkpoint in %s cannot be read (%s): no device counts as held", directory, exc
             )
-            return NO_HOLD
+            return DraHold(waiting=waiting)
 
     def on_worker_stats(self, resource: str, stats: Mapping[str, float]) -> None:
         """A draining DRA worker confirmed the drain, or a claim was unprepared: plan again, so the
@@ -518,6 +531,7 @@ class Supervisor:
             mps_not_ready=self.mps.not_ready(),
             cdi_error=self.cdi.error,
             pending_reload=self.reconciler.pending_error,  # "" unless a reload is pending
+            waiting=self.replan.planned_hold.waiting if self.replan.planned_hold else "",
             no_config=self.config.awaiting_label,
         )
 
@@ -573,6 +587,7 @@ class Supervisor:
                 "labels": self.labels.status(),
                 "control": self.control.status(),
                 "cluster": self.cluster.status(),
+                "earlier_dra_pool": self.earlier_pool.status(),
             },
             self.replan.status(),
         )

@@ -443,6 +443,7 @@ class Request:
     query: dict[str, str] = field(default_factory=dict)
     user_agent: str = ""
     manager: str = ""  # the field manager the server would record for a write
+    at: float = field(default_factory=time.monotonic)  # when it came in (this process's clock)
 
 
 @dataclass

@@ -56,6 +56,20 @@ TIMER = "cluster-start"
 MAX_EARLY_EVENTS = 50
 
 
+def api_client(kubeconfig: str, environ: Mapping[str, str], metrics: Metrics) -> KubeClient:
+    """The supervisor's client of the API server: the kubeconfig, else the pod's service account.
+    Loads the API-server layer (`ssl`, `http.client`): called only once a feature needs it."""
+    from supervisor.kube.client import KubeClient
+    from supervisor.kube.credentials import load_credentials
+
+    return KubeClient(
+        load_credentials(kubeconfig, environ),
+        component="supervisor",
+        version=VERSION,
+        on_request=metrics.api_request,
+    )
+
+
 class ClusterPart(Protocol):
     """A feature of a higher layer that talks to the API server through the cluster side's client."""
 
@@ -145,15 +159,10 @@ class ClusterSide:
     def _start(self, why: str) -> None:
         # The API-server layer is loaded here, and only here, in `gpuvisor run`.
         from supervisor.cluster.writer import NodeHealthWriter
-        from supervisor.kube.client import KubeClient
-        from supervisor.kube.credentials import load_credentials
         from supervisor.kube.watch import ObjectWatch
 
         self._stop_parts()  # what a failed earlier try started, if anything
-        credentials = load_credentials(self.kubeconfig, self.environ)
-        client = KubeClient(
-            credentials, component="supervisor", version=VERSION, on_request=self.metrics.api_request
-        )
+        client = api_client(self.kubeconfig, self.environ, self.metrics)
         self.client = client
         if self.watch_label:
             self.watch = ObjectWatch(
@@ -176,7 +185,7 @@ class ClusterSide:
             "cluster side started (%s) for Node %s with %s: %s",
             why,
             self.node,
-            credentials.source,
+            client.credentials.source,
             ", ".join(
                 what
                 for what, on in (

@@ -9,10 +9,12 @@ DRA worker's claims.
              where the server keeps them), and withdraws them when the node turns device plugin;
 - `held`     devices the device plugin's containers still hold, as DRA device names (left out);
 - `claims`   `ClaimFetcher`: the DRA worker's ResourceClaims, fetched with the node's API client;
+- `earlier`  `EarlierPool`: the pool an earlier DRA life published on this node, withdrawn (within a
+             bound) before a start in device-plugin mode offers a GPU;
 - `side`     `DraSide`: the part the cluster side starts (supervisor/cluster `ClusterPart`), fed
              by the main loop.
 
 `publish` (and through it `supervisor.kube`) is imported only when the cluster side starts.
-May import: `common/`, `supervisor.kube`, `supervisor.config`,
+May import: `common/`, `supervisor.scheduler`, `supervisor.kube`, `supervisor.config`,
 `supervisor.node`, `supervisor.health`, `supervisor.observe`.
 """

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from common.messages import ClaimReply, ClaimRequest, Json
 from common.model import Node, ResourcePlan
 from supervisor.dra.claims import ClaimFetcher
+from supervisor.dra.earlier import EarlierPool
 from supervisor.health.book import HealthBook
 from supervisor.node.draplan import DRIVER
 from supervisor.observe.metrics import Metrics
@@ -50,8 +51,10 @@ class DraSide:
         pod_resources_socket: str,
         metrics: Metrics,
         reply: Callable[[str, ClaimReply], None],
+        earlier: EarlierPool | None = None,
     ) -> None:
         self.node_name = node_name
+        self.earlier = earlier  # the pool an earlier DRA life published, withdrawn in device-plugin mode
         self.plugin_dir = plugin_dir  # the device plugins' dir: the kubelet's checkpoint, a fallback
         self.pod_resources_socket = pod_resources_socket
         self.metrics = metrics
@@ -86,6 +89,15 @@ class DraSide:
         self.publisher.start()
         self.claims.start(client)
 
+    def hold_reason(self, mode: str) -> str:
+        """Planning asks (main loop): why the device plugin may offer nothing yet ("" when it may)."""
+        if self.earlier is None:
+            return ""
+        if mode == "dra":
+            self.earlier.keep()
+            return ""
+        return self.earlier.pending()
+
     def stop(self) -> None:
         self.claims.stop()
         if self.publisher is not None:
@@ -95,6 +107,8 @@ class DraSide:
     def close(self) -> None:
         self.stop()
         self.claims.close()
+        if self.earlier is not None:
+            self.earlier.stop()
 
     # ------------------------------------------------------------------ from the main loop
     def request_claim(self, request: ClaimRequest) -> None:

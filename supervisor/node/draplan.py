@@ -103,11 +103,15 @@ class DraHold:
     under way and the worker has not confirmed that it drains): then nothing is offered through
     the device plugin yet. `devices` are the DRA device names that prepared claims hold (the DRA
     worker's checkpoint): they stay with their pods, out of the device plugin's plans, and a
-    draining DRA worker keeps serving their unprepare.
+    draining DRA worker keeps serving their unprepare. `waiting` is why nothing may be offered
+    through the device plugin yet although the hold is settled (the pool an earlier DRA life
+    published is being withdrawn: supervisor/dra/earlier.py); the held devices' draining DRA plan
+    runs meanwhile.
     """
 
     settled: bool = True
     devices: frozenset[str] = frozenset()
+    waiting: str = ""
 
 
 @dataclass(frozen=True)

@@ -86,12 +86,15 @@ def plan_resources(node: Node, config: Config, hold: DraHold = NO_HOLD) -> dict[
     device-plugin, `hold` is what DRA claims prepared before still hold (a node switched from
     mode dra): while a DRA worker may still prepare claims, its draining plan is the only plan;
     once settled, the held devices stay out of the device plugin's plans (every replica, and a
-    full GPU whose MIG device is held) and a draining DRA plan keeps serving their unprepare."""
+    full GPU whose MIG device is held) and a draining DRA plan keeps serving their unprepare.
+    While `hold.waiting` (an earlier life's pool is being withdrawn) the device plugin gets nothing."""
     if config.mode == "dra":
         return {DRIVER: dra_plan(node, config)}
     if not hold.settled:
         return {DRIVER: dra_plan(node, config, drain=True)}
-    plans = _device_plugin_plans(node, config)
+    plans = _device_plugin_plans(node, config)  # planned even while waiting: a bad config shows now
+    if hold.waiting:
+        return {DRIVER: dra_plan(node, config, drain=True, only=hold.devices)} if hold.devices else {}
     if not hold.devices:
         return plans
     blocked = held_uuids(node, hold.devices)

@@ -50,10 +50,13 @@ def readiness(
     cdi_error: str | None,
     pending_reload: str = "",
     no_config: str = "",
+    waiting: str = "",
 ) -> Readiness:
     """Ready, and the one-line reason."""
     if not nvml_up:
         return Readiness(False, f"not ready: NVML is not up ({nvml_error or 'starting'})")
+    if waiting:  # the device plugin may offer nothing yet (an earlier DRA pool is being withdrawn)
+        return Readiness(False, f"not ready: {waiting}")
     planned = sorted(planned)
     if no_config and not planned:
         return Readiness(False, f"not ready: no config chosen yet, waiting for the node label ({no_config})")

@@ -12,7 +12,7 @@ from common.model import MigDevice, Node, ResourcePlan
 from supervisor.config import Config, ConfigError, config_from_data, parse_config_text
 from supervisor.node.draplan import DRIVER, DraHold, dra_devices, dra_plan, mig_device_name, profile_label
 from supervisor.node.nvml import Nvml
-from supervisor.node.planning import plan_resources
+from supervisor.node.planning import PlanningError, plan_resources
 from supervisor.sim.nvml import load_simulator
 from tests import nodes
 
@@ -197,3 +197,17 @@ def test_no_hold_plans_as_before_and_mode_dra_ignores_it() -> None:
     node = nodes.pcie_l4()
     assert plan_resources(node, dp_cfg(), DraHold()) == plan_resources(node, dp_cfg())
     assert plan_resources(node, dra_cfg(), DraHold(settled=False)) == plan_resources(node, dra_cfg())
+
+
+def test_while_an_earlier_pool_is_withdrawn_the_device_plugin_gets_nothing() -> None:
+    """`waiting` (an earlier DRA life's pool is being withdrawn): no device-plugin resource is
+    planned; held devices still get their draining DRA plan; a config planning cannot take still
+    fails now, not once the wait is over."""
+    node = nodes.pcie_l4()
+    assert plan_resources(node, dp_cfg(), DraHold(waiting="withdrawing")) == {}
+    held = plan_resources(node, dp_cfg(), DraHold(devices=frozenset({"gpu-2"}), waiting="withdrawing"))
+    assert list(held) == [DRIVER] and [d.id for d in held[DRIVER].devices] == ["gpu-2"]
+    with pytest.raises(PlanningError, match="MIG strategy single"):
+        plan_resources(
+            nodes.mig_a100(), dp_cfg("version: v1\nflags: {migStrategy: single}\n"), DraHold(waiting="w")
+        )
