@@ -46,7 +46,7 @@ class HealthEvent:
     decision: str  # the policy's decision in words
     unhealthy: bool  # the decision takes devices out
     fields: tuple[tuple[str, Any], ...] = ()  # structured fields for the line (xid, action)
-    odd: bool = False  # worth a warning though it takes nothing out (an event naming no GPU)
+    odd: bool = False  # worth a warning though it takes nothing out (no GPU named, or advice to act)
 
     @property
     def level(self) -> int:

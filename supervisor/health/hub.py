@@ -132,10 +132,12 @@ class HealthHub:
         """The finding as its log line names it, when it is an NVML event: the action is the one
         the book took (`batch.action`), the words the policy's."""
         field: tuple[str, object]
+        advised = False  # kept in service, but the catalog asks for something (a reset when convenient)
         match finding:
             case Xid(gpu_uuid, xid, gi, ci):
                 what, field = f"XID {xid}", ("xid", xid)
                 decision = self.policy.explain_xid(xid, batch.action)
+                advised = bool(self.policy.advice_xid(xid, batch.action))
             case Ecc(gpu_uuid, kind, gi, ci):
                 what, field = f"{kind.value} ECC error", ("ecc", kind.value)
                 decision = self.policy.explain_ecc(kind, batch.action)
@@ -155,7 +157,7 @@ class HealthHub:
         action = batch.action or Action.IGNORE  # the book names the action of every XID and ECC event
         unhealthy = action is not Action.IGNORE
         return HealthEvent(
-            gpu_uuid, gi, ci, what, decision, unhealthy, fields=(field, ("action", action.value))
+            gpu_uuid, gi, ci, what, decision, unhealthy, fields=(field, ("action", action.value)), odd=advised
         )
 
     def tick(self) -> None:

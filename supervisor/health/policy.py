@@ -17,7 +17,8 @@ Both values are lower-cased, split on commas and trimmed; empty items are skippe
 are not a non-negative integer are skipped with a log line (gpuvisor: same, listed in
 `HealthPolicy.warnings`; it also skips `0`, which is no XID).
 
-- Default ignored XIDs: 13, 31, 43, 45, 68, 109 (application errors).
+- Default ignored XIDs: 13, 31, 43, 45, 68, 109 (application errors). gpuvisor: those, and the
+  XIDs whose catalog action keeps the GPU in service (63, 92, 94, 154; see the table).
 - `DP_DISABLE_HEALTHCHECKS=all` or `=xids` (either anywhere in the list): no health checks at all;
   `xids` is a plain alias of `all` in NVIDIA's code. gpuvisor: `checks_enabled` is False and
   every event is ignored.
@@ -43,33 +44,43 @@ unhealthy for good; gpuvisor keeps that severity, because an XID nobody classifi
 hardware fault and a probe cannot prove otherwise, but a reset or re-appearance recovers it.
 The config can map any XID, and `unknown_action` changes the fallback.
 
-Default table (grounded in NVIDIA's XID documentation: docs.nvidia.com/deploy/xid-errors, its
-Xid catalog for Ampere and newer, the dynamic page retirement and A100 memory error management
-guides; "catalog bucket" is the catalog's immediate-action bucket as we read it: the catalog
-spreadsheet is the authority, re-check this column against it when the table changes)
-------------------------------------------------------------------------------------------------
+Default table
+-------------
+From NVIDIA's XID documentation: docs.nvidia.com/deploy/xid-errors, its Xid catalog for Ampere
+and newer ("catalog bucket" is the catalog's "Resolution Bucket (Immediate Action)"; the
+spreadsheet is the authority, re-check against it when the table changes), and the dynamic page
+retirement and A100 memory error management guides. An XID whose immediate action keeps the GPU
+in service (IGNORE: no action; RESTART_APP: restart the application, no reset needed) takes no
+device out; its log line is a warning when the catalog advises something (a reset when
+convenient, support). One needing a reset or a reboot is `until-reset`. NVIDIA's default-ignored
+XIDs stay ignored whatever their bucket, so a drop-in gpuvisor takes out no GPU NVIDIA's plugin
+keeps; `DP_ENABLE_HEALTHCHECKS=109` gives 109 the unknown-XID action, the catalog's reset.
+Generated from DEFAULT_XID_RULES by `xid_table_markdown()`:
+
 | XID | meaning | catalog bucket | gpuvisor | why |
 | --- | --- | --- | --- | --- |
-| 13 | Graphics engine exception | RESTART_APP | ignore | NVIDIA default-ignored: application error |
-| 31 | GPU memory page fault | RESTART_APP | ignore | NVIDIA default-ignored: application error |
-| 43 | GPU stopped processing | RESTART_APP | ignore | NVIDIA default-ignored: application error |
-| 45 | Preemptive cleanup after previous errors | IGNORE | ignore | NVIDIA default-ignored: follows another error |
-| 68 | Video processor (NVDEC) exception | RESTART_APP | ignore | NVIDIA default-ignored |
-| 109 | Context switch timeout | RESTART_APP | ignore | NVIDIA default-ignored |
-| 48 | Double-bit ECC error (DBE) | RESET_GPU | until-reset | uncorrectable memory error; page retirement / row remap takes effect only after a reset |
-| 63 | ECC page retirement or row remapping recorded | RESET_GPU at convenience | transient | a remap is pending for the next reset; NVIDIA's A100 guide: unaffected and new work can keep running |
-| 64 | ECC page retirement or row remapping failed | RESET_GPU | until-reset | the bad memory could not be isolated; reset, likely RMA |
-| 74 | NVLink error | RESET_GPU | until-reset | link faults persist until the GPU (and its peers) are reset |
-| 79 | GPU has fallen off the bus | RESET_GPU / reboot | until-reset | GPU unreachable; also reported as lost, recovers when NVML sees it again |
-| 92 | High single-bit ECC error rate | not a reset | transient | SBEs are corrected; a burst hints at failing memory, so keep new pods off until it calms down and a probe passes |
-| 94 | Contained ECC error | RESTART_APP | transient | only the application that touched the bad memory is hit; new work may run (NVIDIA #1014: must not take GPUs out) |
-| 95 | Uncontained ECC error | RESET_GPU | until-reset | every application on the GPU is affected; a reset is needed |
+| 13 | Graphics engine exception | RESTART_APP | ignore | an application error: the application restarts, the GPU is fine; NVIDIA default-ignored |
+| 31 | GPU memory page fault | RESTART_APP | ignore | an application error: the application restarts, the GPU is fine; NVIDIA default-ignored |
+| 43 | GPU stopped processing | IGNORE | ignore | the GPU remains in a healthy state (catalog); NVIDIA default-ignored |
+| 45 | Preemptive cleanup, due to previous errors | WORKFLOW_XID_45 | ignore | alone: restart Fabric Manager; with other XIDs: follow those (catalog); NVIDIA default-ignored |
+| 48 | Double-bit ECC error | WORKFLOW_XID_48 | until-reset | uncorrectable memory error; a GPU reset or node reboot is needed to clear it (catalog); with XID 63 or 64, drain and reset |
+| 63 | ECC page retirement or row remapping recorded | IGNORE | ignore | the bad memory is isolated; NVIDIA's A100 memory guide: unaffected applications continue and new work can launch; the retirement or remap waits for the next reset |
+| 64 | ECC page retirement or row remapping failure | RESET_GPU | until-reset | the bad memory could not be isolated; reset, likely RMA |
+| 68 | Video processor exception | RESTART_APP | ignore | an application error: the application restarts, the GPU is fine; NVIDIA default-ignored |
+| 74 | NVLink error | WORKFLOW_NVLINK_ERR | until-reset | a GPU reset or node reboot is needed to clear it (catalog) |
+| 79 | GPU has fallen off the bus | RESTART_BM | until-reset | GPU unreachable: reboot the node; also reported as lost, recovers when NVML sees it again |
+| 92 | High single-bit ECC error rate | IGNORE | ignore | the errors were corrected; the catalog's follow-up is to contact support, not to stop work |
+| 94 | Contained ECC error | RESTART_APP | ignore | only the application that hit the bad memory is affected; other and new work run on, and a reset can wait until convenient (catalog) |
+| 95 | Uncontained ECC error | RESET_GPU | until-reset | every application on the GPU is affected; the GPU must be reset before applications can restart |
+| 109 | Context switch timeout | RESET_GPU | ignore | NVIDIA default-ignored, kept for drop-in compatibility; `DP_ENABLE_HEALTHCHECKS=109` (or `xids: {"109": until-reset}`) takes the GPU out until a reset, as the catalog asks |
 | 119 | GSP RPC timeout | RESET_GPU | until-reset | the GPU System Processor stopped answering |
 | 120 | GSP error | RESET_GPU | until-reset | GSP firmware fault |
+| 154 | GPU recovery action changed | XID_154 | ignore | tells what another XID calls for, and that XID carries its own action; as an unknown XID (until-reset) it would take a GPU out even when the new action is none |
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -103,30 +114,119 @@ class EccKind(StrEnum):
 @dataclass(frozen=True)
 class XidRule:
     action: Action
-    reason: str
+    reason: str  # what the XID means, in device health reasons and log lines
+    bucket: str = ""  # the catalog's "Resolution Bucket (Immediate Action)"
+    why: str = ""  # why the default action is what it is (the tables' last column)
+    advice: str = ""  # what an operator should do about an XID that keeps the GPU in service
 
 
 # NVIDIA v0.20.0 ignores these by default (application errors).
 NVIDIA_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
+_APP_ERROR = "an application error: the application restarts, the GPU is fine; NVIDIA default-ignored"
+_RESET_NEEDED = "a GPU reset or node reboot is needed to clear it (catalog)"
+
+# The one declaration of the default table: the README's and the module docstring's copies are
+# `xid_table_markdown()`, which tests/packaging/test_readme.py holds them to. An XID whose catalog
+# action keeps the GPU in service (IGNORE, RESTART_APP) is ignored, with its advice in its log
+# line; a reset or a reboot is until-reset; NVIDIA's default-ignored XIDs stay ignored, so
+# gpuvisor takes out no GPU that NVIDIA's plugin would keep (its env vars are NVIDIA's too).
 DEFAULT_XID_RULES: Mapping[int, XidRule] = {
-    13: XidRule(Action.IGNORE, "graphics engine exception"),
-    31: XidRule(Action.IGNORE, "GPU memory page fault"),
-    43: XidRule(Action.IGNORE, "GPU stopped processing"),
-    45: XidRule(Action.IGNORE, "preemptive cleanup, due to previous errors"),
-    68: XidRule(Action.IGNORE, "video processor exception"),
-    109: XidRule(Action.IGNORE, "context switch timeout"),
-    48: XidRule(Action.UNTIL_RESET, "double-bit ECC error"),
-    63: XidRule(Action.TRANSIENT, "ECC page retirement or row remapping recorded"),
-    64: XidRule(Action.UNTIL_RESET, "ECC page retirement or row remapping failure"),
-    74: XidRule(Action.UNTIL_RESET, "NVLink error"),
-    79: XidRule(Action.UNTIL_RESET, "GPU has fallen off the bus"),
-    92: XidRule(Action.TRANSIENT, "high single-bit ECC error rate"),
-    94: XidRule(Action.TRANSIENT, "contained ECC error"),
-    95: XidRule(Action.UNTIL_RESET, "uncontained ECC error"),
-    119: XidRule(Action.UNTIL_RESET, "GSP RPC timeout"),
-    120: XidRule(Action.UNTIL_RESET, "GSP error"),
+    13: XidRule(Action.IGNORE, "graphics engine exception", "RESTART_APP", _APP_ERROR),
+    31: XidRule(Action.IGNORE, "GPU memory page fault", "RESTART_APP", _APP_ERROR),
+    43: XidRule(
+        Action.IGNORE,
+        "GPU stopped processing",
+        "IGNORE",
+        "the GPU remains in a healthy state (catalog); NVIDIA default-ignored",
+    ),
+    45: XidRule(
+        Action.IGNORE,
+        "preemptive cleanup, due to previous errors",
+        "WORKFLOW_XID_45",
+        "alone: restart Fabric Manager; with other XIDs: follow those (catalog); NVIDIA default-ignored",
+    ),
+    48: XidRule(
+        Action.UNTIL_RESET,
+        "double-bit ECC error",
+        "WORKFLOW_XID_48",
+        "uncorrectable memory error; " + _RESET_NEEDED + "; with XID 63 or 64, drain and reset",
+    ),
+    63: XidRule(
+        Action.IGNORE,
+        "ECC page retirement or row remapping recorded",
+        "IGNORE",
+        "the bad memory is isolated; NVIDIA's A100 memory guide: unaffected applications continue "
+        "and new work can launch; the retirement or remap waits for the next reset",
+        "the retirement or remap takes effect at the next reset; reset the GPU when convenient",
+    ),
+    64: XidRule(
+        Action.UNTIL_RESET,
+        "ECC page retirement or row remapping failure",
+        "RESET_GPU",
+        "the bad memory could not be isolated; reset, likely RMA",
+    ),
+    68: XidRule(Action.IGNORE, "video processor exception", "RESTART_APP", _APP_ERROR),
+    74: XidRule(Action.UNTIL_RESET, "NVLink error", "WORKFLOW_NVLINK_ERR", _RESET_NEEDED),
+    79: XidRule(
+        Action.UNTIL_RESET,
+        "GPU has fallen off the bus",
+        "RESTART_BM",
+        "GPU unreachable: reboot the node; also reported as lost, recovers when NVML sees it again",
+    ),
+    92: XidRule(
+        Action.IGNORE,
+        "high single-bit ECC error rate",
+        "IGNORE",
+        "the errors were corrected; the catalog's follow-up is to contact support, not to stop work",
+        "the errors were corrected; contact NVIDIA support if the rate persists",
+    ),
+    94: XidRule(
+        Action.IGNORE,
+        "contained ECC error",
+        "RESTART_APP",
+        "only the application that hit the bad memory is affected; other and new work run on, and "
+        "a reset can wait until convenient (catalog)",
+        "the application that hit it must restart; reset the GPU when convenient",
+    ),
+    95: XidRule(
+        Action.UNTIL_RESET,
+        "uncontained ECC error",
+        "RESET_GPU",
+        "every application on the GPU is affected; the GPU must be reset before applications can restart",
+    ),
+    109: XidRule(
+        Action.IGNORE,
+        "context switch timeout",
+        "RESET_GPU",
+        "NVIDIA default-ignored, kept for drop-in compatibility; `DP_ENABLE_HEALTHCHECKS=109` "
+        '(or `xids: {"109": until-reset}`) takes the GPU out until a reset, as the catalog asks',
+        "as NVIDIA's plugin does; the catalog advises a GPU reset "
+        "(DP_ENABLE_HEALTHCHECKS=109 takes the GPU out until one)",
+    ),
+    119: XidRule(
+        Action.UNTIL_RESET, "GSP RPC timeout", "RESET_GPU", "the GPU System Processor stopped answering"
+    ),
+    120: XidRule(Action.UNTIL_RESET, "GSP error", "RESET_GPU", "GSP firmware fault"),
+    154: XidRule(
+        Action.IGNORE,
+        "GPU recovery action changed",
+        "XID_154",
+        "tells what another XID calls for, and that XID carries its own action; as an unknown XID "
+        "(until-reset) it would take a GPU out even when the new action is none",
+        "the XID it reports on carries its own action; nvidia-smi -q shows the recovery action",
+    ),
 }
+
+
+def xid_table_markdown() -> str:
+    """The default XID table as the README and this module's docstring show it."""
+    rows = ["| XID | meaning | catalog bucket | gpuvisor | why |", "| --- | --- | --- | --- | --- |"]
+    for xid, rule in sorted(DEFAULT_XID_RULES.items()):
+        meaning = rule.reason[0].upper() + rule.reason[1:]
+        rows.append(f"| {xid} | {meaning} | {rule.bucket} | {rule.action.value} | {rule.why} |")
+    return "\n".join(rows)
+
 
 _ECC_DEFAULTS: Mapping[EccKind, Action] = {
     EccKind.SINGLE_BIT: Action.IGNORE,
@@ -227,8 +327,11 @@ class HealthPolicy:
             xid = _parse_xid_key(key)
             action = _parse_action(xid, value)
             default = DEFAULT_XID_RULES.get(xid)
-            reason = default.reason if default is not None else "XID not in gpuvisor's table"
-            rules[xid] = XidRule(action, reason)
+            # The XID's meaning and catalog entry stay; only the action is the user's.
+            if default is not None:
+                rules[xid] = dataclasses.replace(default, action=action)
+            else:
+                rules[xid] = XidRule(action, "XID not in gpuvisor's table")
 
         disabled = _parse_env(DISABLE_ENV, disable_env)
         enabled = _parse_env(ENABLE_ENV, enable_env)
@@ -304,11 +407,25 @@ class HealthPolicy:
         if env:
             return env
         rule = self.rules.get(xid)
-        if rule is None or rule.action is not Action.IGNORE:
+        if rule is None or rule.action is not Action.IGNORE or xid in self.env_ignored:
             return f"ignored: listed in {DISABLE_ENV}"
-        if DEFAULT_XID_RULES.get(xid) == rule:
-            return f"ignored as an application error ({rule.reason})"
-        return "ignored by the config (gpuvisor.health.xids)"
+        if DEFAULT_XID_RULES.get(xid) != rule:
+            return "ignored by the config (gpuvisor.health.xids)"
+        advice = self.advice_xid(xid, action)
+        if advice:
+            return f"ignored, the GPU stays in service ({rule.reason}): {advice}"
+        return f"ignored as an application error ({rule.reason})"
+
+    def advice_xid(self, xid: int, action: Action | None = None) -> str:
+        """The catalog's advice on an XID the default table keeps in service ("" for none): its
+        log line is then a warning, for someone should act on it though no device is out.
+        `action` as for explain_xid. An XID the operator listed in DP_DISABLE_HEALTHCHECKS gets
+        none: they asked for it to be skipped."""
+        action = self.classify_xid(xid) if action is None else action
+        rule = self.rules.get(xid)
+        if action is not Action.IGNORE or rule is None or self._ignored_by_env() or xid in self.env_ignored:
+            return ""
+        return rule.advice if DEFAULT_XID_RULES.get(xid) == rule else ""
 
     def explain_ecc(self, kind: EccKind, action: Action | None = None) -> str:
         """The decision on an ECC event in words, for its log line (`action` as for explain_xid)."""

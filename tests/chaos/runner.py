@@ -76,6 +76,7 @@ sharing:
 gpuvisor:
   health:
     transientQuietSeconds: 2
+    xids: {"94": transient}  # no XID is transient by default; the run should see that rule too
 """
 
 CONFIG_B = CONFIG_A.replace("replicas: 2", "replicas: 3")

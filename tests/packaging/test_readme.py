@@ -1,4 +1,4 @@
-"""The README stays true: its settings table is the generated one, its quick start the CI's command."""
+"""The README stays true: its settings and XID tables are the generated ones, its quick start the CI's command."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from supervisor.config import settings_markdown
+from supervisor.health import policy
 from tests.helpers import REPO
 
 
@@ -23,6 +24,17 @@ def test_settings_table_is_generated_from_the_declarations() -> None:
     start = text.index("<!-- settings:start -->") + len("<!-- settings:start -->")
     end = text.index("<!-- settings:end -->")
     assert text[start:end].strip() == settings_markdown().strip()
+
+
+def test_the_xid_tables_are_generated_from_the_default_rules() -> None:
+    """The README's default XID table and the one in supervisor/health/policy.py's docstring both
+    equal `policy.xid_table_markdown()`, made from DEFAULT_XID_RULES (paste it in when this fails)."""
+    table = policy.xid_table_markdown().strip()
+    text = _readme()
+    start = text.index("<!-- xid-table:start -->") + len("<!-- xid-table:start -->")
+    assert text[start : text.index("<!-- xid-table:end -->")].strip() == table
+    doc = policy.__doc__ or ""
+    assert "\n".join(line for line in doc.splitlines() if line.startswith("|")) == table
 
 
 def test_ci_runs_the_readme_test_command() -> None:

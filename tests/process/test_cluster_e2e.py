@@ -206,7 +206,7 @@ def test_an_xid_storm_is_one_condition_and_few_events(api: RunningApiServer, tmp
         assert wait_until(lambda: condition(api).get("status") == "False", 20), node.log()[-3000:]
         gpus = sorted(node.kubelet.devices(GPU))
         for i in range(400):
-            node.sim("xid", device=gpus[i % len(gpus)], xid=(48, 94)[i % 2])
+            node.sim("xid", device=gpus[i % len(gpus)], xid=(48, 95)[i % 2])
         node.wait_health(GPU, gpus, "Unhealthy")
         assert wait_until(lambda: condition(api).get("status") == "True", 20)
         time.sleep(3)  # let the writer drain what it will

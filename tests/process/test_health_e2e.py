@@ -83,8 +83,27 @@ def test_xid_marks_every_replica_and_logs_one_line(l4: SimNode) -> None:
     l4.wait_health(GPU, replicas(gpu), HEALTHY)
 
 
+def test_xid_94_keeps_the_gpu_allocatable_by_default_while_xid_48_takes_it_out() -> None:
+    """Default policy: XID 94 (a contained ECC error, NVIDIA's catalog: restart the application)
+    leaves the kubelet stand-in's allocatable and the GPU's health as they were, with a log line
+    advising a reset when convenient; XID 48 after it, on another GPU, takes that one GPU out."""
+    with SimNode("pcie-l4") as node:
+        node.wait_listed([GPU])
+        contained, uncorrectable = sorted(node.kubelet.devices(GPU))[:2]
+        before = node.kubelet.allocatable(GPU)
+        node.sim("xid", device=contained, xid=94)
+        node.sim("xid", device=uncorrectable, xid=48)  # handled after the 94: events keep their order
+        node.wait_health(GPU, [uncorrectable], UNHEALTHY)
+        assert node.kubelet.allocatable(GPU) == before - 1
+        assert node.health(GPU, contained) == HEALTHY
+        assert [c["gpu"] for c in node.command("status")["conditions"]] == [uncorrectable]
+        advice = f"health event: XID 94 on {contained}: ignored, the GPU stays in service"
+        assert wait_until(lambda: advice in node.log(), 10), node.log()[-3000:]
+        assert "reset the GPU when convenient" in node.log()
+
+
 def test_transient_xid_recovers_and_until_reset_waits_for_a_reset(l4: SimNode) -> None:
-    """XID 94 (transient) recovers on its own after the quiet period and a probe; XID 48
+    """XID 94 (transient by this node's config) recovers on its own after the quiet period and a probe; XID 48
     (until-reset) injected at the same time is still Unhealthy then, until `sim reset`."""
     transient, until_reset = L4_GPUS[1], L4_GPUS[2]
     l4.sim("xid", device=until_reset, xid=48)

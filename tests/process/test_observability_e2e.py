@@ -212,11 +212,13 @@ def ignored_xids(node: SimNode) -> list[str]:
 def test_reloaded_health_section_applies_live(tmp_path: Path) -> None:
     """A SIGHUP reload that maps XID 94 from transient to ignore applies to the next XID 94, without a restart."""
     config = tmp_path / "config.yaml"
-    config.write_text("version: v1\ngpuvisor:\n  health:\n    transientQuietSeconds: 600\n")
+    config.write_text(
+        'version: v1\ngpuvisor:\n  health:\n    transientQuietSeconds: 600\n    xids: {"94": transient}\n'
+    )
     with SimNode("pcie-l4", args=["--config-file", str(config)]) as node:
         node.wait_listed([GPU])
         first, second, third = sorted(node.kubelet.devices(GPU))[:3]
-        node.sim("xid", device=first, xid=94)  # the default: transient, takes the GPU out
+        node.sim("xid", device=first, xid=94)  # transient by the config: takes the GPU out
         node.wait_health(GPU, [first], "Unhealthy")
         pid = node.proc.pid if node.proc else 0
 

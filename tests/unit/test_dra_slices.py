@@ -193,13 +193,13 @@ def test_a_mig_instance_event_taints_that_instance_a_gpu_event_every_instance() 
     node = discovered("mig-a100")
     book = book_for(node)
     mig = node.gpus[0].mig_devices[1]
-    book.apply_xid(node.gpus[0].uuid, 94, mig.gi_id, mig.ci_id, now=NOW)
+    book.apply_xid(node.gpus[0].uuid, 95, mig.gi_id, mig.ci_id, now=NOW)
     book.apply_xid(node.gpus[1].uuid, 79, now=NOW)
     got = devices(build_slices(node, book.conditions(), node_name="n"))
     tainted = sorted(name for name, d in got.items() if "taints" in d)
     gpu1 = sorted(name for name in got if name.startswith("gpu-1-"))
     assert tainted == sorted(["gpu-0-mig-2g20gb-14-0", *gpu1])
-    assert got["gpu-0-mig-2g20gb-14-0"]["taints"][0]["value"] == "94"
+    assert got["gpu-0-mig-2g20gb-14-0"]["taints"][0]["value"] == "95"
 
 
 def test_several_conditions_most_severe_first_at_most_four_each_once() -> None:

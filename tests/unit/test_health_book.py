@@ -3,7 +3,7 @@ sequence numbers and snapshots, and reload."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 from hypothesis import given, settings
@@ -67,9 +67,15 @@ def plans(shared_replicas: int = 3, with_mig2: bool = True) -> dict[str, Resourc
     return out
 
 
-def book(**policy_kw: str) -> HealthBook:
-    pol = HealthPolicy.from_settings(policy_kw.get("disable"), policy_kw.get("enable"), {}, QUIET)
+def book(
+    *, disable: str | None = None, enable: str | None = None, xids: Mapping[str, str] | None = None
+) -> HealthBook:
+    pol = HealthPolicy.from_settings(disable, enable, xids or {}, QUIET)
     return HealthBook(plans(), pol, now=0.0)
+
+
+# No XID is transient by default; the tests of that rule map 94 to it, as a config may.
+AS_TRANSIENT = {"94": "transient"}
 
 
 def unhealthy(b: HealthBook) -> set[str]:
@@ -123,6 +129,42 @@ def test_ignored_xid_changes_nothing() -> None:
     assert unhealthy(b) == set()
 
 
+@pytest.mark.parametrize("xid", [63, 92, 94, 154])
+def test_xids_the_catalog_keeps_in_service_leave_every_device_healthy(xid: int) -> None:
+    """XIDs 63, 92, 94 and 154 (NVIDIA's catalog: IGNORE, RESTART_APP, or the guidance of another
+    XID) take no device out by default, on a whole GPU, a shared one or a MIG instance, and raise
+    no condition that a tick or probe would have to clear."""
+    b = book()
+    batches = [
+        b.apply_xid("GPU-A", xid, now=1.0),
+        b.apply_xid("GPU-B", xid, now=1.0),
+        b.apply_xid("GPU-M", xid, 1, 0, now=1.0),
+    ]
+    assert [(len(batch), batch.action, batch.raised) for batch in batches] == [(0, Action.IGNORE, "")] * 3
+    assert unhealthy(b) == set() and b.conditions() == [] and b.seq == 0
+
+
+@pytest.mark.parametrize("xid", [48, 64, 74, 79, 95, 119, 120])
+def test_until_reset_xids_hold_through_quiet_time_and_probes_until_a_reset(xid: int) -> None:
+    """Each default until-reset XID takes its GPU's devices out, and they stay out through a long
+    quiet period and passing probes; only a reset brings them back."""
+    b = book()
+    assert {c.device_id for c in b.apply_xid("GPU-A", xid, now=1.0)} == {"GPU-A::0", "GPU-A::1", "GPU-A::2"}
+    b.probe_result("GPU-A", True, "", now=2.0)
+    assert not b.tick(100_000.0) and unhealthy(b) == {"GPU-A::0", "GPU-A::1", "GPU-A::2"}
+    assert len(b.mark_reset("GPU-A", 100_001.0)) == 3 and unhealthy(b) == set()
+
+
+def test_a_config_entry_still_maps_94_to_transient() -> None:
+    """`xids: {"94": transient}` in the config makes XID 94 take the GPU out again, with its
+    meaning in the reason, until the quiet period has passed and a probe passed."""
+    b = book(xids={"94": "transient"})
+    batch = b.apply_xid("GPU-B", 94, now=1.0)
+    assert [(c.healthy, c.reason) for c in batch] == [(False, "XID 94: contained ECC error [transient]")]
+    b.probe_result("GPU-B", True, "", now=2.0)
+    assert [c.healthy for c in b.tick(1.0 + QUIET)] == [True]
+
+
 def test_disabled_checks_ignore_everything() -> None:
     """With DP_DISABLE_HEALTHCHECKS=all no XID or ECC event marks a device."""
     b = book(disable="all")
@@ -143,7 +185,7 @@ def test_ecc_events() -> None:
 
 def test_transient_needs_quiet_period_and_passing_probe() -> None:
     """A transient XID recovers only after the quiet period AND a probe that passed after the last event."""
-    b = book()
+    b = book(xids=AS_TRANSIENT)
     b.apply_xid("GPU-B", 94, now=0.0)
     assert not b.tick(QUIET + 100)  # quiet, but no probe yet
     b.apply_xid("GPU-B", 94, now=200.0)  # again: the quiet period starts over
@@ -156,7 +198,7 @@ def test_transient_needs_quiet_period_and_passing_probe() -> None:
 
 def test_probe_before_event_does_not_count() -> None:
     """A probe that passed before the last event (even at the same timestamp) does not recover it."""
-    b = book()
+    b = book(xids=AS_TRANSIENT)
     b.probe_result("GPU-B", True, "", now=5.0)
     b.apply_xid("GPU-B", 94, now=5.0)
     assert not b.tick(1000.0)
@@ -190,7 +232,7 @@ def test_lost_then_found() -> None:
 
 def test_several_conditions_must_all_end() -> None:
     """A device with a transient fault and a lost GPU is healthy only after both end."""
-    b = book()
+    b = book(xids=AS_TRANSIENT)
     b.apply_xid("GPU-B", 94, now=0.0)
     b.mark_lost("GPU-B", 1.0)
     assert b.health_for(GPU)["GPU-B"][1] == "GPU lost (+1 more)"  # most severe first
@@ -203,7 +245,7 @@ def test_several_conditions_must_all_end() -> None:
 
 def test_mig_and_physical_conditions_combine() -> None:
     """A MIG device stays unhealthy while either its own or its GPU's condition holds."""
-    b = book()
+    b = book(xids=AS_TRANSIENT)
     b.apply_xid("GPU-M", 95, 1, 0, now=0.0)  # until-reset, MIG-1 only
     b.apply_xid("GPU-M", 94, now=1.0)  # transient, whole GPU
     b.probe_result("GPU-M", True, "", now=2.0)
@@ -232,7 +274,7 @@ def test_mark_all_unhealthy_then_recover() -> None:
 
 def test_seq_and_snapshot() -> None:
     """seq grows by one per non-empty batch; a snapshot pairs the seq with the full state."""
-    b = book()
+    b = book(xids=AS_TRANSIENT)
     assert b.snapshot(GPU) == (0, [b.snapshot(GPU)[1][0]])
     seqs = [
         b.apply_xid("GPU-B", 79, now=1.0).seq,
@@ -254,7 +296,7 @@ def test_seq_and_snapshot() -> None:
 
 def test_same_fault_again_is_no_change_and_since_is_the_flip() -> None:
     """Repeating a fault changes nothing; a new reason is a change that keeps the flip time."""
-    b = book()
+    b = book(xids=AS_TRANSIENT)
     b.apply_xid("GPU-B", 94, now=1.0)
     assert not b.apply_xid("GPU-B", 94, now=2.0)
     batch = b.apply_xid("GPU-B", 79, now=3.0)
@@ -377,7 +419,7 @@ _ops = st.lists(
 def test_random_operations_keep_invariants(ops: list[tuple[str, str, int, int | None, float]]) -> None:
     """Under any sequence of operations: seq grows by one per non-empty batch, snapshots agree
     with health_for, and a device is healthy exactly when no condition overlaps it."""
-    b = book()
+    b = book(xids=AS_TRANSIENT)
     now = 0.0
     for op, gpu, xid, gi, step in ops:
         now += step

@@ -99,7 +99,8 @@ def test_distinct_kinds_past_the_bound_are_counted_together(caplog: pytest.LogCa
         ),
         (
             Xid(nodes.pcie_l4().gpus[0].uuid, 94),
-            "Unhealthy, transient: recovering after 60s without a new event and a passing probe",
+            "ignored, the GPU stays in service (contained ECC error): the application that hit it must "
+            "restart; reset the GPU when convenient",
             logging.WARNING,
         ),
         (Ecc(nodes.pcie_l4().gpus[0].uuid, EccKind.SINGLE_BIT), "single-bit ECC error on GPU-", logging.INFO),
@@ -149,13 +150,38 @@ def test_an_ignored_xid_says_it_is_an_application_error_and_bursts_are_summarise
     ("settings", "xid", "decision"),
     [
         ({}, 13, "ignored as an application error (graphics engine exception)"),
+        ({"disable_env": "48"}, 48, "ignored: listed in DP_DISABLE_HEALTHCHECKS"),
         ({"disable_env": "94"}, 94, "ignored: listed in DP_DISABLE_HEALTHCHECKS"),
         ({"disable_env": "all"}, 48, "ignored: health checks are disabled (DP_DISABLE_HEALTHCHECKS)"),
         ({"disable_env": "all", "enable_env": "79"}, 48, "ignored: not in DP_ENABLE_HEALTHCHECKS"),
-        ({"xid_actions": {"94": "ignore"}}, 94, "ignored by the config (gpuvisor.health.xids)"),
+        ({"xid_actions": {"48": "ignore"}}, 48, "ignored by the config (gpuvisor.health.xids)"),
+        (
+            {},
+            63,
+            "ignored, the GPU stays in service (ECC page retirement or row remapping recorded): "
+            "the retirement or remap takes effect at the next reset; reset the GPU when convenient",
+        ),
+        (
+            {},
+            92,
+            "ignored, the GPU stays in service (high single-bit ECC error rate): the errors were "
+            "corrected; contact NVIDIA support if the rate persists",
+        ),
+        (
+            {},
+            154,
+            "ignored, the GPU stays in service (GPU recovery action changed): the XID it reports on "
+            "carries its own action; nvidia-smi -q shows the recovery action",
+        ),
+        (
+            {},
+            109,
+            "ignored, the GPU stays in service (context switch timeout): as NVIDIA's plugin does; "
+            "the catalog advises a GPU reset (DP_ENABLE_HEALTHCHECKS=109 takes the GPU out until one)",
+        ),
         ({"enable_env": "31"}, 31, "Unhealthy until the GPU is reset"),
         (
-            {"quiet_seconds": 5},
+            {"quiet_seconds": 5, "xid_actions": {"63": "transient"}},
             63,
             "Unhealthy, transient: recovering after 5s without a new event and a passing probe",
         ),
@@ -175,6 +201,29 @@ def test_the_policy_says_why_an_xid_counts_or_not(
     args.update(settings)
     policy = HealthPolicy.from_settings(**args)  # type: ignore[arg-type]
     assert policy.explain_xid(xid) == decision
+
+
+def test_an_xid_kept_in_service_is_a_warning_with_its_advice_and_no_health_decision(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """XID 94 through the hub: one warning with the catalog's advice, counted in
+    gpuvisor_xid_events_total, no device changed and nothing for the listeners (the Node's
+    condition and Events); a burst of repeats adds no line until its window's summary."""
+    hub, clock, metrics = hub_with_book()
+    told: list[str] = []
+    hub.listeners.append(lambda _batch, line: told.append(line))
+    uuid = nodes.pcie_l4().gpus[2].uuid
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        for _ in range(50):
+            hub.apply(Xid(uuid, 94))
+        clock.advance(10.0)
+        hub.tick()
+    records = [r for r in caplog.records if r.name == LOGGER]
+    assert [r.levelno for r in records] == [logging.WARNING, logging.WARNING]
+    assert records[0].getMessage().endswith("reset the GPU when convenient")
+    assert records[1].getMessage().startswith(f"health event: XID 94 on {uuid}: 49 more in the last 10s")
+    assert metrics.registry.get_sample_value("gpuvisor_xid_events_total", {"xid": "94"}) == 50.0
+    assert told == [] and hub.conditions_view() == [] and hub.book is not None and hub.book.seq == 0
 
 
 def test_an_event_naming_no_known_gpu_is_a_warning_and_a_burst_of_them_one_summary(

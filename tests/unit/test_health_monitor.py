@@ -90,6 +90,7 @@ def rig(
     quiet: float = 60.0,
     probe_interval: float = 30.0,
     disable: str | None = None,
+    xids: dict[str, str] | None = None,
     mig_strategy: str = "none",
 ) -> Iterator[Rig]:
     sim = load_simulator(profile)
@@ -97,7 +98,7 @@ def rig(
     nvml.init()
     node = nvml.discover()
     plans = plan_resources(node, load_config({"mig_strategy": mig_strategy}, {}))
-    policy = HealthPolicy.from_settings(disable, None, {}, quiet)
+    policy = HealthPolicy.from_settings(disable, None, xids or {}, quiet)
     loop = Loop(HealthBook(plans, policy, time.time()))
     monitor = HealthMonitor(sim, node, policy, loop.apply, probe_interval=probe_interval)
     try:
@@ -275,8 +276,8 @@ def test_periodic_probe_catches_a_fault_that_sent_no_event(fault: str) -> None:
 
 
 def test_transient_xid_recovers_after_quiet_period_and_a_passing_probe() -> None:
-    """XID 94 (transient) makes the GPU unhealthy, then healthy again with no restart."""
-    with rig(quiet=0.2, probe_interval=FAST_PROBE_S) as r:
+    """XID 94 mapped to transient makes the GPU unhealthy, then healthy again with no restart."""
+    with rig(quiet=0.2, probe_interval=FAST_PROBE_S, xids={"94": "transient"}) as r:
         gpu = r.node.gpus[0].uuid
         r.monitor.start()
         r.sim.inject_xid(gpu, 94)

@@ -26,8 +26,9 @@ def policy(
 
 
 DEFAULTS = [
-    (13, IGN), (31, IGN), (43, IGN), (45, IGN), (68, IGN), (109, IGN),
-    (48, RST), (63, TRN), (64, RST), (74, RST), (79, RST), (92, TRN), (94, TRN), (95, RST), (119, RST), (120, RST),
+    (13, IGN), (31, IGN), (43, IGN), (45, IGN), (68, IGN), (109, IGN),  # NVIDIA's default-ignored
+    (63, IGN), (92, IGN), (94, IGN), (154, IGN),  # the catalog keeps the GPU in service
+    (48, RST), (64, RST), (74, RST), (79, RST), (95, RST), (119, RST), (120, RST),
     (8, RST), (999, RST),  # unknown XIDs: until-reset, as NVIDIA (unhealthy), but recoverable by reset
 ]  # fmt: skip
 
@@ -39,18 +40,44 @@ def test_default_actions(xid: int, action: Action) -> None:
 
 
 def test_default_table_covers_required_xids() -> None:
-    """The default table has every XID the design calls out, and NVIDIA's ignore set as ignore."""
-    assert {48, 63, 64, 74, 79, 92, 94, 95, 119, 120} <= set(DEFAULT_XID_RULES)
-    assert (
-        {x for x, r in DEFAULT_XID_RULES.items() if r.action is IGN}
-        == NVIDIA_IGNORED_XIDS
-        == {13, 31, 43, 45, 68, 109}
-    )
+    """The default table has every XID the design calls out; it ignores NVIDIA's ignore set and the
+    XIDs the catalog keeps in service, nothing else."""
+    assert {48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154} <= set(DEFAULT_XID_RULES)
+    ignored = {x for x, r in DEFAULT_XID_RULES.items() if r.action is IGN}
+    assert ignored - {63, 92, 94, 154} == NVIDIA_IGNORED_XIDS == {13, 31, 43, 45, 68, 109}
+    assert {63, 92, 94, 154} <= ignored
+
+
+# The catalog's immediate actions that leave the GPU in service: no action, restart the
+# application, or (XID 154) whatever the XID it reports on calls for.
+IN_SERVICE_BUCKETS = {"IGNORE", "RESTART_APP", "XID_154"}
+
+
+def test_default_actions_follow_the_catalogs_immediate_action() -> None:
+    """A default XID whose catalog bucket keeps the GPU in service is ignored; every other one is
+    until-reset unless NVIDIA's plugin ignores it by default (drop-in compatibility: 45, 109)."""
+    for xid, rule in DEFAULT_XID_RULES.items():
+        if rule.bucket in IN_SERVICE_BUCKETS:
+            assert rule.action is IGN, (xid, rule)
+        elif xid in NVIDIA_IGNORED_XIDS:
+            assert rule.action is IGN and xid in (45, 109), (xid, rule)
+        else:
+            assert rule.action is RST, (xid, rule)
+    assert {x: r.bucket for x, r in DEFAULT_XID_RULES.items() if x in (43, 45, 48, 63, 74, 79, 92, 109)} == {
+        43: "IGNORE",
+        45: "WORKFLOW_XID_45",
+        48: "WORKFLOW_XID_48",
+        63: "IGNORE",
+        74: "WORKFLOW_NVLINK_ERR",
+        79: "RESTART_BM",
+        92: "IGNORE",
+        109: "RESET_GPU",
+    }
 
 
 # (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS, checks_enabled, {xid: expected action})
 ENV_CASES: list[tuple[str, str | None, str | None, bool, dict[int, Action]]] = [
-    ("unset", None, None, True, {13: IGN, 48: RST, 94: TRN, 555: RST}),
+    ("unset", None, None, True, {13: IGN, 48: RST, 94: IGN, 555: RST}),
     ("empty strings", "", "", True, {13: IGN, 48: RST, 555: RST}),
     ("disable all", "all", None, False, {13: IGN, 48: IGN, 79: IGN, 555: IGN}),
     ("disable xids is all", "xids", None, False, {48: IGN, 79: IGN}),
@@ -58,17 +85,18 @@ ENV_CASES: list[tuple[str, str | None, str | None, bool, dict[int, Action]]] = [
     ("all anywhere in list", "48,all", None, False, {79: IGN}),
     ("disable list adds to defaults", "48, 79", None, True, {48: IGN, 79: IGN, 13: IGN, 95: RST}),
     ("disable list skips junk", "48,not-a-number,-5,,0", None, True, {48: IGN, 95: RST}),
-    ("enable all re-enables defaults", None, "all", True, {13: RST, 31: RST, 109: RST, 94: TRN, 555: RST}),
+    ("enable all re-enables defaults", None, "all", True, {13: RST, 31: RST, 109: RST, 94: RST, 555: RST}),
     ("enable all beats disable all", "all", "all", True, {13: RST, 48: RST}),
     ("enable list re-enables default-ignored", None, "13,31", True, {13: RST, 31: RST, 43: IGN}),
     ("enable overrides disable", "11", "11", True, {11: RST}),
-    ("enable keeps table action", "94", "94", True, {94: TRN}),
+    ("enable 109: the catalog's reset", None, "109", True, {109: RST, 13: IGN}),
+    ("enable a catalog-ignored XID", None, "94", True, {94: RST, 63: IGN}),
     (
         "disable all, enable list: only those",
         "all",
         "48,94",
         True,
-        {48: RST, 94: TRN, 79: IGN, 13: IGN, 555: IGN},
+        {48: RST, 94: RST, 79: IGN, 13: IGN, 555: IGN},
     ),
 ]
 
@@ -94,7 +122,9 @@ def test_junk_env_items_are_reported() -> None:
 
 USER_CASES: list[tuple[str, dict[Any, Any], str | None, str | None, dict[int, Action]]] = [
     ("override default", {94: "until-reset", 79: "transient"}, None, None, {94: RST, 79: TRN}),
-    ("ignore a default", {63: "ignore"}, None, None, {63: IGN}),
+    ("ignore a default", {48: "ignore"}, None, None, {48: IGN}),
+    ("take a catalog-ignored XID out", {94: "transient"}, None, None, {94: TRN, 63: IGN}),
+    ("env enable keeps the table's action", {94: "transient"}, "94", "94", {94: TRN}),
     ("count a default-ignored XID", {13: "transient"}, None, None, {13: TRN}),
     ("map an unknown XID", {555: "ignore", 556: "transient"}, None, None, {555: IGN, 556: TRN}),
     ("string keys and case", {"94": " Until-Reset "}, None, None, {94: RST}),
@@ -171,12 +201,22 @@ def test_bad_ecc_kind() -> None:
         policy().classify_ecc("triple-bit")
 
 
+def test_advice_comes_only_from_a_default_rule_that_keeps_the_gpu_in_service() -> None:
+    """XID 94 by default carries the catalog's advice (its log line a warning); none once the
+    operator took it over (DP_DISABLE_HEALTHCHECKS, a config entry) or for an XID taken out."""
+    assert policy().advice_xid(94).endswith("must restart; reset the GPU when convenient")
+    assert policy("94").advice_xid(94) == ""
+    assert policy(table={94: "transient"}).advice_xid(94) == ""
+    assert policy("all").advice_xid(94) == ""
+    assert policy().advice_xid(13) == "" and policy().advice_xid(48) == ""
+
+
 def test_describe_and_reasons() -> None:
     """describe() summarises the merged policy; reason_for_xid names the XID and its meaning."""
     text = policy("48", None, quiet=30).describe()
     assert (
         "30s quiet" in text
-        and "ignored XIDs: 13,31,43,45,48,68,109" in text
+        and "ignored XIDs: 13,31,43,45,48,63,68,92,94,109,154" in text
         and "other XIDs: until-reset" in text
     )
     assert "disabled" in policy("all").describe()
