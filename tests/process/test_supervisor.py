@@ -310,6 +310,24 @@ def test_config_error_at_start_is_one_clear_line(
             assert fragment in lines[0]
 
 
+def test_a_kubelet_socket_dir_too_long_for_worker_sockets_exits_78_at_once() -> None:
+    """`gpuvisor run` with a --kubelet-socket whose dir leaves no room for a worker's socket path
+    exits 78 with one line on stderr naming the flag, the path and the limit, and no traceback,
+    instead of running with gRPC failing to add its port."""
+    with short_tmpdir() as tmp:
+        long_dir = os.path.join(tmp, "k" * (90 - len(tmp)))  # kubelet.sock fits, a worker's socket not
+        socket_path = os.path.join(long_dir, "kubelet.sock")
+        result = run_supervisor(tmp, ["--simulate", "pcie-l4", "--kubelet-socket", socket_path])
+        assert result.returncode == 78, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert lines[0].startswith(
+            f"gpuvisor: config error: flag --kubelet-socket: the directory of {socket_path}"
+        )
+        assert "at most 107 bytes" in lines[0]
+        assert not os.path.exists(long_dir)
+
+
 # ------------------------------------------------------------------------------- logging
 
 
