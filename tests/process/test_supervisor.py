@@ -117,6 +117,21 @@ def test_sigterm_stops_every_worker_and_socket_quickly() -> None:
         assert sockets_in(node.run_dir) == []
 
 
+def test_sigterm_is_acted_on_at_once() -> None:
+    """SIGTERM to a running, ready supervisor: it exits 0 well under a loop tick (2 s) later, its
+    worker's own stop included (about 0.2 s: it lets the kubelet read the end of its stream)."""
+    with SimNode("pcie-l4") as node:
+        node.wait_listed([GPU])
+        assert wait_until(lambda: node.command("status")["ready"], 15)
+        pids = [p.pid for p in node.workers()]
+        t0 = time.monotonic()
+        assert node.stop_supervisor(signal.SIGTERM) == 0
+        elapsed = time.monotonic() - t0
+        print(f"\nSIGTERM -> supervisor exited 0: {elapsed * 1000:.0f} ms with {len(pids)} child process(es)")
+        assert elapsed < 1.5
+        assert gone(pids)
+
+
 @contextmanager
 def planted_sockets(directory: str) -> Iterator[dict[str, str]]:
     """Stale sockets of an earlier gpuvisor (tags 0a1b2c and deadbe), unrecorded ones named alike,
