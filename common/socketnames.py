@@ -57,6 +57,12 @@ def socket_name(resource: str, tag: str, n: int, plugin_dir: str = "") -> str:
     return f"{SOCKET_PREFIX}{name}{suffix}"
 
 
+def shortest_socket_path(plugin_dir: str) -> str:
+    """The shortest path a worker's socket can have in `plugin_dir`: a one-byte resource name.
+    Longer names are cut short to fit (`socket_name`), so when this path fits, every worker's does."""
+    return os.path.join(plugin_dir, socket_name("r", "0" * 6, 0))
+
+
 def made_by(name: str, resource: str, tag: str) -> bool:
     """Is `name` a socket name the worker of `resource` with `tag` would bind (at any start)?"""
     m = _NAME.fullmatch(name)

@@ -296,12 +296,16 @@ def format_status(data: dict[str, Any]) -> str:
         )
     lines += _table(rows)
     for w in data.get("workers", []):
+        registration = _registration(w)
         if w["state"] != "RUNNING" and w.get("reason"):
             retry = w.get("next_retry_in")
             lines.append(
                 f"  {w['resource']}: {w['state']}: {w['reason']}"
                 + (f" (next try in {retry:g}s)" if retry is not None else "")
+                + registration
             )
+        elif registration:
+            lines.append(f"  {w['resource']}: not registered{registration}")
     reconcile = data.get("reconcile") or {}
     pending = reconcile.get("pending")
     if pending:
@@ -341,6 +345,13 @@ def format_status(data: dict[str, Any]) -> str:
             rows.append((str(a["pod"]), str(a["container"]), str(a["resource"]), ",".join(a["devices"])))
         lines += _table(rows)
     return "\n".join(lines)
+
+
+def _registration(worker: dict[str, Any]) -> str:
+    """`; registration <state> (<why>)` of a live worker not registered (as /readyz says it)."""
+    if worker["state"] not in ("STARTING", "RUNNING") or worker.get("registered"):
+        return ""
+    return f"; registration {worker['registration']}" if worker.get("registration") else ""
 
 
 def _config_lines(data: dict[str, Any]) -> list[str]:

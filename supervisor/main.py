@@ -6,8 +6,8 @@ mailbox, a signal number on a list) and wake it. Each turn (`turn()`) reads as w
 gunicorn's `Arbiter.run`: `handle_signals()`, `reconcile()` (reap and restart workers),
 `timers.run_due()` (one scheduler holds every deadline: backoffs, beacons, rediscovery, NVML and
 reload retries), `hub.tick()` (health recoveries), `check_ready()`, then `wait()` for the next
-event and, for what woke it, `mailbox.drain()`, `drain_control()` and `spawner.pump()`. A step
-that raises is logged with its cause and counted (`gpuvisor_housekeeping_errors_total`); it
+event and, for what woke it, `mailbox.drain()`, `drain_control()` and `spawner.pump()`; a turn
+that decides to stop ends there, without waiting. A step that raises is logged with its cause and counted (`gpuvisor_housekeeping_errors_total`); it
 never ends the loop, which would take every resource of the node away.
 
 `Supervisor.__init__` is the list of parts (supervisor/__init__.py says what each package
@@ -367,11 +367,17 @@ class Supervisor:
         self.last_loop = now
         self.notifier.ping_if_due(now)
         self._step("signals", self.handle_signals)
+        if self.stopping:
+            # A stop starts now: the wake-up byte of its signal was read on the turn before, so a
+            # wait here would sleep out a whole tick before run() saw it. No housekeeping either.
+            return
         self._step("reconcile", self.reconcile)
         self._step("timers", self.timers.run_due)
         self._step("health", self.hub.tick)
         self._step("readiness", self.check_ready)
         self._step("cluster", self.start_cluster)
+        if self.stopping:  # a timer ended the run (NVML came up to a config it cannot plan)
+            return
         ready = self.wait()
         if self.mailbox.fileno() in ready:
             self._step("mailbox", self.mailbox.drain)

@@ -20,11 +20,13 @@ unset when empty (unless `env_empty_is_value`) and their checks take the raw val
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from common.socketnames import UNIX_PATH_MAX, shortest_socket_path
 from supervisor.config import golang
 from supervisor.config.errors import Invalid, kind, show
 from supervisor.config.limits import MAX_SECONDS, MAX_START_RETRIES, MAX_STRING_LENGTH
@@ -67,6 +69,20 @@ def kubelet_socket(value: str) -> str:
         # NVIDIA then serves without registering; gpuvisor's workers serve beside kubelet.sock
         # and register with it, so an empty path is refused (README: "Deliberate differences").
         raise Invalid("must not be empty: gpuvisor serves and registers beside the kubelet's socket")
+    # A socket path over the limit makes gRPC fail to add its port, again on every restart: refused
+    # here instead. The workers bind beside it under absolute paths (worker/main.py).
+    size = len(value.encode())
+    if size > UNIX_PATH_MAX:
+        raise Invalid(
+            f"{value} is too long: it must fit a unix socket path (at most {UNIX_PATH_MAX} bytes, it has {size})"
+        )
+    worker = shortest_socket_path(os.path.dirname(os.path.abspath(value)))
+    size = len(worker.encode())
+    if size > UNIX_PATH_MAX:
+        raise Invalid(
+            f"the directory of {value} is too long: a worker's socket there, {worker} at its shortest, must "
+            f"fit a unix socket path (at most {UNIX_PATH_MAX} bytes, it has {size})"
+        )
     return value
 
 

@@ -52,7 +52,7 @@ from common.backoff import Backoff
 from common.messages import Json
 from common.model import Node
 from supervisor.dra.held import describe, held_by_pods
-from supervisor.dra.slices import PoolWant, build_slices, slice_problems
+from supervisor.dra.slices import PoolWant, build_slices, slice_problems, unhealthy_devices
 from supervisor.health.book import ConditionView
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import NO_ANSWER, ApiError, Stopped
@@ -349,13 +349,18 @@ class SlicePublisher:
             self._delete(obj)
         self.generation = new
         self._published(new, len(desired), desired)
+        # Built without taints (the API server drops them): say which devices that left out, and why.
+        unhealthy = unhealthy_devices(node, want.conditions, exclude=held) if self.taints is False else {}
         log.info(
-            "ResourceSlices of Node %s: pool generation %d, %d slice(s), %d device(s)%s",
+            "ResourceSlices of Node %s: pool generation %d, %d slice(s), %d device(s)%s%s",
             self.node_name,
             new,
             len(desired),
             self.devices,
             f"; left out, held by device-plugin containers: {describe(held)}" if held else "",
+            f"; left out, unhealthy (the API server drops device taints): {describe(unhealthy)}"
+            if unhealthy
+            else "",
         )
         return True
 

@@ -205,18 +205,37 @@ def device_taints(
     gpu: Gpu, mig: MigDevice | None, conditions: Iterable[ConditionView]
 ) -> list[dict[str, str]]:
     """The taints of one device: every condition that overlaps it, the most severe first."""
-    gi = mig.gi_id if mig is not None else None
-    ci = mig.ci_id if mig is not None else None
-    hits = sorted(
-        (c for c in conditions if c.gpu_uuid == gpu.uuid and overlaps(c.gi, c.ci, gi, ci)),
-        key=lambda c: (SEVERITY[c.recovery], c.since, c.name),
-    )
     out: list[dict[str, str]] = []
-    for condition in hits:
+    for condition in _device_conditions(gpu, mig, conditions):
         taint = condition_taint(condition)
         if not any((t["key"], t.get("value")) == (taint["key"], taint.get("value")) for t in out):
             out.append(taint)
     return out[:MAX_TAINTS]
+
+
+def _device_conditions(
+    gpu: Gpu, mig: MigDevice | None, conditions: Iterable[ConditionView]
+) -> list[ConditionView]:
+    """The conditions that overlap one device, the most severe first."""
+    gi = mig.gi_id if mig is not None else None
+    ci = mig.ci_id if mig is not None else None
+    return sorted(
+        (c for c in conditions if c.gpu_uuid == gpu.uuid and overlaps(c.gi, c.ci, gi, ci)),
+        key=lambda c: (SEVERITY[c.recovery], c.since, c.name),
+    )
+
+
+def unhealthy_devices(
+    node: Node, conditions: Sequence[ConditionView], exclude: Container[str] = ()
+) -> dict[str, tuple[str, ...]]:
+    """The devices `build_slices(taints=False)` leaves out as unhealthy, each with the names of its
+    conditions (the most severe first); those in `exclude` are left out for another reason."""
+    out: dict[str, tuple[str, ...]] = {}
+    for gpu, mig, name in dra_devices(node):
+        hits = _device_conditions(gpu, mig, conditions)
+        if hits and name not in exclude:
+            out[name] = tuple(dict.fromkeys(c.name for c in hits))
+    return out
 
 
 # ---------------------------------------------------------------------------------- slices

@@ -9,9 +9,11 @@ Two sources, the better one first:
   only. Its `DeviceIDs` is a map NUMA node -> IDs since Kubernetes 1.20 and a plain list before;
   unknown fields and the checksum are ignored (we only read).
 
-Reading allocations is best effort and never fails a status call: a missing, unreadable or
-malformed source yields no allocations plus a warning text saying what and where. Only
-entries of the given resources are kept (the kubelet lists every plugin's devices).
+Reading allocations is best effort and never fails a status call: an unreadable or malformed
+source yields no allocations plus a warning text saying what and where. A missing checkpoint is
+no warning: the kubelet writes it once a device plugin reports devices, so none means nothing is
+allocated (a fresh node, or a kubelet not up yet). Only entries of the given resources are kept
+(the kubelet lists every plugin's devices).
 """
 
 from __future__ import annotations
@@ -153,24 +155,25 @@ def parse_checkpoint(
     return _sorted(found), warnings
 
 
-def _load(path: str) -> tuple[bytes, str]:
-    """The file's bytes, or b"" and why it cannot be read."""
+def _load(path: str) -> tuple[bytes | None, str]:
+    """The file's bytes (None when there is no file), or None and why it cannot be read."""
     try:
         with open(path, "rb") as fh:
             return fh.read(), ""
     except FileNotFoundError:
-        return b"", f"no kubelet checkpoint at {path}: allocations not shown"
+        return None, ""
     except OSError as exc:
-        return b"", f"cannot read the kubelet checkpoint {path}: {exc.strerror or exc}"
+        return None, f"cannot read the kubelet checkpoint {path}: {exc.strerror or exc}"
 
 
 def read_checkpoint(
     path: str, resources: Collection[str] | None = None
 ) -> tuple[list[Allocation], list[str]]:
-    """Read and parse the checkpoint file at `path`; a missing file is a warning, not an error."""
+    """Read and parse the checkpoint file at `path`; a missing file holds no allocations, an
+    unreadable one is a warning, not an error."""
     raw, problem = _load(path)
-    if problem:
-        return [], [problem]
+    if raw is None:
+        return [], [problem] if problem else []
     return parse_checkpoint(raw, resources, where=f"the kubelet checkpoint {path}")
 
 
@@ -234,7 +237,8 @@ def current_allocations(
     if problem:
         view.warnings.append(problem)
         return view
-    view.allocations, warnings = parse_checkpoint(raw, resources, where=f"the kubelet checkpoint {path}")
-    view.warnings += warnings
+    if raw is not None:  # no file: the kubelet has allocated nothing yet, which is an answer too
+        view.allocations, warnings = parse_checkpoint(raw, resources, where=f"the kubelet checkpoint {path}")
+        view.warnings += warnings
     view.source = "checkpoint"
     return view

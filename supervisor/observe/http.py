@@ -159,7 +159,8 @@ class ProbeServer:
             target=self._serve, args=(self._sock, self._wake[0]), name="http", daemon=True
         )
         self._thread.start()
-        log.info("serving /metrics, /healthz and /readyz on %s", self.url)
+        everywhere = " (all interfaces)" if self.host in ("0.0.0.0", "::") else ""
+        log.info("serving /metrics, /healthz and /readyz on %s%s", self.url, everywhere)
 
     @property
     def serving(self) -> bool:
@@ -167,9 +168,22 @@ class ProbeServer:
 
     @property
     def url(self) -> str:
+        """The endpoint as one opens it on this node: a wildcard bind (0.0.0.0, ::) is not an
+        address to connect to, so it is shown as the loopback that reaches it."""
         host = self.host
+        if host == "0.0.0.0":
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "127.0.0.1" if self._takes_ipv4() else "::1"
         shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{self.port}"
+
+    def _takes_ipv4(self) -> bool:
+        """An IPv6 wildcard socket bound for "all interfaces" (an empty host) that accepts IPv4
+        too; one asked for as [::] is shown as IPv6, as asked."""
+        assert self._sock is not None
+        asked = parse_address(self.address)[0]
+        return asked == "" and self._sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
 
     def _bind(self, host: str, port: int) -> socket.socket:
         where = (

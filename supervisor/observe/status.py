@@ -7,7 +7,7 @@ streaming, every MPS control daemon up, and the CDI spec written. The main loop 
 a `ReadinessCell`. The status document (`gpuvisor status --json`) is the parts' small `status()`
 views side by side, under the keys the CLI and scripts read.
 
-Workers are read through `WorkerState`, the three things readiness needs of a worker handle, so
+Workers are read through `WorkerState`, the four things readiness needs of a worker handle, so
 this module sits below the workers package that owns the handles.
 """
 
@@ -32,6 +32,9 @@ class WorkerState(Protocol):
 
     @property
     def stats(self) -> Mapping[str, float]: ...
+
+    @property
+    def registration(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,8 @@ def worker_readiness(planned: Iterable[str], workers: Mapping[str, WorkerState])
     """Ready when every planned resource's worker is RUNNING, registered and streaming.
 
     Streaming means the worker's last heartbeat counted an open ListAndWatch stream
-    (`gauge:streams`).
+    (`gauge:streams`). A worker not registered yet says where its registration stands (waiting
+    for kubelet.sock, retrying after a refusal), as the worker last reported it.
     """
     planned = sorted(planned)
     if not planned:
@@ -87,14 +91,23 @@ def worker_readiness(planned: Iterable[str], workers: Mapping[str, WorkerState])
         if handle is None:
             missing.append(f"{resource}: no worker")
         elif handle.state.value != "RUNNING":
-            missing.append(f"{resource}: worker {handle.state.value}")
+            missing.append(f"{resource}: worker {handle.state.value}{_registration(handle)}")
         elif not handle.registered:
-            missing.append(f"{resource}: not registered")
+            missing.append(f"{resource}: not registered{_registration(handle)}")
         elif handle.stats.get("gauge:streams", 0.0) < 1:
             missing.append(f"{resource}: registered, no ListAndWatch stream yet")
     if missing:
         return False, "not ready: " + "; ".join(missing)
     return True, f"ready: {len(planned)} resource(s) registered and streaming"
+
+
+def _registration(handle: WorkerState) -> str:
+    """`, registration <state> (<why>)`: where a live worker that is not registered stands. Not
+    for a dead one (BACKOFF, FATAL): its last report is not where the resource stands now."""
+    live = handle.state.value in ("STARTING", "RUNNING")
+    if not live or handle.registered or not handle.registration:
+        return ""
+    return f", registration {handle.registration}"
 
 
 class ReadinessCell:

@@ -145,7 +145,8 @@ def _checkpoint(entries: list[dict[str, object]]) -> str:
 
 
 def test_status_shows_allocations_from_the_checkpoint() -> None:
-    """`gpuvisor status` (JSON and table) lists the checkpoint's allocations of our resources, readiness and conditions."""
+    """`gpuvisor status` (JSON and table) lists the checkpoint's allocations of our resources, readiness and
+    conditions; with the checkpoint gone it warns of nothing (no checkpoint: nothing allocated yet)."""
     with SimNode("pcie-l4") as node:
         node.wait_listed([GPU])
         ids, response = node.kubelet.allocate(GPU, 2)
@@ -199,8 +200,8 @@ def test_status_shows_allocations_from_the_checkpoint() -> None:
         assert "xid:48" in table.stdout and "ready:" in table.stdout
 
         os.unlink(os.path.join(node.plugin_dir, "kubelet_internal_checkpoint"))
-        missing = gpuvisor_status(node)
-        assert missing.returncode == 0 and "no kubelet checkpoint" in missing.stderr
+        missing = gpuvisor_status(node)  # nothing allocated yet is normal: no warning
+        assert missing.returncode == 0 and missing.stderr == ""
 
 
 def ignored_xids(node: SimNode) -> list[str]:

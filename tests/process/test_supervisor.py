@@ -117,6 +117,21 @@ def test_sigterm_stops_every_worker_and_socket_quickly() -> None:
         assert sockets_in(node.run_dir) == []
 
 
+def test_sigterm_is_acted_on_at_once() -> None:
+    """SIGTERM to a running, ready supervisor: it exits 0 well under a loop tick (2 s) later, its
+    worker's own stop included (about 0.2 s: it lets the kubelet read the end of its stream)."""
+    with SimNode("pcie-l4") as node:
+        node.wait_listed([GPU])
+        assert wait_until(lambda: node.command("status")["ready"], 15)
+        pids = [p.pid for p in node.workers()]
+        t0 = time.monotonic()
+        assert node.stop_supervisor(signal.SIGTERM) == 0
+        elapsed = time.monotonic() - t0
+        print(f"\nSIGTERM -> supervisor exited 0: {elapsed * 1000:.0f} ms with {len(pids)} child process(es)")
+        assert elapsed < 1.5
+        assert gone(pids)
+
+
 @contextmanager
 def planted_sockets(directory: str) -> Iterator[dict[str, str]]:
     """Stale sockets of an earlier gpuvisor (tags 0a1b2c and deadbe), unrecorded ones named alike,
@@ -308,6 +323,24 @@ def test_config_error_at_start_is_one_clear_line(
         assert lines[0].startswith("gpuvisor: config error: ")
         for fragment in expected:
             assert fragment in lines[0]
+
+
+def test_a_kubelet_socket_dir_too_long_for_worker_sockets_exits_78_at_once() -> None:
+    """`gpuvisor run` with a --kubelet-socket whose dir leaves no room for a worker's socket path
+    exits 78 with one line on stderr naming the flag, the path and the limit, and no traceback,
+    instead of running with gRPC failing to add its port."""
+    with short_tmpdir() as tmp:
+        long_dir = os.path.join(tmp, "k" * (90 - len(tmp)))  # kubelet.sock fits, a worker's socket not
+        socket_path = os.path.join(long_dir, "kubelet.sock")
+        result = run_supervisor(tmp, ["--simulate", "pcie-l4", "--kubelet-socket", socket_path])
+        assert result.returncode == 78, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        assert lines[0].startswith(
+            f"gpuvisor: config error: flag --kubelet-socket: the directory of {socket_path}"
+        )
+        assert "at most 107 bytes" in lines[0]
+        assert not os.path.exists(long_dir)
 
 
 # ------------------------------------------------------------------------------- logging

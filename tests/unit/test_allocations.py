@@ -132,13 +132,15 @@ def test_any_json_shape_is_survived(doc: Any) -> None:
     assert isinstance(got, list) and isinstance(warnings, list)
 
 
-def test_missing_and_unreadable_files_are_warnings(tmp_path: Path) -> None:
-    """No checkpoint (or a directory in its place) gives no allocations and a warning with the path."""
-    got, warnings = read_checkpoint(str(tmp_path / CHECKPOINT_NAME), OURS)
-    assert got == [] and str(tmp_path) in warnings[0] and "no kubelet checkpoint" in warnings[0]
+def test_a_missing_checkpoint_is_no_allocations_without_a_warning(tmp_path: Path) -> None:
+    """No checkpoint is normal (nothing allocated yet): no allocations, no warning, the checkpoint
+    still the source; one that cannot be read (a directory in its place) is a warning with the path."""
+    assert read_checkpoint(str(tmp_path / CHECKPOINT_NAME), OURS) == ([], [])
+    view = current_allocations(str(tmp_path), OURS, pod_resources_socket="")
+    assert (view.allocations, view.warnings, view.source) == ([], [], "checkpoint")
     (tmp_path / CHECKPOINT_NAME).mkdir()
     got, warnings = read_checkpoint(str(tmp_path / CHECKPOINT_NAME), OURS)
-    assert got == [] and "cannot read" in warnings[0]
+    assert got == [] and "cannot read" in warnings[0] and str(tmp_path) in warnings[0]
 
 
 def test_checkpoint_is_used_without_the_pod_resources_socket(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.socketnames import UNIX_PATH_MAX, socket_name
 from supervisor.config import (
     EXIT_CONFIG_ERROR,
     SETTINGS,
@@ -241,6 +243,62 @@ def test_flag_and_env_errors(argv: tuple[str, ...], env: dict[str, str], expecte
     with pytest.raises(ConfigError) as info:
         load_config(parse_flags(*argv), env)
     assert str(info.value) == expected
+
+
+# The longest plugin dir whose workers' sockets fit: 107 bytes less "/gpuvisor-r-<tag><nn>.sock".
+LONGEST_PLUGIN_DIR = "/" + "d" * (UNIX_PATH_MAX - len("/gpuvisor-r-00000000.sock") - 1)
+
+
+def test_a_kubelet_socket_whose_dir_cannot_hold_a_worker_socket_is_refused() -> None:
+    """A --kubelet-socket in a dir where even a one-byte resource name's worker socket is over the
+    unix socket limit is a config error naming the flag, the path, the limit and the size; a dir one
+    byte shorter is taken."""
+    ok = f"{LONGEST_PLUGIN_DIR}/kubelet.sock"
+    assert load_config(parse_flags("--kubelet-socket", ok), {}).kubelet_socket == ok
+    too_long = f"{LONGEST_PLUGIN_DIR}d/kubelet.sock"
+    with pytest.raises(ConfigError) as info:
+        load_config(parse_flags("--kubelet-socket", too_long), {})
+    worker = f"{LONGEST_PLUGIN_DIR}d/gpuvisor-r-00000000.sock"
+    assert str(info.value) == (
+        f"config error: flag --kubelet-socket: the directory of {too_long} is too long: a worker's socket "
+        f"there, {worker} at its shortest, must fit a unix socket path (at most 107 bytes, it has 108)"
+    )
+
+
+def test_a_kubelet_socket_path_over_the_limit_is_refused() -> None:
+    """A kubelet socket path (KUBELET_SOCKET too) that is itself over 107 bytes is refused with its size."""
+    path = "/k/" + "s" * 110 + ".sock"
+    with pytest.raises(ConfigError, match=r"^config error: env KUBELET_SOCKET: /k/s+\.sock is too long: it must fit a "
+                       r"unix socket path \(at most 107 bytes, it has 118\)$"):  # fmt: skip
+        load_config(parse_flags(), {"KUBELET_SOCKET": path})
+
+
+@pytest.mark.parametrize(
+    ("flag", "socket", "key"),
+    [
+        ("--kubelet-plugins-dir", "gpu.nvidia.com/dra.sock", "gpuvisor.kubeletPluginsDir"),
+        ("--kubelet-registry-dir", "gpu.nvidia.com-reg.sock", "gpuvisor.kubeletRegistryDir"),
+    ],
+)
+def test_a_dra_socket_over_the_limit_is_refused(flag: str, socket: str, key: str) -> None:
+    """In DRA mode a plugins or registry dir whose DRA socket path is over 107 bytes is a config
+    error naming the setting, the path and its size."""
+    directory = "/" + "p" * 100
+    with pytest.raises(ConfigError) as info:
+        load_config(parse_flags("--mode", "dra", "--node-name", "n1", flag, directory), {})
+    path = f"{directory}/{socket}"
+    assert key in str(info.value) and path in str(info.value)
+    assert f"{len(path)} bytes long, over the 107" in str(info.value)
+
+
+def test_every_resource_name_fits_where_the_shortest_does() -> None:
+    """Where the check takes the dir, a worker socket of any resource name fits: the worker cuts a
+    long name short (common/socketnames.py), so plans need no check of their own."""
+    for name in ("g", "gpu", "a" * 63 + ".shared", "é" * 40):
+        path = os.path.join(
+            LONGEST_PLUGIN_DIR, socket_name(f"nvidia.com/{name}", "abcdef", 255, LONGEST_PLUGIN_DIR)
+        )
+        assert len(path.encode()) <= UNIX_PATH_MAX, path
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ and the server's own rules; `state.errors` holds whatever it refused. No process
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,6 +171,29 @@ def test_a_server_without_device_taints_gets_unhealthy_devices_left_out(pub: Pub
     pub.publisher.want(PoolWant(True, node))
     assert wait_until(lambda: pub.published(node))
     assert len([r for r in pub.api.state.calls("POST") if r.query.get("dryRun") == "All"]) == 1
+
+
+def test_the_pool_log_line_names_the_unhealthy_devices_left_out_and_why(
+    pub: Pub, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without device taints at the API server, the line that logs a pool generation names the
+    unhealthy devices it left out, each with its conditions, beside the ones held by pods."""
+    caplog.set_level(logging.INFO, logger=publish.log.name)
+    pub.api.state.device_taints = False
+    node = nodes.pcie_l4()
+    pub.held = [Allocation("", "c", "nvidia.com/gpu", ("3",), "infer", "default")]
+    conditions = (xid(node, 1, 79), xid(node, 1, 48), xid(node, 2, 94))
+    pub.publisher.want(PoolWant(True, node, conditions))
+    assert wait_until(lambda: pub.published(node, conditions, taints=False, exclude={"gpu-3"}))
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "pool generation" in r.getMessage()]
+
+    assert wait_until(lines)  # logged just after the write the fake stored
+    assert lines()[-1].endswith(
+        "; left out, held by device-plugin containers: gpu-3 (default/infer)"
+        "; left out, unhealthy (the API server drops device taints): gpu-1 (xid:48, xid:79), gpu-2 (xid:94)"
+    )
 
 
 def test_taints_dropped_on_a_real_write_are_noticed(pub: Pub) -> None:

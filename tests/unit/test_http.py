@@ -168,6 +168,35 @@ def test_ipv6_loopback() -> None:
         server.stop()
 
 
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("address", "shown"),
+    [("0.0.0.0:0", "127.0.0.1"), (":0", "127.0.0.1"), ("[::]:0", "[::1]"), ("127.0.0.1:0", "127.0.0.1")],
+)
+def test_url_of_a_wildcard_bind_is_one_to_open(address: str, shown: str) -> None:
+    """A server on all interfaces (0.0.0.0, an empty host, [::]) shows the loopback URL that reaches
+    it from the node, not the wildcard; a specific host is shown as it is. The URL answers."""
+    if "::" in address and not has_ipv6_loopback():
+        pytest.skip("no IPv6 loopback on this machine")
+    server = ProbeServer(
+        address=address, render=lambda: b"", liveness=lambda: (True, "ok"), readiness=lambda: (True, "")
+    )
+    server.start()
+    try:
+        assert server.url == f"http://{shown}:{server.port}"
+        assert get(shown.strip("[]"), server.port, "/healthz")[0] == 200
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

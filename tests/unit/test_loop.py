@@ -7,6 +7,7 @@ import signal
 from collections.abc import Iterator
 
 import pytest
+import zmq
 
 from supervisor.main import Supervisor
 from supervisor.workers.lifecycle import WState
@@ -35,6 +36,26 @@ def test_signal_handlers_only_enqueue(sup: Supervisor) -> None:
     assert sup.signals == [signal.SIGTERM] and not sup.stopping
     sup.handle_signals()
     assert sup.stopping and sup.signals == []
+
+
+def test_a_turn_that_handles_sigterm_stops_without_waiting(
+    sup: Supervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turn in which a SIGTERM is handled polls with no timeout (nor at all): the stop starts at
+    once, not a tick later. A turn without one still waits for its next event."""
+    timeouts: list[object] = []
+
+    def poll(self: zmq.Poller, timeout: object = None) -> list[object]:
+        timeouts.append(timeout)
+        return []
+
+    monkeypatch.setattr(zmq.Poller, "poll", poll)
+    sup.turn()
+    assert len(timeouts) == 1 and isinstance(timeouts[0], int) and timeouts[0] > 0
+    timeouts.clear()
+    sup._on_signal(signal.SIGTERM, None)
+    sup.turn()
+    assert sup.stopping and [t for t in timeouts if t != 0] == []
 
 
 def test_sighup_reloads_and_sigchld_only_wakes(sup: Supervisor, monkeypatch: pytest.MonkeyPatch) -> None:
