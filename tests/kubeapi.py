@@ -83,6 +83,7 @@ TOKEN = "gpuvisor-test-token"
 USER = "system:serviceaccount:gpuvisor:gpuvisor"
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 MERGE_KEYS = {("status", "conditions"): "type", ("status", "addresses"): "type"}
 HISTORY = 1000  # watch events kept; older versions are compacted away
 
@@ -430,6 +431,83 @@ def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target[key] = copy.deepcopy(value)
 
 
+class JsonPatchError(ValueError):
+    """An RFC 6902 patch that does not apply; the text as github.com/evanphx/json-patch words it."""
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise JsonPatchError(f"invalid path {path!r}")
+    return [part.replace("~1", "/").replace("~0", "~") for part in path[1:].split("/")]
+
+
+def _container(doc: Any, parts: list[str], path: str, op: str) -> tuple[Any, str]:
+    node = doc
+    for part in parts[:-1]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise JsonPatchError(f"{op} operation does not apply: doc is missing path: {path!r}")
+    return node, parts[-1]
+
+
+def json_patch(doc: dict[str, Any], ops: Any) -> dict[str, Any]:
+    """RFC 6902 on a copy of `doc`: add, remove, replace, move, copy, test; the first op that does
+    not apply fails the whole patch (the API server answers 422: apiserver's patch.go
+    `applyJSPatch`, `errors.NewGenericServerResponse(http.StatusUnprocessableEntity, ...)`)."""
+    if not isinstance(ops, list):
+        raise JsonPatchError("the patch is not a JSON array of operations")
+    out = copy.deepcopy(doc)
+    for op in ops:
+        if (
+            not isinstance(op, dict)
+            or not isinstance(op.get("op"), str)
+            or not isinstance(op.get("path"), str)
+        ):
+            raise JsonPatchError(f"invalid operation {op!r}")
+        kind, path = op["op"], op["path"]
+        parts = _pointer(path)
+        if not parts:
+            raise JsonPatchError(f"{kind} on the whole document is not supported here")
+        if kind == "test":
+            node, last = _container(out, parts, path, kind)
+            current = node.get(last) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or last not in node or current != op.get("value"):
+                raise JsonPatchError(f"testing value {path} failed: test failed")
+            continue
+        if kind in ("move", "copy"):
+            source = _pointer(str(op.get("from", "")))
+            holder, key = _container(out, source, str(op.get("from")), kind)
+            if not isinstance(holder, dict) or key not in holder:
+                raise JsonPatchError(
+                    f"{kind} operation does not apply: doc is missing from path: {op.get('from')!r}"
+                )
+            value = holder.pop(key) if kind == "move" else copy.deepcopy(holder[key])
+            node, last = _container(out, parts, path, kind)
+            node[last] = value
+            continue
+        node, last = _container(out, parts, path, kind)
+        if not isinstance(node, dict):
+            raise JsonPatchError(f"{kind} into a list is not supported here: {path!r}")
+        if kind == "add":
+            node[last] = copy.deepcopy(op.get("value"))
+        elif kind == "remove":
+            if last not in node:
+                raise JsonPatchError(f"remove operation does not apply: doc is missing path: {path!r}")
+            del node[last]
+        elif kind == "replace":
+            if last not in node:
+                raise JsonPatchError(f"replace operation does not apply: doc is missing key: {path!r}")
+            node[last] = copy.deepcopy(op.get("value"))
+        else:
+            raise JsonPatchError(f"unexpected kind {kind!r}")
+    return out
+
+
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -532,6 +610,22 @@ class FakeApiServer:
             else:
                 labels[key] = value
             self._store_node(name, node, "MODIFIED")
+
+    def kubelet_status(self, name: str, setter: Callable[[dict[str, Any]], None]) -> bool:
+        """The kubelet's node status update: its setters run on the Node as the API server has it
+        and a change is written (a new version, a MODIFIED event); no change, no write
+        (pkg/kubelet/kubelet_node_status.go tryUpdateNodeStatus: PatchNodeStatus with the two-way
+        merge patch of the original and the set node). True when it wrote."""
+        with self.lock:
+            current = self.nodes.get(name)
+            if current is None:
+                return False
+            node = copy.deepcopy(current)
+            setter(node.setdefault("status", {}))
+            if node == current:
+                return False
+            self._store_node(name, node, "MODIFIED")
+            return True
 
     def touch_node(self, name: str) -> None:
         """The kubelet's heartbeat: the Node changes (a new version) but not its labels."""
@@ -801,7 +895,10 @@ class _Handler(BaseHTTPRequestHandler):
         ):
             self._send(415, status(415, "UnsupportedMediaType", "expected application/json"))
             return
-        if not isinstance(body, dict | None):
+        json_patch_body = method == "PATCH" and (self.headers.get("Content-Type") or "").startswith(
+            JSON_PATCH
+        )
+        if not isinstance(body, dict | None) and not (json_patch_body and isinstance(body, list)):
             self._send(400, status(400, "BadRequest", "the body is not a JSON object"))
             return
         if (m := POD_PATH.match(path)) and method == "GET":
@@ -872,6 +969,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._allowed("patch", resource, name=name):
             return
         kind = (self.headers.get("Content-Type") or "").split(";")[0]
+        if kind == JSON_PATCH:
+            self._json_patch_node(name, sub, body)
+            return
         if kind not in (STRATEGIC, MERGE) or not isinstance(body, dict):
             self._send(
                 415,
@@ -900,6 +1000,34 @@ class _Handler(BaseHTTPRequestHandler):
                 else {k: v for k, v in body.items() if k != "status"}
             )
             (strategic_merge if kind == STRATEGIC else merge_patch)(updated, part)
+            problems = condition_problems(updated)
+            if problems:
+                state.errors.extend(problems)
+                self._send(422, status(422, "Invalid", "; ".join(problems), name, "nodes"))
+                return
+            stored = state._store_node(name, updated, "MODIFIED")
+            self._send(200, copy.deepcopy(stored))
+
+    def _json_patch_node(self, name: str, sub: str | None, body: Any) -> None:
+        """A JSON patch of a Node (or its status): applied to the whole object, then the status
+        subresource keeps only the status and the main resource everything but it, as the Node's
+        strategies reset the rest (pkg/registry/core/node/strategy.go PrepareForUpdate)."""
+        state = self.state
+        with state.lock:
+            current = state.nodes.get(name)
+            if current is None:
+                self._send(404, status(404, "NotFound", f'nodes "{name}" not found', name, "nodes"))
+                return
+            try:
+                patched = json_patch(current, body)
+            except JsonPatchError as exc:
+                self._send(422, status(422, "Invalid", str(exc), name, "nodes"))
+                return
+            updated = copy.deepcopy(current)
+            if sub:
+                updated["status"] = patched.get("status") or {}
+            else:
+                updated.update({k: v for k, v in patched.items() if k != "status"})
             problems = condition_problems(updated)
             if problems:
                 state.errors.extend(problems)

@@ -22,10 +22,23 @@ plugin the way a node would:
 - `serve_pod_resources(path)` serves the kubelet's pod-resources API (`v1.PodResourcesLister/List`)
   there: each `allocate()` is one pod's container holding its devices until `release()`, as the
   kubelet lists them (what gpuvisor reads to keep device-plugin-held devices out of DRA slices).
+- A resource whose plugin went keeps its capacity (its devices, all unhealthy) and 0 allocatable
+  for `grace_s` (the kubelet's `endpointStopGracePeriod`, 5 minutes), then the device manager
+  forgets it: `get_capacity()` names it once as removed. A restart keeps the registered
+  resources with no devices (the kubelet's `readCheckpoint`: a stopped endpoint per registered
+  resource, capacity 0) for another grace period.
+- With `write_checkpoint`, `kubelet_internal_checkpoint` in the plugin dir is kept as the
+  kubelet's `writeCheckpoint` keeps it: `RegisteredDevices` lists every resource the device
+  manager still has (the healthy devices' IDs; none for a plugin that went), `PodDeviceEntries`
+  the pods' devices.
+- `node_status(sink, interval)` runs the kubelet's node-status setter for the device manager's
+  part every `interval`: the capacity and allocatable of each resource it has, a removed one set
+  to 0 and never deleted; `sink` applies that change to the Node at the API server (the fake's).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -46,6 +59,9 @@ from common.kubeletapi.rpc import DevicePluginClient, registration_handler, unix
 log = logging.getLogger("gpuvisor.kubelet")
 
 DIAL_TIMEOUT_S = 10.0
+# pkg/kubelet/cm/devicemanager/types.go: endpointStopGracePeriod = time.Duration(5) * time.Minute
+ENDPOINT_STOP_GRACE_S = 300.0
+CHECKPOINT_NAME = "kubelet_internal_checkpoint"  # types.go: kubeletDeviceManagerCheckpoint
 _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -90,6 +106,7 @@ class Resource:
     devices: dict[str, DeviceState] = field(default_factory=dict)
     endpoint: Endpoint | None = None
     allocated: set[str] = field(default_factory=set)
+    stopped_at: float | None = None  # when its plugin went (or the kubelet restarted without one)
 
     @property
     def capacity(self) -> int:
@@ -124,6 +141,8 @@ class KubeletStandin:
         stream_end_delay: float = 0.0,
         seed: int = 0,
         dial_timeout: float = DIAL_TIMEOUT_S,
+        grace_s: float = ENDPOINT_STOP_GRACE_S,
+        write_checkpoint: bool = False,
     ) -> None:
         """As the v1.32 kubelet, a new registration leaves the old client running until its stream
         ends. `legacy_keying` (the kubelet's `runClient`, up to 1.35, so on by default):
@@ -134,6 +153,8 @@ class KubeletStandin:
         `stream_end_delay`: the kubelet notices a stream's end this much later (a busy kubelet),
         which with `legacy_keying` lets an old stream's end land after the next registration."""
         self.dial_timeout = dial_timeout
+        self.grace_s = grace_s
+        self.write_checkpoint = write_checkpoint
         self.plugin_dir = os.path.abspath(plugin_dir)
         self.socket_path = os.path.join(self.plugin_dir, KUBELET_SOCKET_NAME)
         self.legacy_keying = legacy_keying
@@ -150,6 +171,9 @@ class KubeletStandin:
         self._pods: dict[str, tuple[str, list[str]]] = {}  # pod name -> (resource, device IDs held)
         self._pod_count = 0
         self._pod_resources: grpc.Server | None = None
+        self._status_stop = threading.Event()
+        self.forgotten: dict[str, float] = {}  # resource -> when the device manager forgot it
+        self._status_thread: threading.Thread | None = None
 
     # ----------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -196,6 +220,10 @@ class KubeletStandin:
 
     def stop(self) -> None:
         """Stop serving and close every plugin stream; leaves kubelet.sock removed."""
+        self._status_stop.set()
+        if self._status_thread is not None:
+            self._status_thread.join(5)
+            self._status_thread = None
         if self._pod_resources is not None:
             self._pod_resources.stop(grace=None).wait()
             self._pod_resources = None
@@ -215,9 +243,16 @@ class KubeletStandin:
             self._epoch += 1
         self.stop()
         with self._cond:
+            now = time.monotonic()
             for res in self._resources.values():
-                res.endpoint = None  # capacity stays (from the checkpoint), allocatable drops to 0
+                # readCheckpoint: each registered resource gets a stopped endpoint and no devices
+                # ("resource capacity will stay zero till the corresponding device plugin
+                # re-registers"), with a fresh grace period.
+                res.endpoint = None
+                res.devices = {}
+                res.stopped_at = now
             self._cond.notify_all()
+        self._checkpoint()
         for entry in os.scandir(self.plugin_dir):
             try:
                 if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
@@ -300,6 +335,7 @@ class KubeletStandin:
                 return False
             res = self._resources.setdefault(endpoint.resource, Resource(endpoint.resource))
             res.endpoint = endpoint  # the old client, if any, runs on until its stream ends
+            res.stopped_at = None
             drop = self.drop_fresh > 0
             if drop:
                 self.drop_fresh -= 1
@@ -351,6 +387,7 @@ class KubeletStandin:
             res.devices = {d.id: d for d in devices}
             endpoint.updates += 1
             self._cond.notify_all()
+        self._checkpoint()
         for listener in list(self.listeners):
             listener(endpoint.resource, devices)
 
@@ -360,6 +397,8 @@ class KubeletStandin:
             endpoint.connected = False
             res = self._resources.get(endpoint.resource)
             newer = res.endpoint if res is not None else None
+            if res is not None and newer is endpoint:
+                res.stopped_at = time.monotonic()  # PluginDisconnected: setStopTime(time.Now())
             if newer is not None and newer is not endpoint:  # noqa: SIM102 - the comment belongs to the inner test
                 if self.legacy_keying and endpoint.generation < newer.generation:
                     # kubernetes#121994: the old instance's stream ending disconnects the new one,
@@ -372,7 +411,98 @@ class KubeletStandin:
         endpoint.channel.close()
         if victim is not None:
             self._close_endpoint(victim)
+        self._checkpoint()
         log.info("%s: ListAndWatch ended (%s)", endpoint.resource, reason)
+
+    # ----------------------------------------------------------------------------- the device manager
+    def get_capacity(self) -> tuple[dict[str, int], dict[str, int], list[str]]:
+        """The device manager's `GetCapacity()`: capacity and allocatable of each resource it has,
+        and the resources it forgot in this call (each is named once, when its plugin has been
+        gone for the grace period: the `stopGracePeriodExpired()` test)."""
+        capacity: dict[str, int] = {}
+        allocatable: dict[str, int] = {}
+        removed: list[str] = []
+        now = time.monotonic()
+        with self._cond:
+            for name, res in list(self._resources.items()):
+                if res.stopped_at is not None and now - res.stopped_at > self.grace_s:
+                    del self._resources[name]
+                    removed.append(name)
+                    self.forgotten[name] = now
+                    continue
+                capacity[name] = res.capacity
+                allocatable[name] = res.allocatable
+            if removed:
+                self._cond.notify_all()
+        if removed:
+            self._checkpoint()  # needsUpdateCheckpoint
+        return capacity, allocatable, removed
+
+    def registered_resources(self) -> list[str]:
+        """What `RegisteredDevices` of the checkpoint lists: every resource the manager has."""
+        with self._cond:
+            return sorted(self._resources)
+
+    def _checkpoint(self) -> None:
+        """writeCheckpoint: registered devices from the healthy ones (a resource whose plugin went
+        is listed with none), and the pods' devices."""
+        if not self.write_checkpoint:
+            return
+        with self._cond:
+            registered = {
+                name: sorted(d.id for d in res.devices.values() if d.health == HEALTHY and res.allocatable)
+                for name, res in sorted(self._resources.items())
+            }
+            entries = [
+                {"PodUID": pod, "ContainerName": "main", "ResourceName": resource,
+                 "DeviceIDs": {"-1": list(ids)}, "AllocResp": ""}
+                for pod, (resource, ids) in sorted(self._pods.items())
+            ]  # fmt: skip
+        data = {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": registered}, "Checksum": 0}
+        path = os.path.join(self.plugin_dir, CHECKPOINT_NAME)
+        temp = f"{path}.tmp"
+        with open(temp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.replace(temp, path)
+
+    def node_status(
+        self, sink: Callable[[Callable[[dict[str, Any]], None]], None], interval: float = 10.0
+    ) -> None:
+        """Run the node-status setter every `interval` (the kubelet's nodeStatusUpdateFrequency,
+        10 s) until stop(): `sink` is given the change to make to the Node's status."""
+        self._status_stop.clear()
+
+        def run() -> None:
+            while not self._status_stop.wait(interval):
+                self.sync_node_status(sink)
+
+        self._status_thread = threading.Thread(target=run, name="kubelet-node-status", daemon=True)
+        self._status_thread.start()
+
+    def sync_node_status(self, sink: Callable[[Callable[[dict[str, Any]], None]], None]) -> None:
+        """One node status update, the device manager's part of pkg/kubelet/nodestatus/setters.go
+        `MachineInfo`: each resource's capacity is set; a removed one is set to 0, never deleted
+        ("Set the capacity of the removed resource to 0 instead of removing the resource from the
+        node status"); allocatable loses the extended keys absent from capacity, takes every
+        capacity value, then the device manager's allocatable over it."""
+        capacity, allocatable, removed = self.get_capacity()
+
+        def setter(status: dict[str, Any]) -> None:
+            cap = status.setdefault("capacity", {})
+            alloc = status.setdefault("allocatable", {})
+            for name, count in capacity.items():
+                cap[name] = str(count)
+            for name in removed:
+                cap[name] = "0"
+            for name in list(alloc):
+                if name not in cap and is_extended_resource_name(name):
+                    del alloc[name]
+            for name, value in cap.items():
+                alloc[name] = value
+            for name, count in allocatable.items():
+                alloc[name] = str(count)
+
+        sink(setter)
 
     def _close_endpoint(self, endpoint: Endpoint) -> None:
         with self._cond:
@@ -503,6 +633,7 @@ class KubeletStandin:
             res.allocated.update(chosen)
             self._pod_count += 1
             self._pods[f"pod-{self._pod_count}"] = (name, list(chosen))
+        self._checkpoint()
         return chosen, response
 
     def release(self, name: str, ids: Iterable[str]) -> None:
