@@ -60,7 +60,7 @@ from supervisor.host.watches import Watches
 from supervisor.labels.sync import NodeLabels
 from supervisor.mps.wiring import MpsWiring
 from supervisor.node.draplan import DRIVER, DraHold
-from supervisor.node.planning import NO_HOLD
+from supervisor.node.planning import NO_HOLD, device_plugin_resources
 from supervisor.observe import status
 from supervisor.observe.http import AddressError, ProbeServer, loop_liveness
 from supervisor.observe.metrics import Metrics
@@ -248,7 +248,7 @@ class Supervisor:
             config_file=config.config_file,
             config_dir=config.config_file_srcdir,
             post=self.mailbox.post,
-            on_kubelet=self.events.kubelet_created,
+            on_kubelet=self.kubelet_created,
             on_deleted=self.events.file_deleted,
             on_config=self.replan.config_event,
         )
@@ -463,9 +463,19 @@ class Supervisor:
 
     def on_plans_applied(self) -> None:
         """New plans are in place: the Node's condition counts their devices, the DRA pool shows
-        them (or is withdrawn)."""
+        them (or is withdrawn), and a DRA node knows which device-plugin resources it may tidy."""
         self.cluster.plans_changed()
         self._refresh_dra()
+        node, config = self.reconciler.node, self.config
+        dra_node = node is not None and config.mode == "dra"
+        names = device_plugin_resources(node, config) if node is not None and dra_node else frozenset()
+        self.dra.device_plugin_resources(names)
+
+    def kubelet_created(self) -> None:
+        """kubelet.sock appeared (the kubelet started): workers register again, and the DRA side
+        looks at what the kubelet may write into the Node's status again."""
+        self.events.kubelet_created()
+        self.dra.kubelet_restarted()
 
     def _refresh_dra(self) -> None:
         self.dra.refresh(

@@ -34,6 +34,7 @@ from supervisor.observe.metrics import Metrics
 
 if TYPE_CHECKING:
     from supervisor.dra.publish import SlicePublisher
+    from supervisor.dra.released import ReleasedResources
     from supervisor.dra.slices import PoolWant
     from supervisor.kube.client import KubeClient
 
@@ -60,6 +61,8 @@ class DraSide:
         self.metrics = metrics
         self.claims = ClaimFetcher(reply=reply, on_count=functools.partial(metrics.dra_call, "claim"))
         self.publisher: SlicePublisher | None = None
+        self.released: ReleasedResources | None = None
+        self._device_plugin_names: frozenset[str] = frozenset()  # what the device plugin would serve
         self._want: PoolWant | None = None
         self._key: tuple[object, ...] = ()
         self._dra_planned = False  # this life planned the DRA worker: its slices are ours to keep or withdraw
@@ -88,6 +91,13 @@ class DraSide:
             self.publisher.want(self._want)
         self.publisher.start()
         self.claims.start(client)
+        from supervisor.dra.released import ReleasedResources
+
+        self.released = ReleasedResources(
+            client, node_name=self.node_name, plugin_dir=self.plugin_dir, on_count=self.metrics.dra_call
+        )
+        self.released.want(self._device_plugin_names, self._device_plugin_running)
+        self.released.start()
 
     def hold_reason(self, mode: str) -> str:
         """Planning asks (main loop): why the device plugin may offer nothing yet ("" when it may)."""
@@ -102,7 +112,9 @@ class DraSide:
         self.claims.stop()
         if self.publisher is not None:
             self.publisher.stop(join=0.5)
-        self.publisher = None
+        if self.released is not None:
+            self.released.stop()
+        self.publisher, self.released = None, None
 
     def close(self) -> None:
         self.stop()
@@ -151,8 +163,24 @@ class DraSide:
         """Every loop turn: once the last device-plugin worker is gone, the slices may go out."""
         if running != self._device_plugin_running:
             self.refresh(*self._inputs, running)
+            self._tell_released()
+
+    def device_plugin_resources(self, names: frozenset[str]) -> None:
+        """New plans: the resources this node would advertise as a device plugin (on a DRA node,
+        those the kubelet may still show at 0 and that are removed once it lets go of them)."""
+        self._device_plugin_names = names
+        self._tell_released()
+
+    def kubelet_restarted(self) -> None:
+        if self.released is not None:
+            self.released.kubelet_restarted()
+
+    def _tell_released(self) -> None:
+        if self.released is not None:
+            self.released.want(self._device_plugin_names, self._device_plugin_running)
 
     def status(self) -> dict[str, Json]:
         out: dict[str, Json] = {"claims": self.claims.status()}
         out["slices"] = self.publisher.status() if self.publisher is not None else None
+        out["released"] = self.released.status() if self.released is not None else None
         return out

@@ -106,6 +106,15 @@ def plan_resources(node: Node, config: Config, hold: DraHold = NO_HOLD) -> dict[
     return dict(sorted(out.items()))
 
 
+def device_plugin_resources(node: Node, config: Config) -> frozenset[str]:
+    """The resources this node would advertise as a device plugin under `config`, whatever its
+    mode (empty where that config cannot be planned as one)."""
+    try:
+        return frozenset(_device_plugin_plans(node, dataclasses.replace(config, mode="device-plugin")))
+    except PlanningError:
+        return frozenset()
+
+
 def _device_plugin_plans(node: Node, config: Config) -> dict[str, ResourcePlan]:
     if config.sharing.strategy == "mps":
         _check_mps_config(config)

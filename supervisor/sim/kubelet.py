@@ -224,6 +224,9 @@ class KubeletStandin:
         if self._status_thread is not None:
             self._status_thread.join(5)
             self._status_thread = None
+        self._stop_serving()
+
+    def _stop_serving(self) -> None:
         if self._pod_resources is not None:
             self._pod_resources.stop(grace=None).wait()
             self._pod_resources = None
@@ -241,7 +244,7 @@ class KubeletStandin:
         """Simulate a kubelet restart: close streams, delete every socket, fresh kubelet.sock."""
         with self._cond:
             self._epoch += 1
-        self.stop()
+        self._stop_serving()  # the node's status goes on being written, as by the kubelet that starts
         with self._cond:
             now = time.monotonic()
             for res in self._resources.values():
@@ -466,7 +469,7 @@ class KubeletStandin:
         os.replace(temp, path)
 
     def node_status(
-        self, sink: Callable[[Callable[[dict[str, Any]], None]], None], interval: float = 10.0
+        self, sink: Callable[[Callable[[dict[str, Any]], None]], object], interval: float = 10.0
     ) -> None:
         """Run the node-status setter every `interval` (the kubelet's nodeStatusUpdateFrequency,
         10 s) until stop(): `sink` is given the change to make to the Node's status."""
@@ -479,7 +482,7 @@ class KubeletStandin:
         self._status_thread = threading.Thread(target=run, name="kubelet-node-status", daemon=True)
         self._status_thread.start()
 
-    def sync_node_status(self, sink: Callable[[Callable[[dict[str, Any]], None]], None]) -> None:
+    def sync_node_status(self, sink: Callable[[Callable[[dict[str, Any]], None]], object]) -> None:
         """One node status update, the device manager's part of pkg/kubelet/nodestatus/setters.go
         `MachineInfo`: each resource's capacity is set; a removed one is set to 0, never deleted
         ("Set the capacity of the removed resource to 0 instead of removing the resource from the

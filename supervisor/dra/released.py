@@ -1,0 +1,278 @@
+"""Device-plugin resources the kubelet let go of, removed from the Node's status: `ReleasedResources`.
+
+Why: KEP-5004 lets a pod that asks for `nvidia.com/gpu` be served through DRA, but the 1.34
+scheduler (`filterExtendedResources`, pkg/scheduler/framework/plugins/dynamicresources) does so
+only where the resource is absent from the Node's allocatable, and the kubelet never removes a
+device plugin's resource: when the plugin goes, the device manager reports its devices as capacity
+with 0 allocatable for `endpointStopGracePeriod` (5 minutes), then forgets it and the node-status
+setter writes 0 ("instead of removing the resource from the node status"), which the Node keeps.
+On a node switched to DRA the pod stays Pending with `Insufficient nvidia.com/gpu`. Kubernetes
+1.35 (kubernetes#133784) treats allocatable 0 as served by DRA; for 1.34 this part completes the
+switch.
+
+When the kubelet stops re-adding the key (read in its source, and kept by the stand-in,
+supervisor/sim/kubelet.py): the node-status setter writes a device manager resource only while
+the manager has it, and the manager has it while a plugin is registered or within the grace
+period after its plugin went (and, after a kubelet restart, for a grace period per resource its
+checkpoint registered). While it has it, its checkpoint (`kubelet_internal_checkpoint`,
+`RegisteredDevices`) lists it; once it forgot it, the checkpoint no longer does and nothing of
+the kubelet writes the key again. So a resource is removed only when all of these hold:
+
+- gpuvisor itself would advertise it as a device plugin on this node (its device-plugin plans
+  under the running config): never a resource of another plugin;
+- no device-plugin worker of gpuvisor runs (the node runs in DRA mode);
+- the kubelet's checkpoint does not list it: no plugin serves it and the grace period is over;
+- the Node's `status.capacity` (and `status.allocatable`, where present) is still "0": the JSON
+  patch `test`s both values before it `remove`s them, so a resource the kubelet counts again in
+  the meantime is left as it is (the server answers 422).
+
+Where the checkpoint cannot be read (not mounted, not written yet) the third test is skipped and
+a removal is verified after `VERIFY_S`, then at doubling intervals up to `VERIFY_MAX_S`, while
+the kubelet writes the key back (counted as `readded`); it never fights the kubelet faster
+than that. Waiting on the kubelet costs a `stat` of its checkpoint every `CHECK_S`, no API
+request; with nothing to remove the thread sleeps until the plans change or the kubelet restarts.
+Every removal is logged and counted (`gpuvisor_dra_api_total{what="release"}`), and shown in
+`gpuvisor status` (`cluster.dra.released`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from common.backoff import Backoff
+from common.messages import Json
+from supervisor.kube.client import KubeClient
+from supervisor.kube.errors import ApiError, Stopped
+from supervisor.kube.failing import Failing
+from supervisor.kube.watch import quote
+from supervisor.observe.allocations import CHECKPOINT_NAME
+
+log = logging.getLogger("gpuvisor.dra")
+
+CHECK_S = 2.0  # while the kubelet still holds a resource: a stat of its checkpoint this often
+VERIFY_S = 60.0
+VERIFY_MAX_S = 600.0
+JSON_PATCH = "application/json-patch+json"
+MAX_CHECKPOINT_BYTES = 16 << 20
+
+
+def kubelet_registered(plugin_dir: str) -> frozenset[str] | None:
+    """The resources the kubelet's device manager still has (its checkpoint's `RegisteredDevices`),
+    or None when the checkpoint is missing or cannot be read."""
+    path = os.path.join(plugin_dir, CHECKPOINT_NAME)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CHECKPOINT_BYTES + 1)
+        doc = json.loads(raw) if len(raw) <= MAX_CHECKPOINT_BYTES else None
+    except (OSError, ValueError):
+        return None
+    data = doc.get("Data") if isinstance(doc, dict) else None
+    registered = data.get("RegisteredDevices") if isinstance(data, dict) else None
+    if not isinstance(registered, dict):
+        return None
+    return frozenset(str(name) for name in registered)
+
+
+def _pointer(*parts: str) -> str:
+    return "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+class ReleasedResources:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        node_name: str,
+        plugin_dir: str,
+        on_count: Callable[[str, str], None] = lambda what, result: None,
+        retry: Backoff | None = None,
+        check_s: float = CHECK_S,
+    ) -> None:
+        self.client = client
+        self.node_name = node_name
+        self.plugin_dir = plugin_dir  # the kubelet's device-plugins dir: its checkpoint
+        self.on_count = on_count
+        self.failing = Failing(retry or Backoff(1.0, 60.0, jitter=0.3))
+        self.check_s = check_s
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._candidates: frozenset[str] = frozenset()
+        self._device_plugin_running = True
+        self._thread: threading.Thread | None = None
+        # The thread's own state (status reads it without the lock: plain values).
+        self.state = "idle"
+        self.removed: dict[str, str] = {}  # resource -> how it went ("removed", "absent")
+        self.kubelet_holds: tuple[str, ...] = ()
+        self.counted: tuple[str, ...] = ()  # the kubelet counts devices of these (capacity > 0)
+        self.removals = 0
+        self.readded = 0
+        self._verify_s = VERIFY_S
+        self._verifying: set[str] = set()  # removed without the kubelet's checkpoint to go by
+
+    # ------------------------------------------------------------------ from the main loop
+    def want(self, candidates: frozenset[str], device_plugin_running: bool) -> None:
+        """The resources gpuvisor would advertise as a device plugin here, and whether any of its
+        device-plugin workers runs (then nothing is touched)."""
+        with self._lock:
+            if (candidates, device_plugin_running) == (self._candidates, self._device_plugin_running):
+                return
+            self._candidates, self._device_plugin_running = candidates, device_plugin_running
+        self._wake.set()
+
+    def kubelet_restarted(self) -> None:
+        """The kubelet came back: it may write a resource of its checkpoint again; look again."""
+        self.removed.clear()
+        self._verify_s = VERIFY_S
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dra-released", daemon=True)
+        self._thread.start()
+
+    def stop(self, join: float = 0.5) -> None:
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(join)
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        while not self.client.stopped:
+            self._wake.clear()
+            with self._lock:
+                candidates, running = self._candidates, self._device_plugin_running
+            pause: float | None = None
+            if candidates and not running:
+                try:
+                    pause = self._pass(candidates)
+                except Stopped:
+                    return
+                except ApiError as exc:
+                    if self.failing.failed(exc.describe()):
+                        log.error(
+                            "cannot tidy the Node's status of released device-plugin resources "
+                            "(retrying with backoff): %s",
+                            exc.describe(),
+                        )
+                    self.on_count("release", exc.kind)
+                    self.state = "failing"
+                    pause = self.failing.pause()
+                else:
+                    lasted = self.failing.works()
+                    if lasted is not None:
+                        log.info("the Node's status can be tidied again (after %.0f s)", lasted)
+            else:
+                self.state = "idle"
+            self._wake.wait(pause)
+
+    def _pass(self, candidates: frozenset[str]) -> float | None:
+        """One look; the seconds until the next, or None (nothing to do until told)."""
+        registered = kubelet_registered(self.plugin_dir)
+        holds = tuple(sorted(candidates & registered)) if registered is not None else ()
+        self.kubelet_holds = holds
+        todo = sorted(candidates - set(holds) - set(self.removed))
+        if not todo:
+            self.state = "waiting for the kubelet" if holds else "idle"
+            return self.check_s if holds else self._verify_later(registered)
+        node = self.client.get(f"/api/v1/nodes/{quote(self.node_name)}", what=f"get Node {self.node_name}")
+        status = node.get("status") if isinstance(node, dict) else None
+        capacity = (status or {}).get("capacity") or {}
+        allocatable = (status or {}).get("allocatable") or {}
+        counted: list[str] = []
+        for resource in todo:
+            have, free = capacity.get(resource), allocatable.get(resource)
+            if have is None and free is None:
+                self.removed[resource] = "absent"
+                self._verifying.discard(resource)
+                continue
+            if resource in self._verifying:
+                self._verifying.discard(resource)
+                self.readded += 1
+                log.warning(
+                    "the kubelet wrote %s back into Node %s's status after it was removed (its "
+                    "checkpoint cannot be read to tell when it lets go): removed again, looked at "
+                    "again in %.0f s",
+                    resource,
+                    self.node_name,
+                    self._verify_s,
+                )
+            if have != "0" or free not in (None, "0"):
+                counted.append(resource)  # a plugin serves it, or the kubelet's grace period runs
+                continue
+            if self._remove(resource, free is not None):
+                self.removed[resource] = "removed"
+            else:
+                counted.append(resource)  # it changed since the GET: look again soon
+        self.counted = tuple(counted)
+        if counted or holds:
+            self.state = "waiting for the kubelet"
+            return self.check_s
+        self.state = "idle"
+        return self._verify_later(registered)
+
+    def _remove(self, resource: str, in_allocatable: bool) -> bool:
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": _pointer("status", "capacity", resource), "value": "0"},
+            {"op": "remove", "path": _pointer("status", "capacity", resource)},
+        ]
+        if in_allocatable:
+            ops += [
+                {"op": "test", "path": _pointer("status", "allocatable", resource), "value": "0"},
+                {"op": "remove", "path": _pointer("status", "allocatable", resource)},
+            ]
+        try:
+            self.client.request(
+                "PATCH",
+                f"/api/v1/nodes/{quote(self.node_name)}/status",
+                what=f"remove {resource} from Node {self.node_name}'s status",
+                body=ops,
+                content_type=JSON_PATCH,
+            )
+        except ApiError as exc:
+            if exc.status == 422:  # the kubelet counts it again (or took it away): look again later
+                self.on_count("release", "changed")
+                return False
+            raise
+        self.removals += 1
+        self.on_count("release", "ok")
+        log.info(
+            "removed %s from Node %s's status (capacity 0, the kubelet let go of the device plugin's "
+            "resource): a scheduler of Kubernetes 1.34 serves the resource through DRA only where the "
+            "Node lacks it",
+            resource,
+            self.node_name,
+        )
+        return True
+
+    def _verify_later(self, registered: frozenset[str] | None) -> float | None:
+        """All done. Without the kubelet's checkpoint to go by, look again later (doubling): the
+        kubelet may still write a removed key back, and then it is counted and removed again."""
+        if registered is not None:
+            self._verifying.clear()
+            return None
+        removed = [r for r, how in self.removed.items() if how == "removed"]
+        if not removed:
+            return None
+        for resource in removed:
+            del self.removed[resource]  # the next pass sees whether it came back
+            self._verifying.add(resource)
+        pause, self._verify_s = self._verify_s, min(self._verify_s * 2, VERIFY_MAX_S)
+        return pause
+
+    def status(self) -> dict[str, Json]:
+        removed: list[Json] = [r for r, how in sorted(self.removed.items()) if how == "removed"]
+        holds: list[Json] = list(self.kubelet_holds)
+        counted: list[Json] = list(self.counted)
+        return {
+            "state": self.state,
+            "removed": removed,
+            "kubelet_holds": holds,
+            "counted_by_kubelet": counted,
+            "removals": self.removals,
+            "readded": self.readded,
+            **self.failing.status(),
+        }

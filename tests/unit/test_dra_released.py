@@ -1,0 +1,114 @@
+"""`ReleasedResources._pass` (supervisor/dra/released.py): when a device-plugin resource the
+kubelet left at 0 is removed from the Node's status, with a fake client and checkpoint files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from supervisor.dra.released import VERIFY_S, ReleasedResources, kubelet_registered
+from supervisor.kube.errors import ApiError
+
+GPU = "nvidia.com/gpu"
+
+
+class FakeClient:
+    """A Node whose status the test sets; a JSON patch applies `test`/`remove` like the server."""
+
+    stopped = False
+
+    def __init__(self, capacity: dict[str, str], allocatable: dict[str, str]) -> None:
+        self.status = {"capacity": dict(capacity), "allocatable": dict(allocatable)}
+        self.patches: list[Any] = []
+        self.gets = 0
+
+    def get(self, path: str, *, what: str) -> Any:
+        self.gets += 1
+        return {"status": json.loads(json.dumps(self.status))}
+
+    def request(self, method: str, path: str, *, what: str, body: Any, content_type: str) -> Any:
+        self.patches.append(body)
+        for op in body:
+            part, key = op["path"].split("/")[2], op["path"].split("/")[3].replace("~1", "/")
+            if op["op"] == "test" and self.status[part].get(key) != op["value"]:
+                raise ApiError(what, 422, "Invalid", "testing value failed")
+        for op in body:
+            part, key = op["path"].split("/")[2], op["path"].split("/")[3].replace("~1", "/")
+            if op["op"] == "remove":
+                del self.status[part][key]
+        return None
+
+
+def _checkpoint(directory: Path, registered: dict[str, list[str]]) -> None:
+    data = {"Data": {"PodDeviceEntries": [], "RegisteredDevices": registered}, "Checksum": 1}
+    (directory / "kubelet_internal_checkpoint").write_text(json.dumps(data))
+
+
+def _released(tmp_path: Path, client: FakeClient) -> ReleasedResources:
+    return ReleasedResources(client, node_name="n1", plugin_dir=str(tmp_path))  # type: ignore[arg-type]
+
+
+def test_the_kubelets_checkpoint_says_which_resources_it_still_has(tmp_path: Path) -> None:
+    """RegisteredDevices' keys (a resource with no device too); None without a readable file."""
+    assert kubelet_registered(str(tmp_path)) is None
+    _checkpoint(tmp_path, {GPU: [], "example.com/x": ["a"]})
+    assert kubelet_registered(str(tmp_path)) == frozenset({GPU, "example.com/x"})
+    (tmp_path / "kubelet_internal_checkpoint").write_text("{not json")
+    assert kubelet_registered(str(tmp_path)) is None
+
+
+def test_while_the_checkpoint_lists_it_nothing_is_asked_of_the_api_server(tmp_path: Path) -> None:
+    """The kubelet still has nvidia.com/gpu (grace period): no GET, no patch, a look again soon."""
+    _checkpoint(tmp_path, {GPU: []})
+    client = FakeClient({GPU: "0"}, {GPU: "0"})
+    released = _released(tmp_path, client)
+    assert released._pass(frozenset({GPU})) == released.check_s
+    assert (client.gets, client.patches) == (0, [])
+    assert released.status()["kubelet_holds"] == [GPU]
+
+
+def test_a_counted_resource_is_left_and_a_zero_one_removed_with_tests(tmp_path: Path) -> None:
+    """Capacity above 0 (a plugin serves it): left, looked at again. At 0 and off the checkpoint:
+    one patch that tests both values before removing them; then nothing more to do."""
+    _checkpoint(tmp_path, {})
+    client = FakeClient({GPU: "2"}, {GPU: "0"})
+    released = _released(tmp_path, client)
+    assert released._pass(frozenset({GPU})) == released.check_s and client.patches == []
+    client.status = {"capacity": {GPU: "0"}, "allocatable": {GPU: "0"}}
+    assert released._pass(frozenset({GPU})) is None
+    assert [op["op"] for op in client.patches[0]] == ["test", "remove", "test", "remove"]
+    assert client.status == {"capacity": {}, "allocatable": {}}
+    assert released._pass(frozenset({GPU})) is None and len(client.patches) == 1
+
+
+def test_a_failed_test_leaves_the_key_and_looks_again(tmp_path: Path) -> None:
+    """The kubelet counted devices again between the GET and the patch (the server answers 422):
+    nothing is counted as removed, and the next look comes soon."""
+    _checkpoint(tmp_path, {})
+    client = FakeClient({GPU: "0"}, {GPU: "0"})
+    released = _released(tmp_path, client)
+    original = client.get
+
+    def racing_get(path: str, *, what: str) -> Any:
+        answer = original(path, what=what)
+        client.status["capacity"][GPU] = "4"
+        return answer
+
+    client.get = racing_get  # type: ignore[method-assign]
+    assert released._pass(frozenset({GPU})) == released.check_s
+    assert released.removals == 0 and client.status["capacity"][GPU] == "4"
+
+
+def test_without_a_checkpoint_a_removal_is_verified_at_doubling_intervals(tmp_path: Path) -> None:
+    """No checkpoint to go by: removed, then looked at again after VERIFY_S; written back by the
+    kubelet, it is counted, removed again, and the next look waits twice as long."""
+    client = FakeClient({GPU: "0"}, {})
+    released = _released(tmp_path, client)
+    assert released._pass(frozenset({GPU})) == VERIFY_S
+    assert [op["op"] for op in client.patches[0]] == ["test", "remove"]
+    client.status["capacity"][GPU] = "0"  # the kubelet's next update, within its grace period
+    assert released._pass(frozenset({GPU})) == VERIFY_S * 2
+    assert released.readded == 1 and released.removals == 2
+    assert released._pass(frozenset({GPU})) is None  # gone at the next look: done
+    assert released.status()["readded"] == 1
