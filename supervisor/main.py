@@ -225,6 +225,7 @@ class Supervisor:
             metrics=self.metrics,
             reply=self.reply_claim,
             earlier=self.earlier_pool,
+            kubelet_plugins_dir=config.kubelet_plugins_dir,
         )
         self.events = WorkerEvents(
             workers=self.workers,
@@ -517,6 +518,8 @@ class Supervisor:
     def on_worker_stats(self, resource: str, stats: Mapping[str, float]) -> None:
         """A draining DRA worker confirmed the drain, or a claim was unprepared: plan again, so the
         device plugin gets what no prepared claim holds any more."""
+        if resource == DRIVER:
+            self.dra.worker_stats(stats)
         plan = self.reconciler.plans.get(DRIVER)
         if resource != DRIVER or plan is None or plan.dra is None or not plan.dra.drain:
             return

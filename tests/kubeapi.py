@@ -211,7 +211,9 @@ FIELD_LABELS = {
     "resourceclaims": ("metadata.name", "metadata.namespace"),
 }
 SLICE_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/resourceslices(?:/([^/]+))?$")
-CLAIM_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims(?:/([^/]+))?$")
+CLAIM_PATH = re.compile(
+    r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims(?:/([^/]+)(?:/(status))?)?$"
+)
 SCHEMA_VERSION = "1.34.0"  # the resource.k8s.io/v1 schema the objects are checked against
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -389,6 +391,102 @@ def resource_claim_problems(obj: Any, namespace: str) -> list[str]:
     return problems
 
 
+CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+QUALIFIED_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+DEVICE_STATUS_MAX_CONDITIONS = 8  # resource/v1 AllocatedDeviceStatusMaxConditions
+DEVICE_STATUS_MAX_DATA = 10 * 1024  # AllocatedDeviceStatusDataMaxLength
+
+
+def condition_list_problems(conditions: Any, where: str) -> list[str]:
+    """apimachinery's metav1validation.ValidateConditions: type a qualified name and unique,
+    status True/False/Unknown, reason required in CamelCase form (at most 1024), message at most
+    32768, lastTransitionTime required, observedGeneration not negative."""
+    if not isinstance(conditions, list):
+        return [f"{where}: Invalid value: must be a list"]
+    problems: list[str] = []
+    seen: set[str] = set()
+    for i, cond in enumerate(conditions):
+        here = f"{where}[{i}]"
+        if not isinstance(cond, dict):
+            problems.append(f"{here}: Invalid value: must be an object")
+            continue
+        kind = cond.get("type")
+        if not isinstance(kind, str) or not QUALIFIED_NAME.match(kind) or len(kind) > 316:
+            problems.append(f"{here}.type: Invalid value: {kind!r}: a qualified name")
+        elif kind in seen:
+            problems.append(f"{here}.type: Duplicate value: {kind!r}")
+        else:
+            seen.add(kind)
+        if cond.get("status") not in ("True", "False", "Unknown"):
+            problems.append(f"{here}.status: Unsupported value: {cond.get('status')!r}")
+        reason = cond.get("reason")
+        if not isinstance(reason, str) or not reason:
+            problems.append(f"{here}.reason: Required value")
+        elif len(reason) > 1024 or not CONDITION_REASON.match(reason):
+            problems.append(f"{here}.reason: Invalid value: {reason!r}")
+        if len(str(cond.get("message", ""))) > 32768:
+            problems.append(f"{here}.message: Too long: may not be more than 32768 bytes")
+        when = cond.get("lastTransitionTime")
+        if not isinstance(when, str) or not TIME.match(when):
+            problems.append(f"{here}.lastTransitionTime: Required value: must be set")
+        generation = cond.get("observedGeneration", 0)
+        if not isinstance(generation, int) or generation < 0:
+            problems.append(
+                f"{here}.observedGeneration: Invalid value: must be greater than or equal to zero"
+            )
+    return problems
+
+
+def claim_status_problems(claim: dict[str, Any]) -> list[str]:
+    """pkg/apis/resource/validation/validation.go validateResourceClaimStatusUpdate for
+    status.devices: each entry of an allocated device ("must be an allocated device in the
+    claim"), unique by driver, pool, device and shareID, at most 8 conditions, valid conditions,
+    data a JSON object of at most 10 KiB."""
+    status = claim.get("status") or {}
+    devices = status.get("devices")
+    if devices is None:
+        return []
+    if not isinstance(devices, list):
+        return ["status.devices: Invalid value: must be a list"]
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    allocated = {
+        (r.get("driver"), r.get("pool"), r.get("device"), r.get("shareID"))
+        for r in results
+        if isinstance(r, dict)
+    }
+    problems: list[str] = []
+    seen: set[tuple[Any, ...]] = set()
+    for i, entry in enumerate(devices):
+        here = f"status.devices[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{here}: Invalid value: must be an object")
+            continue
+        key = (entry.get("driver"), entry.get("pool"), entry.get("device"), entry.get("shareID"))
+        for part in ("driver", "pool", "device"):
+            if not entry.get(part):
+                problems.append(f"{here}.{part}: Required value")
+        if key in seen:
+            problems.append(f"{here}: Duplicate value: {'/'.join(str(k) for k in key[:3])}")
+        seen.add(key)
+        if key not in allocated:
+            problems.append(
+                f"{here}: Invalid value: {'/'.join(str(k) for k in key[:3])}: must be an allocated device in the claim"
+            )
+        conditions = entry.get("conditions") or []
+        if isinstance(conditions, list) and len(conditions) > DEVICE_STATUS_MAX_CONDITIONS:
+            problems.append(f"{here}.conditions: Too many: {len(conditions)}: must have at most 8 items")
+        problems += condition_list_problems(conditions, f"{here}.conditions")
+        if "data" in entry:
+            data = entry["data"]
+            if not isinstance(data, dict):
+                problems.append(f"{here}.data: Invalid value: must be a valid JSON object")
+            elif len(json.dumps(data)) > DEVICE_STATUS_MAX_DATA:
+                problems.append(f"{here}.data: Too long: may not be more than 10240 bytes")
+    return problems
+
+
 def _drop_taints(spec: dict[str, Any]) -> None:
     """dropDisabledDRADeviceTaintsFields: without the DRADeviceTaints gate the field is dropped."""
     for device in spec.get("devices") or []:
@@ -542,6 +640,7 @@ class FakeApiServer:
     resource_claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     device_taints: bool = True  # the DRADeviceTaints gate: off, devices[].taints are dropped on write
     dra: bool = True  # resource.k8s.io/v1 is served (off: a plain 404, as a server without it)
+    claim_device_status: bool = True  # the DRAResourceClaimDeviceStatus gate (beta, on since 1.33)
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = field(init=False)
     version: int = 0
@@ -919,7 +1018,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._slice(method, m[1], query, body)
             return
         if (m := CLAIM_PATH.match(path)) is not None and state.dra:
-            self._claim(method, m[1], m[2], query, body)
+            if m[3]:
+                self._claim_status(method, m[1], m[2], body)
+            else:
+                self._claim(method, m[1], m[2], query, body)
             return
         nf = NF_PATH.match(path)
         if nf is None or NFD_GROUP not in state.crds:
@@ -1463,6 +1565,52 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(
             405, status(405, "MethodNotAllowed", f"{method} is not allowed here", kind="resourceclaims")
         )
+
+    def _claim_status(self, method: str, namespace: str, name: str, body: Any) -> None:
+        """PUT of a ResourceClaim's status subresource: the resourceVersion must be the stored one
+        (409 otherwise); only the status is taken (the status strategy resets spec and metadata);
+        status.devices is checked as validateResourceClaimStatusUpdate checks it; without the
+        DRAResourceClaimDeviceStatus gate it is dropped (dropDisabledDRAResourceClaimDeviceStatusFields)."""
+        state = self.state
+        if method == "GET":
+            if self._allowed("get", "resourceclaims/status", namespace, name):
+                with state.lock:
+                    found = copy.deepcopy(state.resource_claims.get((namespace, name)))
+                self._send(200, found) if found else self._not_found("resourceclaims", name)
+            return
+        if method != "PUT":
+            self._send(
+                405, status(405, "MethodNotAllowed", f"{method} is not allowed here", kind="resourceclaims")
+            )
+            return
+        if not self._allowed("update", "resourceclaims/status", namespace, name):
+            return
+        with state.lock:
+            current = state.resource_claims.get((namespace, name))
+            if current is None:
+                self._not_found("resourceclaims", name)
+                return
+            sent = ((body or {}).get("metadata") or {}).get("resourceVersion")
+            if sent != current["metadata"]["resourceVersion"]:
+                self._send(409, status(409, "Conflict", f'Operation cannot be fulfilled on resourceclaims.{RESOURCE_GROUP} "{name}": '
+                                       "the object has been modified; please apply your changes to the latest version and try again",
+                                       name, "resourceclaims"))  # fmt: skip
+                return
+            updated = copy.deepcopy(current)
+            new_status = copy.deepcopy((body or {}).get("status") or {})
+            if not state.claim_device_status:
+                new_status.pop("devices", None)
+            updated["status"] = new_status
+            problems = schema_problems(updated) + claim_status_problems(updated)
+            if problems:
+                state.errors.extend(problems)
+                self._invalid("resourceclaims", name, problems)
+                return
+            state.version += 1
+            updated["metadata"]["resourceVersion"] = str(state.version)
+            state.resource_claims[(namespace, name)] = updated
+            state._record("resourceclaims", "MODIFIED", updated)
+            self._send(200, copy.deepcopy(updated))
 
     # ------------------------------------------------------------------ NodeFeature
     def _node_feature(self, method: str, namespace: str, name: str | None, body: Any) -> None:

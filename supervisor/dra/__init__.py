@@ -11,10 +11,15 @@ DRA worker's claims.
 - `claims`   `ClaimFetcher`: the DRA worker's ResourceClaims, fetched with the node's API client;
 - `earlier`  `EarlierPool`: the pool an earlier DRA life published on this node, withdrawn (within a
              bound) before a start in device-plugin mode offers a GPU;
+- `released` `ReleasedResources`: a device-plugin resource the kubelet left at 0 on the Node,
+             removed once the kubelet let go of it (the 1.34 scheduler serves it through DRA
+             only where the Node lacks it);
+- `claimstatus` `ClaimStatusWriter`: each prepared claim's device health in its ResourceClaim's
+             `status.devices`;
 - `side`     `DraSide`: the part the cluster side starts (supervisor/cluster `ClusterPart`), fed
              by the main loop.
 
 `publish` (and through it `supervisor.kube`) is imported only when the cluster side starts.
 May import: `common/`, `supervisor.scheduler`, `supervisor.kube`, `supervisor.config`,
-`supervisor.node`, `supervisor.health`, `supervisor.observe`.
+`supervisor.node`, `supervisor.health`, `supervisor.observe`, `supervisor.cluster`.
 """

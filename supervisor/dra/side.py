@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,8 @@ from supervisor.node.draplan import DRIVER
 from supervisor.observe.metrics import Metrics
 
 if TYPE_CHECKING:
+    from common.dracheckpoint import PreparedClaim
+    from supervisor.dra.claimstatus import ClaimStatusWriter, DeviceHealthView
     from supervisor.dra.publish import SlicePublisher
     from supervisor.dra.released import ReleasedResources
     from supervisor.dra.slices import PoolWant
@@ -53,8 +56,11 @@ class DraSide:
         metrics: Metrics,
         reply: Callable[[str, ClaimReply], None],
         earlier: EarlierPool | None = None,
+        kubelet_plugins_dir: str = "",
     ) -> None:
         self.node_name = node_name
+        # The DRA worker's checkpoint: the prepared claims whose status shows their devices' health.
+        self.checkpoint_path = os.path.join(kubelet_plugins_dir, DRIVER, "checkpoint.json")
         self.earlier = earlier  # the pool an earlier DRA life published, withdrawn in device-plugin mode
         self.plugin_dir = plugin_dir  # the device plugins' dir: the kubelet's checkpoint, a fallback
         self.pod_resources_socket = pod_resources_socket
@@ -62,6 +68,10 @@ class DraSide:
         self.claims = ClaimFetcher(reply=reply, on_count=functools.partial(metrics.dra_call, "claim"))
         self.publisher: SlicePublisher | None = None
         self.released: ReleasedResources | None = None
+        self.claim_status: ClaimStatusWriter | None = None
+        self._claims_seen: tuple[float | None, ...] = ()
+        self._prepared: dict[str, PreparedClaim] = {}
+        self._claims_health: dict[str, DeviceHealthView] = {}
         self._device_plugin_names: frozenset[str] = frozenset()  # what the device plugin would serve
         self._want: PoolWant | None = None
         self._key: tuple[object, ...] = ()
@@ -98,6 +108,12 @@ class DraSide:
         )
         self.released.want(self._device_plugin_names, self._device_plugin_running)
         self.released.start()
+        from supervisor.dra.claimstatus import ClaimStatusWriter
+
+        self.claim_status = ClaimStatusWriter(client, driver=DRIVER, on_count=self.metrics.dra_call)
+        self._read_claims()
+        self.claim_status.want(self._prepared, self._claims_health)
+        self.claim_status.start()
 
     def hold_reason(self, mode: str) -> str:
         """Planning asks (main loop): why the device plugin may offer nothing yet ("" when it may)."""
@@ -114,7 +130,9 @@ class DraSide:
             self.publisher.stop(join=0.5)
         if self.released is not None:
             self.released.stop()
-        self.publisher, self.released = None, None
+        if self.claim_status is not None:
+            self.claim_status.stop()
+        self.publisher, self.released, self.claim_status = None, None, None
 
     def close(self) -> None:
         self.stop()
@@ -140,6 +158,7 @@ class DraSide:
         if plan is None and not self._dra_planned:
             return
         self._dra_planned = True
+        self._claims_health_now(node, book)
         from supervisor.dra.slices import PoolWant
 
         publish = plan is not None and plan.dra is not None and not plan.dra.drain
@@ -171,6 +190,48 @@ class DraSide:
         self._device_plugin_names = names
         self._tell_released()
 
+    # ------------------------------------------------------------------ the claims' status
+    def worker_stats(self, stats: Mapping[str, float]) -> None:
+        """The DRA worker's figures: when its checkpoint changed, the claims are read again."""
+        seen = (stats.get("gauge:prepared_claims"), stats.get("gauge:claims_changes"))
+        if seen == self._claims_seen:
+            return
+        self._claims_seen = seen
+        self._read_claims()
+        if self.claim_status is not None:
+            self.claim_status.want(self._prepared, self._claims_health)
+
+    def _read_claims(self) -> None:
+        from common.dracheckpoint import CheckpointError, read_claims
+
+        try:
+            self._prepared = read_claims(self.checkpoint_path)
+        except CheckpointError as exc:  # the DRA worker moves such a file aside itself
+            log.warning(
+                "the DRA checkpoint %s cannot be read (%s): no claim status written",
+                self.checkpoint_path,
+                exc,
+            )
+            self._prepared = {}
+
+    def _claims_health_now(self, node: Node | None, book: HealthBook | None) -> None:
+        """The health of the DRA devices, for the claims' status (written only when it changed)."""
+        if node is None or book is None or DRIVER not in book.resources:
+            return
+        from supervisor.dra.claimstatus import DeviceHealthView
+        from supervisor.dra.slices import unhealthy_devices
+
+        gravest = unhealthy_devices(node, book.conditions())
+        health = {
+            device: DeviceHealthView(healthy, reason, since, (gravest.get(device) or ("",))[0])
+            for device, (healthy, reason, since) in book.health_for(DRIVER).items()
+        }
+        if health == self._claims_health:
+            return
+        self._claims_health = health
+        if self.claim_status is not None:
+            self.claim_status.want(self._prepared, health)
+
     def kubelet_restarted(self) -> None:
         if self.released is not None:
             self.released.kubelet_restarted()
@@ -183,4 +244,5 @@ class DraSide:
         out: dict[str, Json] = {"claims": self.claims.status()}
         out["slices"] = self.publisher.status() if self.publisher is not None else None
         out["released"] = self.released.status() if self.released is not None else None
+        out["claim_status"] = self.claim_status.status() if self.claim_status is not None else None
         return out

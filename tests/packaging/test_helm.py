@@ -1037,8 +1037,9 @@ def test_dra_mode_makes_the_device_classes_nvidias_driver_makes(tmp_path: Path) 
 def test_dra_mode_grants_the_plugin_dirs_cdi_rbac_and_its_node_name(tmp_path: Path) -> None:
     """The kubelet's plugins and plugins_registry dirs are host paths at the same place, CDI's spec
     dir too; NODE_NAME from the downward API; RBAC for resourceslices (create/get/list/watch/update/
-    patch/delete), resourceclaims (get/list/watch) and get nodes; gpuvisor's own loader reads the
-    pod's env as mode dra with those dirs."""
+    patch/delete), resourceclaims (get/list/watch) and their status (update: device health), get
+    nodes and patch nodes/status (a released device-plugin resource); gpuvisor's own loader reads
+    the pod's env as mode dra with those dirs."""
     docs = _render(_values("dra"))
     plugin = _plugin(docs)
     paths = _host_paths(plugin)
@@ -1051,6 +1052,8 @@ def test_dra_mode_grants_the_plugin_dirs_cdi_rbac_and_its_node_name(tmp_path: Pa
         "create", "get", "list", "watch", "update", "patch", "delete"
     ]  # fmt: skip
     assert rules[(("resource.k8s.io",), "resourceclaims")] == ["get", "list", "watch"]
+    assert rules[(("resource.k8s.io",), "resourceclaims/status")] == ["update"]
+    assert rules[(("",), "nodes/status")] == ["patch"]
     assert "get" in rules[(("",), "nodes")]
     assert manifests.pod(plugin)["automountServiceAccountToken"] is True
     config = _loaded_config(docs, plugin, tmp_path)

@@ -15,8 +15,10 @@ and in each heartbeat `registered` plus its figures. `gauge:streams` is 1 while 
 confirmed the registration: for readiness and the restart rules that confirmation stands where a
 device plugin's ListAndWatch stream stands (a DRA kubelet holds no stream unless its
 ResourceHealthStatus gate is on; those streams are `gauge:health_streams`). `gauge:prepared_claims`
-counts the checkpoint's claims and `gauge:draining` is 1 once a draining plan is in force (the
-supervisor plans the device plugin's devices on that confirmation).
+counts the checkpoint's claims, `gauge:claims_changes` its writes that added or dropped one (a
+beat goes at once: the supervisor reads the claims again for their ResourceClaim status), and
+`gauge:draining` is 1 once a draining plan is in force (the supervisor plans the device
+plugin's devices on that confirmation).
 
 Claims come from the supervisor (a `ClaimRequest` over the DEALER, answered by a `ClaimReply`:
 the supervisor holds the node's API client), or from `--dra-claims-dir` when the plan names one.
@@ -92,7 +94,12 @@ class DraWorker:
             self.claims = SupervisorClaimSource(plan.resource, self._ask_claim)
             source = self.claims
         self.preparer = Preparer(
-            plan, source, self.checkpoint, health=self.board.health_of, count=self.stats.count
+            plan,
+            source,
+            self.checkpoint,
+            health=self.board.health_of,
+            count=self.stats.count,
+            on_change=self._beat_soon,  # the supervisor reads the claims again (their status)
         )
         self.service = DraPluginService(self.preparer, observe=self.stats.observe)
         self.health = HealthService(self.board)
@@ -250,6 +257,7 @@ class DraWorker:
                 "streams": 1 if registered else 0,
                 "health_streams": self.health.streams,
                 "prepared_claims": self.preparer.prepared(),
+                "claims_changes": self.preparer.changes,
                 "draining": 1 if self.preparer.draining else 0,
             },
         )

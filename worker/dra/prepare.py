@@ -80,6 +80,7 @@ class Preparer:
         health: Callable[[str], Health | None] = lambda device: None,
         clock: Callable[[], float] = time.time,
         count: Callable[[str], None] = lambda name: None,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         if plan.dra is None:
             raise ValueError(f"plan {plan.resource} is no DRA plan")
@@ -89,7 +90,9 @@ class Preparer:
         self._health = health
         self._clock = clock
         self._count = count
+        self._on_change = on_change  # the checkpoint changed (from the gRPC threads)
         self._lock = threading.Lock()
+        self.changes = 0  # checkpoint writes that added or dropped a claim, in this process
 
     def set_plan(self, plan: ResourcePlan) -> None:
         """A new device list (rediscovery, a reload), or the drain of a switch to device-plugin
@@ -175,6 +178,10 @@ class Preparer:
                 for claim in new:
                     results[claim.uid] = PrepareResult(error=f"claim {claim.namespace}/{claim.name}: {exc}")
                 return results
+            if new:
+                self.changes += 1
+        if new:
+            self._on_change()
         for claim in new:
             results[claim.uid] = PrepareResult(claim.devices)
             log.info(
@@ -232,6 +239,10 @@ class Preparer:
             except CheckpointError as exc:
                 self._count("unprepare_errors")
                 return {uid: f"claim {uid}: {exc}" for uid in uids}
+            if known:
+                self.changes += 1
+        if known:
+            self._on_change()
         for claim in known:
             self._count("unprepared_claims")
             log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
