@@ -419,9 +419,9 @@ class KubeletStandin:
 
     # ----------------------------------------------------------------------------- the device manager
     def get_capacity(self) -> tuple[dict[str, int], dict[str, int], list[str]]:
-        """The device manager's `GetCapacity()`: capacity and allocatable of each resource it has,
+        """The device manager's `GetCapacity`: capacity and allocatable of each resource it has,
         and the resources it forgot in this call (each is named once, when its plugin has been
-        gone for the grace period: the `stopGracePeriodExpired()` test)."""
+        gone for the grace period: the `stopGracePeriodExpired` test)."""
         capacity: dict[str, int] = {}
         allocatable: dict[str, int] = {}
         removed: list[str] = []

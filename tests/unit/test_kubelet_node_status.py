@@ -4,7 +4,7 @@ Read in Kubernetes v1.34's source (the stand-in is supervisor/sim/kubelet.py):
 
 - pkg/kubelet/cm/devicemanager/manager.go `PluginDisconnected`: the plugin's devices turn
   unhealthy and its endpoint gets a stop time; `GetCapacity`: while
-  `stopGracePeriodExpired()` is false (types.go `endpointStopGracePeriod = 5 * time.Minute`) the
+  `stopGracePeriodExpired` is false (types.go `endpointStopGracePeriod = 5 * time.Minute`) the
   resource is capacity = all its devices, allocatable = healthy ones (none); once it is true the
   resource is deleted, named once in the returned deleted list, and the checkpoint written
   without it (`writeCheckpoint`: `RegisteredDevices` from the manager's resources);
