@@ -384,27 +384,6 @@ for t in threads:
 """
 
 
-def test_the_zygote_imports_the_hot_set_first_and_its_preload_lays_it_out() -> None:
-    """worker.zygote imports worker.hotset before any other module of its own imports (so the
-    hot names are interned before those modules make them), and preload() gives the worker's
-    hot functions new code objects equal to the old (worker/hotset.py)."""
-    out = run_python(
-        "import sys\n"
-        "before = set(sys.modules)\n"
-        "import worker.zygote as z\n"
-        "new = [m for m in sys.modules if m not in before]\n"
-        "print(new.index('worker.hotset') < min(new.index(m) for m in ('argparse', 'json', 'logging', 'common.logs')))\n"
-        "from worker.process import leave_out_ssl\n"
-        "leave_out_ssl()\n"
-        "import worker.main as m\n"
-        "old = m.main.__code__\n"
-        "z.preload()\n"
-        "print(m.main.__code__ is not old and m.main.__code__ == old)\n"
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
-
-
 def test_a_worker_process_environment_holds_glibc_to_two_malloc_arenas() -> None:
     """worker_environ's MALLOC_ARENA_MAX is honoured: a process started with it and running six
     threads that allocate has 2 malloc arenas (glibc's malloc_info), where the same process
