@@ -192,12 +192,13 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
 _EARLY = """
 import sys
 import supervisor.__main__ as entry
+from supervisor import launch
 
 heavy = (
     "supervisor.cli", "supervisor.main", "supervisor.workers.zygote", "argparse", "logging", "json", "grpc", "zmq",
     "subprocess", "socket", "selectors",
 )
-real = entry.start_early_zygote
+real = launch.start_early_zygote
 
 
 def recording(words, environ):
@@ -223,7 +224,7 @@ def recording(words, environ):
     raise SystemExit(0)  # the run itself is not this test's
 
 
-entry.start_early_zygote = recording
+launch.start_early_zygote = recording
 sys.argv = ["gpuvisor", "run"]
 entry.main()
 """
