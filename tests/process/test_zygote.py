@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from common.exitcodes import EXIT_CONFIG_ERROR
 from common.workerargs import check_args
 from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources
@@ -265,6 +266,41 @@ def test_an_early_zygote_is_stopped_when_the_cli_cannot_be_imported() -> None:
     proc = run_python(_BROKEN_CLI)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "no child"
+
+
+_REFUSED_CONFIG = """
+import dataclasses, os
+import supervisor.__main__ as entry
+from supervisor import launch
+
+started = []
+real = launch.start_early_zygote
+
+
+def recording(words, environ):
+    early = real(words, environ)
+    started.append(early is not None)
+    return early
+
+
+launch.start_early_zygote = recording
+code = entry.main(["run", "--config-file", "/nonexistent/gpuvisor.yaml"])
+try:
+    os.waitpid(-1, os.WNOHANG)
+    left = "child-left"
+except ChildProcessError:
+    left = "no-child"
+print(started, code, left, "exec" in vars(dataclasses))
+"""
+
+
+def test_a_run_that_ends_before_the_supervisor_takes_the_zygote_leaves_no_zygote_and_no_cache() -> None:
+    """`gpuvisor run` with a config file that cannot be read: the launch had started the zygote
+    and installed the dataclass code cache, the supervisor never took either over, and the
+    launch's exit ends and reaps the zygote and gives `dataclasses` its own exec back."""
+    proc = run_python(_REFUSED_CONFIG)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[True]", str(EXIT_CONFIG_ERROR), "no-child", "False"], proc.stdout
 
 
 _GARBAGE = """
