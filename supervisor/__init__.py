@@ -1,8 +1,8 @@
 """The supervisor process: `gpuvisor run`, and the `labels`, `status`, `sim` and `demo` commands.
 
 `main.py` is the loop and the wiring of the parts, `cli.py` the `gpuvisor` command, `__main__.py`
-its entry point and `launch.py` what it does first (the worker zygote starts before anything
-else is imported), and `scheduler.py` the one scheduler every timer runs on. Everything else is a subpackage with one
+its entry point and `launch.py` what it does first and undoes last (the worker zygote starts
+before anything else is imported), and `scheduler.py` the one scheduler every timer runs on. Everything else is a subpackage with one
 area each. A subpackage imports `common/`, `supervisor.scheduler` and the subpackages *below* it
 in this list, never one above it (tests/unit/test_structure.py checks this):
 

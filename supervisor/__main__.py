@@ -1,32 +1,24 @@
-"""The `gpuvisor` command's entry point (the console script) and `python -m supervisor`.
+"""The `gpuvisor` command: the console script's entry point, `python -m supervisor`, and what a
+test calls to run a command in-process.
 
-The worker zygote is started before the CLI and the supervisor are imported (supervisor/launch.py),
-and for `gpuvisor run` the code `@dataclass` compiles is taken from its cache while they are
-(common/methodcache.py).
+`main` runs the command inside `supervisor.launch.Launch`, which starts the worker zygote (for
+`gpuvisor run`) before the CLI and the supervisor are imported, and cleans up after it
+(supervisor/launch.py); `supervisor.cli.dispatch` then parses the command line and runs it.
 """
 
 import os
 import sys
 
-from supervisor.launch import check_import_root, command_of, start_early_zygote
+from supervisor.launch import Launch
 
 
-def main() -> int:
-    check_import_root()
-    early = start_early_zygote(sys.argv[1:], os.environ)
-    if command_of(sys.argv[1:]) == "run":
-        from common import methodcache
+def main(argv: list[str] | None = None) -> int:
+    """Run the `gpuvisor` command `argv` (default: this process's arguments); its exit status."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    with Launch(words, os.environ) as launch:
+        from supervisor.cli import dispatch
 
-        methodcache.install()  # released by cmd_run once the supervisor's modules are in
-    try:
-        from supervisor.cli import launched
-    except BaseException:  # a broken install, or Ctrl-C in these ~26 ms: no zygote is left behind
-        if early is not None:
-            from supervisor.workers.zygoteproc import stop_process
-
-            stop_process(*early)
-        raise
-    return launched(None, early)
+        return dispatch(words, launch)
 
 
 if __name__ == "__main__":

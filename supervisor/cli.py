@@ -14,13 +14,10 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from supervisor.launch import check_import_root, command_of, start_early_zygote
+from supervisor.launch import command_of
 
 if TYPE_CHECKING:
-    import _socket
-
-    from supervisor.workers.zygote import Zygote
-    from supervisor.workers.zygoteproc import ZygoteProcess
+    from supervisor.launch import Launch
 
 DEFAULT_RUN_DIR = "/run/gpuvisor"
 
@@ -124,47 +121,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The `gpuvisor` command, called other than through supervisor/__main__.py (the tests, an old
-    entry point): it checks the import root and starts the early zygote as the entry point does."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    check_import_root()
-    return launched(argv, start_early_zygote(words, os.environ))
-
-
-def launched(argv: Sequence[str] | None, early: tuple[ZygoteProcess, _socket.socket] | None) -> int:
-    """The `gpuvisor` command once its launch is done (supervisor/launch.py: the import root
-    checked, and `early`, the worker zygote for a `run` that uses one, started)."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    command = command_of(words)
-    zygote: Zygote | None = None
-    try:
-        if early is not None:
-            from supervisor.workers.zygote import Zygote
-
-            zygote = Zygote.taking(*early)
-        return _main(argv, command if command in COMMANDS else None, zygote)
-    finally:
-        if zygote is not None:
-            zygote.stop()  # not taken (an error before the supervisor ran), or already stopped by it
-        elif early is not None:  # the handle could not even be made
-            from supervisor.workers.zygoteproc import stop_process
-
-            stop_process(*early)
-
-
 COMMANDS = ("run", "labels", "demo", "status", "sim")
 
 
-def _main(argv: Sequence[str] | None, command: str | None, zygote: Zygote | None) -> int:
-    parser = build_parser(command)
-    args = parser.parse_args(argv)
+def dispatch(words: list[str], launch: Launch) -> int:
+    """The `gpuvisor` command `words`, parsed and run, inside its launch (supervisor/__main__.py)."""
+    command = command_of(words)
+    parser = build_parser(command if command in COMMANDS else None)
+    args = parser.parse_args(words)
     if args.command is None:
         parser.print_help()
         return 2
     try:
         if args.command == "run":
-            return cmd_run(args, zygote)
+            return cmd_run(args, launch)
         if args.command == "labels":
             from supervisor.labels.daemon import main as labels_main
 
@@ -183,7 +153,7 @@ def _main(argv: Sequence[str] | None, command: str | None, zygote: Zygote | None
     return 2
 
 
-def cmd_run(args: argparse.Namespace, zygote: Zygote | None = None) -> int:
+def cmd_run(args: argparse.Namespace, launch: Launch) -> int:
     from common import logs, methodcache
     from supervisor.config import EXIT_CONFIG_ERROR, ConfigError, load_config
     from supervisor.main import StartupError, Supervisor
@@ -198,9 +168,11 @@ def cmd_run(args: argparse.Namespace, zygote: Zygote | None = None) -> int:
         logging.getLogger("gpuvisor.config").warning("%s", notice)
     try:
         supervisor = Supervisor(config, argv_flags=args)
-        if zygote is not None:
-            supervisor.spawner.adopt(zygote)
-        taken, compiled = methodcache.release()  # the start's imports are done (installed by the entry point)
+        if launch.zygote is not None:
+            from supervisor.workers.zygote import Zygote
+
+            supervisor.spawner.adopt(Zygote.taking(*launch.zygote))
+        taken, compiled = launch.imports_done()
         if taken or compiled:
             logging.getLogger("gpuvisor.supervisor").debug(
                 "dataclass code: %d texts from %s, %d compiled", taken, methodcache.cache_path(), compiled
@@ -424,7 +396,3 @@ def _dra_lines(dra: dict[str, Any]) -> list[str]:
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-
-
-if __name__ == "__main__":
-    sys.exit(main())

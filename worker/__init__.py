@@ -6,7 +6,7 @@ supervisor, the DRA worker's too: the ZeroMQ sockets, the health snapshot then d
 heartbeats, the main loop), `server` (the gRPC servicer), `allocate` and `preferred` (the
 Allocate and GetPreferredAllocation policies, pure), `registration` (serve, then register;
 re-register on a kubelet restart), `healthcopy` (its copy of the supervisor's health book),
-`stats`, `zygote` (the process that forks workers), and `sharing` and `hotset` (what the zygote
-does before its first fork so that its pages stay shared). `dra` is the other kind of worker: the DRA kubelet
+`stats`, `zygote` (the process that forks workers) and `sharing` (what the zygote does before its
+first fork so that its pages stay shared). `dra` is the other kind of worker: the DRA kubelet
 plugin, which a plan with DRA settings runs instead. May import: `common/` only.
 """

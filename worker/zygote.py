@@ -34,11 +34,6 @@ memory, never on its command line or in its environment. The zygote dies with th
 
 from __future__ import annotations
 
-# First of all: importing the hot set interns the names a worker uses, before the imports below
-# make them elsewhere (worker/hotset.py).
-from worker import hotset
-
-# isort: split
 import argparse
 import gc
 import importlib
@@ -85,7 +80,6 @@ def preload() -> None:
     # keeps the handler and level it inherits instead of making its own.
     logs.setup(role="zygote")
     _share(warm_abc_caches)
-    _share(lay_out_hot_set)
     # No collection first: the imports leave ~360 small objects of garbage (functions, classes,
     # dates of module-level temporaries; no file or socket, which a process test pins), and a
     # full collection of the ~41,000 objects made here cost 6-9 ms of the zygote's preload,
@@ -95,19 +89,6 @@ def preload() -> None:
     _share(fill_allocator_holes)  # then the pools' free blocks, the reports' own included
     _share(fill_malloc_holes)  # then malloc's: the reports' text and the pymalloc fill's lists freed chunks
     gc.enable()
-
-
-def lay_out_hot_set() -> None:
-    """Give the hot set's functions their copies made together (worker/hotset.py), and say what
-    was done, or why there was no set to read."""
-    log = logging.getLogger("gpuvisor.zygote")
-    if hotset.PROBLEM is not None:
-        log.warning("hot set not read (%s): workers share fewer of the zygote's pages", hotset.PROBLEM)
-        return
-    placed, missing = hotset.relocate()
-    log.debug(
-        "hot set: %d names, %d functions laid out together, %d not found", len(hotset.NAMES), placed, missing
-    )
 
 
 def _share(step: Callable[[], object]) -> None:

@@ -41,8 +41,9 @@ class WorkerSpawner:
         self.config = config
 
     def adopt(self, zygote: Zygote) -> None:
-        """Take the zygote `gpuvisor run` started before the supervisor's imports (cli.py), as this
-        spawner's own; stop it instead when workers start by exec (`--zygote=false` in the config)."""
+        """Take the zygote `gpuvisor run` started before the supervisor's imports
+        (supervisor/launch.py) as this spawner's own; stop it instead when workers start by exec
+        (`--zygote=false` in the config)."""
         if self.zygote is None or self.zygote.proc is not None:
             zygote.stop()
             return

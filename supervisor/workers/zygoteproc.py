@@ -149,7 +149,7 @@ def _inherited(keep: tuple[int, ...]) -> list[int]:
 
 def stop_process(proc: ZygoteProcess, sock: _socket.socket | None) -> None:
     """End a zygote process (SIGTERM, SIGKILL after 2 s) and close our end of its socket: for the
-    `Zygote` handle, and for a process no handle took over (the CLI failed before it could)."""
+    `Zygote` handle, and for a process no handle took over (supervisor/launch.py's exit)."""
     if sock is not None:
         sock.close()
     if proc.poll() is None:

@@ -256,34 +256,6 @@ def test_thread_names_counts_a_process_threads_by_their_kernel_name() -> None:
     assert sum(found.values()) == tasks >= 4
 
 
-def test_the_hot_set_recorder_writes_the_functions_workers_run_and_their_names(tmp_path: Path) -> None:
-    """`python -m tests.benchmarks.hotrecord --out PATH` runs the benchmark's nodes, profiles
-    their forked workers and writes a hot set worker/hotset.py reads back: it holds the zygote's
-    child step (`__main__:_child`) and the worker's `main`, each entry one a zygote can find, and
-    the names `main`'s code uses."""
-    import types
-
-    from worker import hotset
-    from worker.main import main
-
-    out = tmp_path / "hot.txt"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.benchmarks.hotrecord", "--out", str(out), "--seconds", "1"],
-        capture_output=True, text=True, cwd=REPO, env=child_env(), timeout=300, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    names, functions = hotset.parse(out.read_bytes())
-    assert {"__main__:_child", "worker.main:main"} <= set(functions), functions
-    from tests.benchmarks import hotrecord
-
-    assert all(hotrecord._found(f) for f in functions)
-    used = set(main.__code__.co_names)
-    for const in main.__code__.co_consts:
-        if isinstance(const, types.CodeType):
-            used.update(const.co_names)
-    assert {n for n in used if hotset.is_name(n)} <= set(names)
-
-
 def test_real_gpu_probe_counts_the_nodes_gpus(fake_nvml_libdir: Path, tmp_path: Path) -> None:
     """`--real-gpu`'s probe (node.node_gpus) reads the GPU count, the first GPU's name and the
     driver's version from the libnvidia-ml the process loads: the fake library serving NVIDIA's

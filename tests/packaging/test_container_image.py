@@ -308,14 +308,5 @@ def test_image_builds_offline_and_runs_the_demo(engine: Engine, tmp_path: Path) 
         assert cache.returncode == 0, cache.stdout + cache.stderr
         taken, compiled = map(int, cache.stdout.split())
         assert compiled == 0 and taken > 400, cache.stdout
-        # The hot set (worker/hotset.py) is in the image's package: the zygote reads it.
-        hot = engine.run(
-            "run", "--rm", "--network", "none", "--read-only", "--entrypoint", "/opt/gpuvisor/venv/bin/python", image, "-c",
-            "from worker import hotset; print(hotset.PROBLEM, len(hotset.FUNCTIONS))",
-            timeout=120, check=False,
-        )  # fmt: skip
-        assert hot.returncode == 0, hot.stdout + hot.stderr
-        problem, count = hot.stdout.split()
-        assert problem == "None" and int(count) > 100, hot.stdout
     finally:
         engine.run("rmi", "--force", image, timeout=120, check=False)

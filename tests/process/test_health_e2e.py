@@ -22,7 +22,7 @@ import yaml
 import zmq
 
 from common.messages import DeviceHealth, HealthSnapshot, SnapshotReply, encode
-from supervisor import cli
+from supervisor.__main__ import main as gpuvisor
 from supervisor.config import load_config
 from supervisor.control.client import send_command
 from supervisor.control.commands import CommandError
@@ -122,7 +122,7 @@ def test_double_bit_ecc_from_the_cli_is_unhealthy_with_reason_and_since_in_statu
     `gpuvisor status` keeps the reason and since of each device."""
     gpu = L4_GPUS[1]
     before = time.time()
-    assert cli.main(["sim", "ecc", "--device", gpu, "--kind", "double", "--run-dir", l4.run_dir]) == 0
+    assert gpuvisor(["sim", "ecc", "--device", gpu, "--kind", "double", "--run-dir", l4.run_dir]) == 0
     assert capsys.readouterr().out.startswith("injected: ecc")
     l4.wait_health(GPU, replicas(gpu), UNHEALTHY)
     status = {d["id"]: d for d in l4.command("status")["resources"][GPU]}
@@ -130,7 +130,7 @@ def test_double_bit_ecc_from_the_cli_is_unhealthy_with_reason_and_since_in_statu
         assert status[device]["health"] == UNHEALTHY
         assert "double-bit ECC error" in status[device]["reason"]
         assert before - 1 <= status[device]["since"] <= time.time() + 1
-    assert cli.main(["sim", "reset", "--device", gpu, "--run-dir", l4.run_dir]) == 0
+    assert gpuvisor(["sim", "reset", "--device", gpu, "--run-dir", l4.run_dir]) == 0
     l4.wait_health(GPU, replicas(gpu), HEALTHY)
 
 
@@ -393,7 +393,7 @@ def test_plan_update_with_its_snapshot_swaps_in_one_step_without_asking(tmp_path
 
 def test_sim_cli_refuses_when_no_supervisor_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`gpuvisor sim xid` with no supervisor at the run dir exits 1 with a clear message."""
-    rc = cli.main(["sim", "xid", "--device", "GPU-x", "--xid", "48", "--run-dir", str(tmp_path)])
+    rc = gpuvisor(["sim", "xid", "--device", "GPU-x", "--xid", "48", "--run-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 1
     assert "gpuvisor sim xid: no supervisor control socket at" in err and str(tmp_path) in err

@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from common.exitcodes import EXIT_CONFIG_ERROR
 from common.workerargs import check_args
 from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources
@@ -192,12 +193,13 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
 _EARLY = """
 import sys
 import supervisor.__main__ as entry
+from supervisor import launch
 
 heavy = (
     "supervisor.cli", "supervisor.main", "supervisor.workers.zygote", "argparse", "logging", "json", "grpc", "zmq",
     "subprocess", "socket", "selectors",
 )
-real = entry.start_early_zygote
+real = launch.start_early_zygote
 
 
 def recording(words, environ):
@@ -223,7 +225,7 @@ def recording(words, environ):
     raise SystemExit(0)  # the run itself is not this test's
 
 
-entry.start_early_zygote = recording
+launch.start_early_zygote = recording
 sys.argv = ["gpuvisor", "run"]
 entry.main()
 """
@@ -264,6 +266,41 @@ def test_an_early_zygote_is_stopped_when_the_cli_cannot_be_imported() -> None:
     proc = run_python(_BROKEN_CLI)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "no child"
+
+
+_REFUSED_CONFIG = """
+import dataclasses, os
+import supervisor.__main__ as entry
+from supervisor import launch
+
+started = []
+real = launch.start_early_zygote
+
+
+def recording(words, environ):
+    early = real(words, environ)
+    started.append(early is not None)
+    return early
+
+
+launch.start_early_zygote = recording
+code = entry.main(["run", "--config-file", "/nonexistent/gpuvisor.yaml"])
+try:
+    os.waitpid(-1, os.WNOHANG)
+    left = "child-left"
+except ChildProcessError:
+    left = "no-child"
+print(started, code, left, "exec" in vars(dataclasses))
+"""
+
+
+def test_a_run_that_ends_before_the_supervisor_takes_the_zygote_leaves_no_zygote_and_no_cache() -> None:
+    """`gpuvisor run` with a config file that cannot be read: the launch had started the zygote
+    and installed the dataclass code cache, the supervisor never took either over, and the
+    launch's exit ends and reaps the zygote and gives `dataclasses` its own exec back."""
+    proc = run_python(_REFUSED_CONFIG)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["[True]", str(EXIT_CONFIG_ERROR), "no-child", "False"], proc.stdout
 
 
 _GARBAGE = """
@@ -382,27 +419,6 @@ done.set()
 for t in threads:
     t.join()
 """
-
-
-def test_the_zygote_imports_the_hot_set_first_and_its_preload_lays_it_out() -> None:
-    """worker.zygote imports worker.hotset before any other module of its own imports (so the
-    hot names are interned before those modules make them), and preload() gives the worker's
-    hot functions new code objects equal to the old (worker/hotset.py)."""
-    out = run_python(
-        "import sys\n"
-        "before = set(sys.modules)\n"
-        "import worker.zygote as z\n"
-        "new = [m for m in sys.modules if m not in before]\n"
-        "print(new.index('worker.hotset') < min(new.index(m) for m in ('argparse', 'json', 'logging', 'common.logs')))\n"
-        "from worker.process import leave_out_ssl\n"
-        "leave_out_ssl()\n"
-        "import worker.main as m\n"
-        "old = m.main.__code__\n"
-        "z.preload()\n"
-        "print(m.main.__code__ is not old and m.main.__code__ == old)\n"
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "True"], out.stdout + out.stderr
 
 
 def test_a_worker_process_environment_holds_glibc_to_two_malloc_arenas() -> None:

@@ -1,5 +1,6 @@
-"""The spawner takes the zygote `gpuvisor run` started early (supervisor/launch.py, from the entry
-point or from cli.main called directly), or stops it; one is started only for a run that will use it."""
+"""The spawner takes the zygote `gpuvisor run` started early (supervisor/launch.py, entered by
+supervisor/__main__.py's main however it is called), or stops it; one is started only for a run
+that will use it."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.fakes import sim_config
 
 
 class EarlyZygote:
-    """A zygote already running (its process stands in as a pid), as cli.main hands it over."""
+    """A zygote already running (its process stands in as a pid), as cli.cmd_run hands it over."""
 
     def __init__(self) -> None:
         self.proc = SimpleNamespace(pid=4242)
@@ -84,9 +85,9 @@ def test_a_fresh_zygote_handle_has_no_process() -> None:
 def test_no_early_zygote_for_a_command_that_will_not_use_one(
     words: list[str], environ: dict[str, str]
 ) -> None:
-    """The zygote is started ahead of the CLI (by the entry point, or by cli.main called
-    directly) only for a `run` that will use it: another command, help, a version, or the zygote
-    turned off on the command line or in the environment start no process (this tier refuses one)."""
+    """The zygote is started ahead of the CLI (by the entry point's launch) only for a `run`
+    that will use it: another command, help, a version, or the zygote turned off on the command
+    line or in the environment start no process (this tier refuses one)."""
     assert start_early_zygote(words, environ) is None
 
 
