@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from common import dracheckpoint as checkpoint_module
-from common.dracheckpoint import Checkpoint, CheckpointError
+from common.dracheckpoint import BootIdSource, Checkpoint, CheckpointError, current_boot_id
 from common.messages import ClaimReply, ClaimRequest
 from common.model import ResourcePlan
 from supervisor.cdi.spec import build_spec
@@ -73,9 +73,9 @@ class Setup:
         self.health: dict[str, Health] = {}
         self.preparer = self.new_preparer()
 
-    def new_preparer(self) -> Preparer:
+    def new_preparer(self, boot_id: BootIdSource = current_boot_id) -> Preparer:
         assert self.plan.dra is not None
-        checkpoint = Checkpoint(self.plan.dra.plugin_dir)
+        checkpoint = Checkpoint(self.plan.dra.plugin_dir, boot_id)
         checkpoint.load()
         return Preparer(self.plan, self.source, checkpoint, health=self.health.get, clock=lambda: 1.0)
 
@@ -213,6 +213,19 @@ def test_a_restarted_worker_answers_and_unprepares_from_the_checkpoint(s: Setup)
     assert restarted.prepare([ref]) == before and s.source.fetches == fetches
     assert restarted.unprepare([ref]) == {ref.uid: ""}
     assert s.new_preparer().prepared() == 0
+
+
+def test_after_a_reboot_the_earlier_boots_claims_hold_nothing(s: Setup) -> None:
+    """A worker started in another boot knows none of the claims prepared in the earlier one (a
+    reboot ended their containers): an unprepare of one is a success, and its device is prepared
+    for a new claim instead of being refused as held."""
+    ref = s.claim("c1", "gpu-1")
+    assert s.new_preparer(lambda: "boot-1").prepare([ref])[ref.uid].error == ""
+    rebooted = s.new_preparer(lambda: "boot-2")
+    assert rebooted.prepared() == 0
+    assert rebooted.unprepare([ref]) == {ref.uid: ""}
+    other = s.claim("c2", "gpu-1")
+    assert rebooted.prepare([other])[other.uid].error == ""
 
 
 def test_a_checkpoint_that_cannot_be_written_fails_the_prepare_and_records_nothing(
