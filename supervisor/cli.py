@@ -253,13 +253,16 @@ def format_status(data: dict[str, Any]) -> str:
             + (f"ERROR {cdi['error']}" if cdi.get("error") else f"written by {cdi['source']}")
         )
     lines.append("")
-    rows: list[tuple[str, ...]] = [("RESOURCE", "STATE", "PID", "RESTARTS", "REGISTERED SINCE", "SOCKET")]
+    rows: list[tuple[str, ...]] = [
+        ("RESOURCE", "STATE", "REGISTRATION", "PID", "RESTARTS", "REGISTERED SINCE", "SOCKET")
+    ]
     for w in data.get("workers", []):
         since = w.get("registered_since")
         rows.append(
             (
                 w["resource"],
                 w["state"],
+                _registration_state(w),
                 str(w.get("pid") or "-"),
                 str(w.get("restarts", 0)),
                 time.strftime("%H:%M:%S", time.localtime(since)) if since else "-",
@@ -317,6 +320,14 @@ def format_status(data: dict[str, Any]) -> str:
             rows.append((str(a["pod"]), str(a["container"]), str(a["resource"]), ",".join(a["devices"])))
         lines += _table(rows)
     return "\n".join(lines)
+
+
+def _registration_state(worker: dict[str, Any]) -> str:
+    """The table's word for where the worker's registration stands (its reason goes below)."""
+    if worker.get("registered"):
+        return "registered"
+    report = str(worker.get("registration") or "")
+    return report.split(" (", 1)[0] or "-"
 
 
 def _registration(worker: dict[str, Any]) -> str:

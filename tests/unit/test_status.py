@@ -114,3 +114,17 @@ def test_document_refuses_a_key_claimed_twice() -> None:
     assert document({"a": 1}, {"b": 2}) == {"a": 1, "b": 2}
     with pytest.raises(ValueError, match="'a'"):
         document({"a": 1}, {"a": 2})
+
+
+def test_status_table_has_a_registration_column() -> None:
+    """The table's REGISTRATION column: the registration's state word for a worker that is not
+    registered (`waiting` while kubelet.sock is missing), `registered` for one that is."""
+    text = format_status(
+        {"pid": 1, "resources": {}, "workers": [starting(WAITING).view(0.0)], "metrics_url": None}
+    )
+    header = next(line for line in text.splitlines() if line.startswith("RESOURCE"))
+    row = next(line for line in text.splitlines() if line.startswith(GPU))
+    assert header.split()[:3] == ["RESOURCE", "STATE", "REGISTRATION"]
+    assert row.split()[:3] == [GPU, "STARTING", "waiting"]
+    ok = format_status({"pid": 1, "resources": {}, "workers": [running().view(0.0)]})
+    assert next(line for line in ok.splitlines() if line.startswith(GPU)).split()[2] == "registered"
