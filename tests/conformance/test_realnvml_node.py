@@ -31,7 +31,12 @@ from tests.helpers import REPO, gone, short_tmpdir, sockets_in, wait_until
 
 GPU = "nvidia.com/gpu"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
-FAULT_CONFIG = {"version": "v1", "gpuvisor": {"health": {"transientQuietSeconds": 1}}}
+# XID 94 keeps its GPU in service by default (NVIDIA's Xid catalog: restart the application);
+# these nodes map it to transient to exercise the recovery of a transient condition.
+FAULT_CONFIG = {
+    "version": "v1",
+    "gpuvisor": {"health": {"transientQuietSeconds": 1, "xids": {"94": "transient"}}},
+}
 FAST = ["--probe-interval", "0.3", "--rediscovery-interval", "1"]
 
 
@@ -268,7 +273,7 @@ def test_xid_48_marks_only_its_gpu_until_a_reset(faults: tuple[SimNode, FakeNode
 
 
 def test_transient_xid_recovers_once_quiet_and_a_probe_passes(faults: tuple[SimNode, FakeNode]) -> None:
-    """XID 94 (transient by default) marks only its GPU Unhealthy; it comes back Healthy by itself
+    """XID 94 (transient by this node's config) marks only its GPU Unhealthy; it comes back Healthy by itself
     after the quiet period and a passing probe."""
     node, fake = faults
     gpu = fake.uuids[4]
