@@ -1,10 +1,10 @@
 """core/v1 Nodes and their status subresource: get, list, watch and PATCH.
 
-A PATCH is a strategic-merge patch (`status.conditions` merged by `type`), a JSON merge patch or a
-JSON patch; a stale `metadata.resourceVersion` in it is a 409. The status subresource takes only the
-status and the main resource everything but it, as the Node's strategies reset the rest
-(pkg/registry/core/node/strategy.go PrepareForUpdate); the conditions are checked as the server
-decodes them.
+A PATCH is a strategic-merge patch (`status.conditions` merged by `type`) or a JSON merge patch,
+either a 409 when it carries a stale `metadata.resourceVersion`, or a JSON patch. The status
+subresource takes only the status and the main resource everything but it, as the Node's strategies
+reset the rest (pkg/registry/core/node/strategy.go PrepareForUpdate); the conditions are checked as
+the server decodes them.
 """
 
 from __future__ import annotations
