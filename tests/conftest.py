@@ -93,7 +93,7 @@ def oldest_binding() -> Iterator[str]:
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[RunningApiServer]:
-    """A local HTTPS endpoint that answers as the Kubernetes API server does (tests/kubeapi.py;
+    """A local HTTPS endpoint that answers as the Kubernetes API server does (tests/kubeapi/;
     imported here, not at the top: it needs test-only packages the gpu tier's machine may lack)."""
     from tests.kubeapi import RunningApiServer
 

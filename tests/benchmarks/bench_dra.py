@@ -10,7 +10,7 @@ A real supervisor and DRA worker, the DRA kubelet stand-in (v1 client) and claim
 - ResourceSlice content after a health change: `build_slices` for the node with the book's
   conditions (mig-a100: 21 devices).
 
-Then the same node with the fake API server (tests/kubeapi.py, in this process, TLS on loopback):
+Then the same node with the fake API server (tests/kubeapi/, in this process, TLS on loopback):
 - claim prepare latency with the claim fetched from the API server: the DRA worker asks the
   supervisor over the control channel, the supervisor GETs it with the node's one client;
 - the slice publication after a health change: `sim xid 48` until the pool's new generation with

@@ -5,7 +5,7 @@
   already imports at start (supervisor.main); for comparison the Kubernetes project's client
   (`kubernetes.client`) and lightkube, where this interpreter has them (they are not gpuvisor's
   dependencies: "n/a" otherwise).
-- A label flip: the node label set on the fake API server (tests/kubeapi.py) until the kubelet
+- A label flip: the node label set on the fake API server (tests/kubeapi/) until the kubelet
   stand-in lists the new device count (pcie-l4, no sharing <-> 4 time-slicing replicas).
 - A stop with the API server frozen: SIGTERM until the supervisor has exited, with the writer's
   call to the frozen server in flight.

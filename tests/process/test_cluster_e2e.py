@@ -1,5 +1,5 @@
 """The cluster side end to end: a real supervisor and workers, the kubelet stand-in, and the fake
-API server (tests/kubeapi.py, in this process: it is the one part that cannot be real here).
+API server (tests/kubeapi/, in this process: it is the one part that cannot be real here).
 
 - a label flip under Allocate load switches time-slicing 1 -> 4 -> 1 in place, with no drop of
   nvidia.com/gpu's allocatable and no failed Allocate of a device that is listed;

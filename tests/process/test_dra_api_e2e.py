@@ -1,5 +1,5 @@
 """DRA through the API server, end to end: a supervisor in `--mode dra` on a simulated node, its DRA
-worker, the DRA and device-plugin kubelet stand-ins, and the fake API server (tests/kubeapi.py, in
+worker, the DRA and device-plugin kubelet stand-ins, and the fake API server (tests/kubeapi/, in
 this process: the one part that cannot be real here). Claims come from the API server (the
 supervisor fetches them for its worker) and the node's ResourceSlices go to it.
 

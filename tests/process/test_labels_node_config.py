@@ -1,5 +1,5 @@
 """`gpuvisor labels` choosing its config by the Node's label, as NVIDIA's chart has config-manager do
-for GFD: a real `gpuvisor labels` process, the fake API server (tests/kubeapi.py) holding the Node."""
+for GFD: a real `gpuvisor labels` process, the fake API server (tests/kubeapi/) holding the Node."""
 
 from __future__ import annotations
 

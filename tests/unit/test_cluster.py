@@ -1,7 +1,7 @@
 """The cluster side (supervisor/cluster): GPU health on the Node, and when the side starts.
 
 The condition and Event texts are pure functions of the health book, tested on a book with a
-fake clock; the writer runs its thread against the fake API server (tests/kubeapi.py), as does
+fake clock; the writer runs its thread against the fake API server (tests/kubeapi/), as does
 ClusterSide once started. None of this starts a process.
 """
 

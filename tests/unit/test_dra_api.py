@@ -1,4 +1,4 @@
-"""resource.k8s.io/v1 at the fake API server (tests/kubeapi.py) and the claim fetcher that reads it.
+"""resource.k8s.io/v1 at the fake API server (tests/kubeapi/) and the claim fetcher that reads it.
 
 The fake must refuse what the real API server refuses, or the publisher's tests prove nothing: its
 ResourceSlice and ResourceClaim rules are pinned here against the real server's behaviour (field

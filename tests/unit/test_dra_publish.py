@@ -1,4 +1,4 @@
-"""The DRA publisher (supervisor/dra/publish.py) against the fake API server (tests/kubeapi.py):
+"""The DRA publisher (supervisor/dra/publish.py) against the fake API server (tests/kubeapi/):
 the node's pool published as the Go controller publishes it, kept in step, republished after the
 kubelet wipes it, tainted where the server keeps taints, withdrawn, and patient with failures.
 

@@ -1,6 +1,6 @@
 """The API-server layer (supervisor/kube) against the fake API server, and the fake's own contract.
 
-The fake (`tests/kubeapi.py`) keeps the real server's rules where gpuvisor depends on them; the
+The fake (`tests/kubeapi/`) keeps the real server's rules where gpuvisor depends on them; the
 last tests here check that it does (a fake that accepted anything would prove nothing).
 """
 

@@ -1,6 +1,6 @@
 """GFD's NodeFeature output against a local HTTPS endpoint that answers as the API server does.
 
-The endpoint (`tests/kubeapi.py`) serves the documented REST paths over TLS with a bearer token,
+The endpoint (`tests/kubeapi/`) serves the documented REST paths over TLS with a bearer token,
 and checks every object sent against NFD v0.19.0's NodeFeature CRD schema; the labeller reaches
 it through gpuvisor's API-server layer (supervisor/kube) and a kubeconfig, as on a cluster. What
 GFD v0.20.0 sends is in internal/lm/output.go:115-218. The last tests pin what a real
