@@ -3,8 +3,10 @@
 `main` (the process), `process` (what every worker process does alike: its spawn secret, its
 parent check, no `ssl`; its command line is `common.workerargs`), `link` (its link to the
 supervisor, the DRA worker's too: the ZeroMQ sockets, the health snapshot then deltas,
-heartbeats, the main loop), `server` (the gRPC servicer), `allocate` and `preferred` (the
-Allocate and GetPreferredAllocation policies, pure), `registration` (serve, then register;
+heartbeats, the main loop), `healthboard` (its devices' health, for both kinds of worker),
+`devicebook` (that board as ListAndWatch lists it), `service` (the DevicePlugin gRPC servicer),
+`server` (one start of the server on its socket), `allocate` and `preferred` (the Allocate and
+GetPreferredAllocation policies, pure), `registration` (serve, then register;
 re-register on a kubelet restart), `healthcopy` (its copy of the supervisor's health book),
 `stats`, `zygote` (the process that forks workers), and `sharing` and `hotset` (what the zygote
 does before its first fork so that its pages stay shared). `dra` is the other kind of worker: the DRA kubelet

@@ -33,11 +33,13 @@ from common.messages import DeviceHealth, HealthSnapshot, Message, PlanUpdate
 from common.model import ResourcePlan
 from common.procutil import Mailbox, set_parent_death_signal
 from common.workerargs import HEARTBEAT_S, parse_args
+from worker.devicebook import DeviceBook
+from worker.healthboard import Health
 from worker.healthcopy import HealthApplier
 from worker.link import Beat, Link, plan_of_update
 from worker.process import parent_ok, read_secret
 from worker.registration import SOCKET_CHECK_S, Registrar, RegState
-from worker.server import DeviceBook, Health, PluginService
+from worker.service import PluginService
 from worker.stats import Stats
 
 log = logging.getLogger("gpuvisor.worker")

@@ -52,7 +52,8 @@ import grpc
 from common.backoff import Backoff
 from common.kubeletapi import VERSION, pb
 from common.kubeletapi.rpc import RegistrationClient, unix_target
-from worker.server import OPTIONS, RPC_THREADS, PluginServer, PluginService
+from worker.server import RPC_THREADS, PluginServer
+from worker.service import OPTIONS, PluginService
 
 log = logging.getLogger("gpuvisor.worker")
 

@@ -64,7 +64,10 @@ from worker.sharing import fill_allocator_holes, fill_malloc_holes, warm_abc_cac
 PRELOAD = (
     "worker.main",
     "worker.registration",
+    "worker.service",
     "worker.server",
+    "worker.devicebook",
+    "worker.healthboard",
     "zmq",
     "grpc._server",
     "grpc._channel",

@@ -32,11 +32,10 @@ from tests import nodes
 from tests.helpers import short_tmpdir, wait_until
 from worker.dra import services as services_module
 from worker.dra.claims import DirectoryClaimSource
-from worker.dra.health import HealthBoard
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
 from worker.dra.sockets import Endpoint, Registrar, RegState, SocketBusy, clear_stale
-from worker.server import Health
+from worker.healthboard import Health, HealthBoard
 
 DRIVER = "gpu.nvidia.com"
 POOL = "node-a"

@@ -28,16 +28,11 @@ from supervisor.node.planning import plan_resources
 from supervisor.sim.kubelet import KubeletStandin
 from tests import nodes
 from tests.helpers import short_tmpdir, sockets_in, wait_until
+from worker.devicebook import DeviceBook
+from worker.healthboard import Health
 from worker.registration import Registrar, RegState, kubelet_identity, registration_backoff
-from worker.server import (
-    MAX_STREAMS_PER_SERVER,
-    OPTIONS,
-    DeviceBook,
-    Health,
-    PluginServer,
-    PluginService,
-    error_detail,
-)
+from worker.server import MAX_STREAMS_PER_SERVER, PluginServer
+from worker.service import OPTIONS, PluginService, error_detail
 
 GPU = "nvidia.com/gpu"
 
@@ -450,7 +445,7 @@ def test_ids_of_the_plan_just_replaced_are_answered_for_a_grace_period(
     """After an in-place update 1 -> 2 time-slicing replicas, an Allocate of a plain ID from the
     kubelet's list of a moment before is answered (same GPU, same answer); an ID whose GPU left the
     plan is not; after PLAN_GRACE_S neither is."""
-    import worker.server as server_module
+    import worker.service as service_module
 
     plain = gpu_plan()
     sliced = plan_resources(
@@ -474,7 +469,7 @@ def test_ids_of_the_plan_just_replaced_are_answered_for_a_grace_period(
         assert _allocate(server, [f"{first.uuid}::1"]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}
         book.set_plan(plain)
         assert _allocate(server, [first.id]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}  # the plan's own
-        monkeypatch.setattr(server_module, "PLAN_GRACE_S", -1.0)
+        monkeypatch.setattr(service_module, "PLAN_GRACE_S", -1.0)
         book.set_plan(sliced)  # an update whose grace is over at once
         assert "unknown device" in _allocate(server, [first.id])["error"]
     finally:

@@ -52,14 +52,13 @@ from common.messages import ClaimReply, ClaimRequest, DeviceHealth, HealthSnapsh
 from common.model import ResourcePlan
 from common.procutil import Mailbox
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
-from worker.dra.health import HealthBoard
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
 from worker.dra.sockets import RPC_THREADS, Endpoint, Registrar, RegState
+from worker.healthboard import Health, HealthBoard
 from worker.healthcopy import HealthApplier
 from worker.link import Beat, Link, plan_of_update
 from worker.process import parent_ok
-from worker.server import Health
 from worker.stats import Stats
 
 log = logging.getLogger("gpuvisor.worker")
