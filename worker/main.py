@@ -33,11 +33,14 @@ from common.messages import DeviceHealth, HealthSnapshot, Message, PlanUpdate
 from common.model import ResourcePlan
 from common.procutil import Mailbox, set_parent_death_signal
 from common.workerargs import HEARTBEAT_S, parse_args
+from worker.devicebook import DeviceBook
+from worker.healthboard import Health
 from worker.healthcopy import HealthApplier
 from worker.link import Beat, Link, plan_of_update
 from worker.process import parent_ok, read_secret
-from worker.registration import SOCKET_CHECK_S, Registrar, RegState
-from worker.server import DeviceBook, Health, PluginService
+from worker.registrar import Registrar, RegState
+from worker.registration import SOCKET_CHECK_S, PluginRegistration
+from worker.service import PluginService
 from worker.stats import Stats
 
 log = logging.getLogger("gpuvisor.worker")
@@ -58,14 +61,14 @@ class Worker:
         if args.socket_tag:
             self.service.socket_tag = args.socket_tag
         plugin_dir = os.path.dirname(os.path.abspath(args.kubelet_socket))
-        self.registrar = Registrar(
+        self.registration = PluginRegistration(
             self.service,
             plugin_dir,
             args.kubelet_socket,
-            on_state=self._on_reg_state,
             check_interval=SOCKET_CHECK_S if args.control else STANDALONE_CHECK_S,
             count=self.stats.count,
         )
+        self.registrar = Registrar(self.registration, on_state=self._on_reg_state)
         self.stopping = False
         self.mailbox = Mailbox(log)
         self.applier = HealthApplier(d.id for d in plan.devices)
@@ -167,7 +170,7 @@ class Worker:
             log.info("device health changed; unhealthy now: %s", ", ".join(bad) or "none")
 
     def beat(self) -> Beat:
-        server = self.registrar.server
+        server = self.registration.server
         # The kubelet's streams on the live server: what the supervisor's readiness waits for.
         return Beat(
             state=self.registrar.state.value,

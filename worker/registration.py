@@ -1,12 +1,14 @@
-"""Registration that never gives up: serve first, then register; re-register in-process.
+"""A device plugin's registration, which never gives up: serve first, then register; re-register
+in-process. This is the device plugin's `Registration`: the registrar (worker.registrar) runs it
+on its thread, with its backoff, its triggers and its states.
 
-One `Registrar` thread owns the resource's `PluginServer`. It starts a server on a fresh socket
-(`serve()`: as soon as the worker starts, while it still waits for its health snapshot), then,
-once allowed (`start()`: the snapshot is in the book), calls Register on kubelet.sock (the kubelet dials back and calls GetDevicePluginOptions
-inside that call, which our server answers from its own thread pool). A failed Register backs off
-exponentially with jitter, up to a bound, forever; a missing kubelet.sock is waited for by
-polling its path (a few milliseconds at first, then up to the check period). The state is an enum
-and is logged once per change of state, never once per try.
+`PluginRegistration` owns the resource's `PluginServer`. It starts a server on a fresh socket
+(the registrar's `serve()`: as soon as the worker starts, while it still waits for its health
+snapshot), then, once allowed (`start()`: the snapshot is in the book), calls Register on
+kubelet.sock (the kubelet dials back and calls GetDevicePluginOptions inside that call, which
+our server answers from its own thread pool). A failed Register backs off exponentially with
+jitter, up to a bound, forever; a missing kubelet.sock is waited for by polling its path (a few
+milliseconds at first, then up to the check period).
 
 Re-registration is decided from what the registrar can see, not from who asked: it registers
 again when the kubelet ended a stream of the live server, when our socket file is gone, or when
@@ -40,8 +42,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
-import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -52,13 +52,13 @@ import grpc
 from common.backoff import Backoff
 from common.kubeletapi import VERSION, pb
 from common.kubeletapi.rpc import RegistrationClient, unix_target
-from worker.server import OPTIONS, RPC_THREADS, PluginServer, PluginService
+from worker.registrar import FileId, Registrar, RegState, kubelet_identity
+from worker.server import RPC_THREADS, PluginServer
+from worker.service import OPTIONS, PluginService
 
 log = logging.getLogger("gpuvisor.worker")
 
 REGISTER_TIMEOUT_S = 15.0  # the kubelet's dial-back alone may take 10 s
-BACKOFF_START_S = 0.05
-BACKOFF_MAX_S = 5.0
 SOCKET_CHECK_S = 2.0  # default period of the self-check (our socket, kubelet.sock's identity)
 INFLIGHT_CHECK_S = 0.02  # how often an in-flight Register re-checks our socket and kubelet.sock
 KUBELET_POLL_START_S = 0.005  # first poll for a missing kubelet.sock; doubles up to the check period
@@ -67,31 +67,6 @@ STREAM_DEADLINE_MAX_S = 30.0  # the deadline after several registrations in a ro
 STABLE_S = 5.0  # a registration whose stream lasted this long was no drop of the kubelet's
 NO_STREAM = "no ListAndWatch stream from the kubelet"
 
-KubeletId = tuple[int, int, int]
-
-
-def kubelet_identity(path: str) -> KubeletId | None:
-    """Which file `path` is right now (device, inode, ctime), or None when it does not exist."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
-class RegState(Enum):
-    STARTING = "starting"
-    WAITING = "waiting"  # for kubelet.sock (or the plugin dir) to exist
-    REGISTERING = "registering"
-    REGISTERED = "registered"
-    RETRYING = "retrying"
-    STOPPED = "stopped"
-
-
-def registration_backoff(rng: random.Random | None = None) -> Backoff:
-    """The registrar's retry delays: doubling from 50 ms to 5 s, each 50-100% of its step."""
-    return Backoff(BACKOFF_START_S, BACKOFF_MAX_S, jitter=0.5, rng=rng)
-
 
 class _Outcome(Enum):
     OK = "ok"
@@ -99,15 +74,17 @@ class _Outcome(Enum):
     ABANDONED = "abandoned"  # we cancelled it (our socket went, kubelet.sock changed, stopping)
 
 
-class Registrar:
-    """Keeps one resource registered with the kubelet for as long as the worker lives."""
+class PluginRegistration:
+    """Keeps one resource registered with the kubelet: the device plugin's `Registration`."""
+
+    what = "device plugin"
+    thread_name = "registrar"
 
     def __init__(
         self,
         service: PluginService,
         plugin_dir: str,
         kubelet_socket: str,
-        on_state: Callable[[RegState, str], None] | None = None,
         check_interval: float = SOCKET_CHECK_S,
         count: Callable[[str], None] | None = None,
     ) -> None:
@@ -116,7 +93,6 @@ class Registrar:
         self.kubelet_socket = kubelet_socket
         self.check_interval = check_interval
         self.server: PluginServer | None = None
-        self.state = RegState.STARTING
         self.registrations = 0
         self._count = count or (lambda name: None)  # an event, counted in the worker's figures
         # How long a registration may go without the kubelet's stream: doubled for each
@@ -124,18 +100,9 @@ class Registrar:
         self._stream_deadline = Backoff(STREAM_DEADLINE_S, STREAM_DEADLINE_MAX_S)
         self._registered_mono = 0.0
         self._drop_streak = 0  # registrations the same kubelet dropped soon after, in a row
-        self.failed: BaseException | None = None  # set if the thread died of a bug
-        self._on_state = on_state or (lambda state, detail: None)
-        self._cond = threading.Condition()
-        self._hint: str | None = None
-        self._stop = False
-        self._allowed = False  # start() was called: register (serve() alone only serves)
-        self._inflight: grpc.Future[pb.Empty] | None = None
-        self._registered_with: KubeletId | None = None
-        self._thread = threading.Thread(target=self._run, name="registrar", daemon=True)
-        self._backoff = registration_backoff()
+        self._inflight: grpc.Future[pb.Empty] | None = None  # under the registrar's lock
+        self._registered_with: FileId | None = None
         self._executor = futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
-        service.on_stream_cancelled = self._stream_cancelled
 
     @property
     def current_stream_deadline(self) -> float:
@@ -146,115 +113,60 @@ class Registrar:
     def resource(self) -> str:
         return self.service.book.plan.resource
 
-    # ------------------------------------------------------------------ API (any thread)
-    def serve(self) -> None:
-        """Start the thread and a server now; register only after `start()`. The server's start
-        (gRPC's first in this process) then overlaps what the worker waits for meanwhile."""
-        if not self._thread.is_alive():
-            self._thread.start()
+    @property
+    def endpoint(self) -> str:
+        return self.server.name if self.server is not None else "?"
 
-    def start(self) -> None:
-        """Serve (if `serve()` did not yet) and register, and keep the resource registered."""
-        with self._cond:
-            self._allowed = True
-            self._cond.notify_all()
-        self.serve()
+    # ------------------------------------------------------------------ the Registration
+    def run(self, registrar: Registrar) -> None:
+        """Serve at once (a failure here is retried by the loop), register once allowed."""
 
-    def trigger(self, reason: str) -> None:
-        """Look again now: re-register if the kubelet lost us; triggers coalesce."""
-        with self._cond:
-            if self._stop:
-                return
-            self._hint = reason
-            self._cond.notify_all()
+        def cancelled(server: PluginServer) -> None:  # from a gRPC thread
+            if server is self.server:
+                registrar.trigger("the kubelet ended our ListAndWatch stream")
 
-    def stop(self) -> None:
-        """Stop registering, end our streams and remove our socket."""
-        with self._cond:
-            self._stop = True
+        self.service.on_stream_cancelled = cancelled
+        if not registrar.allowed:
+            self._ensure_server(registrar)
+        if registrar.wait_allowed():
+            self._loop(registrar)
+
+    def interrupt(self, registrar: Registrar) -> None:
+        with registrar.cond:
             inflight = self._inflight
-            self._cond.notify_all()
         if inflight is not None:
             inflight.cancel()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+
+    def close(self) -> None:
+        """End our streams and remove our socket."""
         if self.server is not None:
             self.server.stop()
             self.server.wait_closed()  # the clients read the end of their streams before we exit
             self.server = None
         self._executor.shutdown(wait=False)
-        self._set(RegState.STOPPED, "worker stopping")
-
-    def _stream_cancelled(self, server: PluginServer) -> None:
-        if server is self.server:
-            self.trigger("the kubelet ended our ListAndWatch stream")
 
     # ------------------------------------------------------------------ the thread
-    def _set(self, state: RegState, detail: str) -> None:
-        if state is self.state:
-            log.debug("%s (%s)", state.value, detail)
-            return
-        self.state = state
-        if state is RegState.RETRYING:
-            log.warning(
-                "registration failing, retrying with backoff: %s", detail, extra={"state": state.value}
-            )
-        else:
-            log.info("%s (%s)", state.value, detail, extra={"state": state.value})
-        self._on_state(state, detail)
-
-    def _run(self) -> None:
-        try:
-            if self._serve_until_allowed():
-                self._loop()
-        except BaseException as exc:  # a bug: make it visible and let the worker exit for a restart
-            log.exception("registration thread failed")
-            self.failed = exc
-            self._on_state(RegState.STOPPED, f"registration thread failed: {exc}")
-
-    def _serve_until_allowed(self) -> bool:
-        """Serve (a failure here is retried by the loop), then wait for `start()`; False if stopped first."""
-        with self._cond:
-            allowed = self._allowed
-        if not allowed:
-            self._ensure_server()
-        with self._cond:
-            while not (self._allowed or self._stop):
-                self._cond.wait()
-            return not self._stop
-
-    def _take_hint(self) -> tuple[bool, str]:
-        with self._cond:
-            hint, self._hint = self._hint, None
-            return self._stop, hint or ""
-
-    def _wait(self, timeout: float) -> None:
-        """Sleep up to `timeout`, cut short by a trigger or stop."""
-        with self._cond:
-            if self._hint is None and not self._stop:
-                self._cond.wait(timeout)
-
-    def _loop(self) -> None:
+    def _loop(self, registrar: Registrar) -> None:
         poll = KUBELET_POLL_START_S
         while True:
-            stopping, hint = self._take_hint()
+            stopping, hint = registrar.take_hint()
             if stopping:
                 return
-            if self.state is RegState.REGISTERED:
+            if registrar.state is RegState.REGISTERED:
                 problem = self._problem()
                 if not problem:
                     if hint:
                         log.debug("still registered, nothing to do (%s)", hint)
-                    self._wait(self._next_check())
+                    registrar.wait(self._next_check())
                     continue
                 dropped = self._dropped(problem)
                 dropped_by, self._registered_with = self._registered_with, None
-                self._set(RegState.REGISTERING, problem)
+                registrar.change_state(RegState.REGISTERING, problem)
                 if problem.startswith(NO_STREAM):
                     self._count("no_stream_reregistrations")
                     self._stream_deadline.attempts += 1
                 if dropped and self._drop_streak > 1:  # the same kubelet keeps dropping us: wait
-                    delay = self._backoff.next()
+                    delay = registrar.backoff.next()
                     log.info(
                         "the kubelet dropped %d registrations in a row: registering again in %.2fs",
                         self._drop_streak,
@@ -262,32 +174,40 @@ class Registrar:
                     )
                     # Cut short only by a new kubelet.sock, not by our own triggers: the kubelet
                     # ending our stream is what got us here. (It is the same kubelet: not None.)
-                    self._wait_backoff(delay, dropped_by, hints=False)
-            if not self._ensure_server():
+                    changed = self._kubelet_other_than(dropped_by)
+                    registrar.back_off(delay, hints=False, changed=changed, poll=self.check_interval)
+            if not self._ensure_server(registrar):
                 continue
             kid = kubelet_identity(self.kubelet_socket)
             if kid is None:
-                self._set(RegState.WAITING, f"{self.kubelet_socket} does not exist yet")
-                self._wait(poll)
+                registrar.change_state(RegState.WAITING, f"{self.kubelet_socket} does not exist yet")
+                registrar.wait(poll)
                 poll = min(poll * 2, self.check_interval)
                 continue
             poll = KUBELET_POLL_START_S
-            if self.state in (RegState.STARTING, RegState.WAITING):
-                self._set(RegState.REGISTERING, f"kubelet.sock is there; endpoint {self._server_name()}")
-            outcome, detail = self._register(kid)
+            if registrar.state in (RegState.STARTING, RegState.WAITING):
+                registrar.change_state(
+                    RegState.REGISTERING, f"kubelet.sock is there; endpoint {self.endpoint}"
+                )
+            outcome, detail = self._register(registrar, kid)
             if outcome is _Outcome.OK:
                 self._registered_with = kid
                 self._registered_mono = time.monotonic()
                 self.registrations += 1
                 if not self._drop_streak:
-                    self._backoff.reset()
-                self._set(RegState.REGISTERED, f"endpoint {self._server_name()}")
+                    registrar.backoff.reset()
+                registrar.change_state(RegState.REGISTERED, f"endpoint {self.endpoint}")
             elif outcome is _Outcome.FAILED:
-                self._set(RegState.RETRYING, detail)
-                if self._wait_backoff(self._backoff.next(), kid):
-                    self._backoff.reset()
+                if registrar.retry(detail, changed=self._kubelet_other_than(kid), poll=self.check_interval):
+                    registrar.backoff.reset()
             else:
                 log.debug("Register abandoned: %s", detail)
+
+    def _kubelet_other_than(self, kid: FileId | None) -> Callable[[], bool] | None:
+        """A test for a backoff: is kubelet.sock now a file other than `kid` (None: no test)?"""
+        if kid is None:
+            return None
+        return lambda: kubelet_identity(self.kubelet_socket) not in (kid, None)
 
     def _dropped(self, problem: str) -> bool:
         """Was the live registration dropped soon after it was made by the same kubelet? Counts it."""
@@ -310,9 +230,6 @@ class Registrar:
             left = self._registered_mono + self.current_stream_deadline - time.monotonic()
             return max(0.01, min(self.check_interval, left))
         return self.check_interval
-
-    def _server_name(self) -> str:
-        return self.server.name if self.server is not None else "?"
 
     def _problem(self) -> str:
         """Why the live registration is no longer good, or "" when it is."""
@@ -338,7 +255,7 @@ class Registrar:
             return "kubelet.sock was re-created (kubelet restart)"
         return ""
 
-    def _ensure_server(self) -> bool:
+    def _ensure_server(self, registrar: Registrar) -> bool:
         """A fresh, serving server whose socket is in place; False (after a wait) if none can start."""
         server = self.server
         if server is not None and not (server.offered or server.cancelled or not server.socket_present()):
@@ -352,31 +269,15 @@ class Registrar:
         except (OSError, RuntimeError) as exc:
             fresh.stop()
             if not os.path.isdir(self.plugin_dir):
-                self._set(RegState.WAITING, f"plugin dir {self.plugin_dir} does not exist yet")
+                registrar.retry(f"plugin dir {self.plugin_dir} does not exist yet", state=RegState.WAITING)
             else:
-                self._set(RegState.RETRYING, f"cannot serve on {fresh.path}: {exc}")
-            self._wait_backoff(self._backoff.next(), None)
+                registrar.retry(f"cannot serve on {fresh.path}: {exc}")
             return False
         self.server = fresh
         log.debug("serving on %s", fresh.path)
         return True
 
-    def _wait_backoff(self, delay: float, kid: KubeletId | None, *, hints: bool = True) -> bool:
-        """Back off for `delay`; cut short by stop, a trigger (unless `hints` is false) or a
-        kubelet.sock other than `kid` (returns True then; `kid` None: never)."""
-        deadline = time.monotonic() + delay
-        while True:
-            with self._cond:
-                if (hints and self._hint is not None) or self._stop:
-                    return False
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, self.check_interval))
-            if kid is not None and kubelet_identity(self.kubelet_socket) not in (kid, None):
-                return True
-
-    def _register(self, kid: KubeletId) -> tuple[_Outcome, str]:
+    def _register(self, registrar: Registrar, kid: FileId) -> tuple[_Outcome, str]:
         """One Register call, abandoned early if it can no longer succeed."""
         server = self.server
         assert server is not None
@@ -391,17 +292,14 @@ class Registrar:
             future: grpc.Future[pb.Empty] = RegistrationClient(channel).Register.future(
                 request, timeout=REGISTER_TIMEOUT_S
             )
-            with self._cond:
+            with registrar.cond:  # a stop sees the future, or we see the stop (interrupt())
                 self._inflight = future
-                stopping = self._stop
-            future.add_done_callback(self._wake)
+                stopping = registrar.stopping
+            future.add_done_callback(lambda _future: registrar.wake())
             why = "stopping" if stopping else ""
             while not why and not future.done():
-                with self._cond:
-                    if not future.done() and not self._stop:
-                        self._cond.wait(INFLIGHT_CHECK_S)
-                    if self._stop:
-                        why = "stopping"
+                if registrar.wait(INFLIGHT_CHECK_S, hints=False, ready=future.done):
+                    why = "stopping"
                 if why or future.done():
                     break
                 if not server.socket_present():
@@ -419,10 +317,6 @@ class Registrar:
                 return _Outcome.ABANDONED, "cancelled"
             return _Outcome.OK, ""
         finally:
-            with self._cond:
+            with registrar.cond:
                 self._inflight = None
             channel.close()
-
-    def _wake(self, _future: object) -> None:
-        with self._cond:
-            self._cond.notify_all()

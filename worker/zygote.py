@@ -58,8 +58,12 @@ from worker.sharing import fill_allocator_holes, fill_malloc_holes, warm_abc_cac
 # worker's own memory.
 PRELOAD = (
     "worker.main",
+    "worker.registrar",
     "worker.registration",
+    "worker.service",
     "worker.server",
+    "worker.devicebook",
+    "worker.healthboard",
     "zmq",
     "grpc._server",
     "grpc._channel",

@@ -68,20 +68,25 @@ def dra_devices(node: Node) -> list[tuple[Gpu, MigDevice | None, str]]:
     return out
 
 
-def _device(gpu: Gpu, mig: MigDevice | None, name: str) -> AllocatableDevice:
-    if mig is None:
-        return AllocatableDevice(
-            id=name,
-            uuid=gpu.uuid,
-            index=str(gpu.index),
-            gpu_uuid=gpu.uuid,
-            gpu_index=gpu.index,
-            gpu_minor=gpu.minor,
-            numa_node=gpu.numa_node,
-            memory_mib=gpu.memory_mib,
-        )
+def gpu_record(gpu: Gpu, device_id: str) -> AllocatableDevice:
+    """A full GPU as a plan lists it, under `device_id`: its UUID in a device-plugin plan
+    (supervisor.node.planning), its DRA device name in the DRA worker's."""
     return AllocatableDevice(
-        id=name,
+        id=device_id,
+        uuid=gpu.uuid,
+        index=str(gpu.index),
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        gpu_minor=gpu.minor,
+        numa_node=gpu.numa_node,
+        memory_mib=gpu.memory_mib,
+    )
+
+
+def mig_record(gpu: Gpu, mig: MigDevice, device_id: str) -> AllocatableDevice:
+    """A MIG device of `gpu` as a plan lists it, under `device_id` (as for `gpu_record`)."""
+    return AllocatableDevice(
+        id=device_id,
         uuid=mig.uuid,
         index=f"{gpu.index}:{mig.index}",
         gpu_uuid=gpu.uuid,
@@ -153,7 +158,9 @@ def dra_plan(
     a device plugin, and the worker only finishes the claims it prepared, whose devices are
     `only` (the plan lists those that still exist)."""
     devices = tuple(
-        _device(gpu, mig, name) for gpu, mig, name in dra_devices(node) if only is None or name in only
+        gpu_record(gpu, name) if mig is None else mig_record(gpu, mig, name)
+        for gpu, mig, name in dra_devices(node)
+        if only is None or name in only
     )
     allocate = AllocateSettings(
         # The claims' devices reach containers through CDI only: the supervisor's spec names them.

@@ -35,9 +35,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from common.model import AllocatableDevice, AllocateSettings, Gpu, Link, MigDevice, Node, ResourcePlan
+from common.model import AllocatableDevice, AllocateSettings, Gpu, Link, Node, ResourcePlan
 from supervisor.config import RESOURCE_DOMAIN, Config, DeviceSelector, ResourcePattern
-from supervisor.node.draplan import DRIVER, DraHold, dra_plan, held_uuids
+from supervisor.node.draplan import DRIVER, DraHold, dra_plan, gpu_record, held_uuids, mig_record
 from supervisor.node.plansize import (
     KUBELET_MAX_RECEIVE_BYTES,
     LIST_AND_WATCH_BUDGET,
@@ -162,35 +162,6 @@ def _mig_resource(profile: str, patterns: tuple[ResourcePattern, ...]) -> str:
     return f"{RESOURCE_DOMAIN}/mig-{profile.replace('+', '.')}"
 
 
-def _full_device(gpu: Gpu) -> AllocatableDevice:
-    return AllocatableDevice(
-        id=gpu.uuid,
-        uuid=gpu.uuid,
-        index=str(gpu.index),
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        gpu_minor=gpu.minor,
-        numa_node=gpu.numa_node,
-        memory_mib=gpu.memory_mib,
-    )
-
-
-def _mig_device(gpu: Gpu, mig: MigDevice) -> AllocatableDevice:
-    return AllocatableDevice(
-        id=mig.uuid,
-        uuid=mig.uuid,
-        index=f"{gpu.index}:{mig.index}",
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        gpu_minor=gpu.minor,
-        numa_node=gpu.numa_node,
-        memory_mib=mig.memory_mib,
-        mig_gi=mig.gi_id,
-        mig_ci=mig.ci_id,
-        mig_profile=mig.profile,
-    )
-
-
 def _indexes(gpus: Iterable[Gpu]) -> str:
     return ", ".join(str(g.index) for g in gpus)
 
@@ -238,14 +209,14 @@ def _base_devices(node: Node, config: Config) -> list[_Placed]:
     for gpu in gpus:
         if not gpu.mig_enabled or strategy == "none":
             name = _gpu_resource(gpu, config.resources.gpus)
-            out.append(_Placed(name, name, _full_device(gpu)))
+            out.append(_Placed(name, name, gpu_record(gpu, gpu.uuid)))
             continue
         for mig in sorted(gpu.mig_devices, key=lambda m: m.index):
             if strategy == "single":
                 name = _gpu_resource(gpu, config.resources.gpus)
             else:
                 name = _mig_resource(mig.profile, config.resources.mig)
-            out.append(_Placed(name, name, _mig_device(gpu, mig)))
+            out.append(_Placed(name, name, mig_record(gpu, mig, mig.uuid)))
     return out
 
 

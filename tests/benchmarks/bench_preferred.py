@@ -24,8 +24,10 @@ from supervisor.node.planning import plan_resources
 from tests import nodes
 from tests.benchmarks.common import Row, Timer, p50
 from tests.helpers import short_tmpdir
+from worker.devicebook import DeviceBook
 from worker.preferred import PreferredPolicy
-from worker.server import DeviceBook, PluginServer, PluginService
+from worker.server import PluginServer
+from worker.service import PluginService
 
 GPU = "nvidia.com/gpu"
 TARGET = "< 5 ms"

@@ -31,7 +31,7 @@ from worker.dra.claims import (
     SupervisorClaimSource,
 )
 from worker.dra.prepare import MAX_CLAIMS_PER_CALL, Preparer, cdi_device_id
-from worker.server import Health
+from worker.healthboard import Health
 
 POOL = "node-a"
 

@@ -32,11 +32,11 @@ from tests import nodes
 from tests.helpers import short_tmpdir, wait_until
 from worker.dra import services as services_module
 from worker.dra.claims import DirectoryClaimSource
-from worker.dra.health import HealthBoard
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
-from worker.dra.sockets import Endpoint, Registrar, RegState, SocketBusy, clear_stale
-from worker.server import Health
+from worker.dra.sockets import Endpoint, SocketBusy, WatcherRegistration, clear_stale
+from worker.healthboard import Health, HealthBoard
+from worker.registrar import Registrar, RegState
 
 DRIVER = "gpu.nvidia.com"
 POOL = "node-a"
@@ -77,7 +77,7 @@ class Plugin:
             DRIVER, self.service_path, lambda ok, err: self.registrar.notified(ok, err)
         )
         executor = futures.ThreadPoolExecutor(max_workers=8)
-        self.registrar = Registrar(
+        sockets = WatcherRegistration(
             Endpoint(
                 self.service_path,
                 (
@@ -88,9 +88,9 @@ class Plugin:
                 executor,
             ),
             Endpoint(self.reg_path, (registration_handler(self.registration),), executor),
-            on_state=lambda state, detail: self.states.append(state),
             check_interval=0.05,
         )
+        self.registrar = Registrar(sockets, on_state=lambda state, detail: self.states.append(state))
 
     def stop(self) -> None:
         self.health.stop()

@@ -26,7 +26,9 @@ from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources
 from supervisor.sim.nvml.config import SimulatorConfigError, parse_spec
 from tests import nodes
-from worker.server import DeviceBook, PluginServer, PluginService
+from worker.devicebook import DeviceBook
+from worker.server import PluginServer
+from worker.service import PluginService
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

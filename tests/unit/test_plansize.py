@@ -17,7 +17,8 @@ from supervisor.node.plansize import (
     replicas_size,
 )
 from tests import nodes
-from worker.server import DeviceBook, Health
+from worker.devicebook import DeviceBook
+from worker.healthboard import Health
 
 
 def cfg(replicas: int, devices: str = "all") -> Config:

@@ -28,16 +28,12 @@ from supervisor.node.planning import plan_resources
 from supervisor.sim.kubelet import KubeletStandin
 from tests import nodes
 from tests.helpers import short_tmpdir, sockets_in, wait_until
-from worker.registration import Registrar, RegState, kubelet_identity, registration_backoff
-from worker.server import (
-    MAX_STREAMS_PER_SERVER,
-    OPTIONS,
-    DeviceBook,
-    Health,
-    PluginServer,
-    PluginService,
-    error_detail,
-)
+from worker.devicebook import DeviceBook
+from worker.healthboard import Health
+from worker.registrar import Registrar, RegState, kubelet_identity, registration_backoff
+from worker.registration import PluginRegistration
+from worker.server import MAX_STREAMS_PER_SERVER, PluginServer
+from worker.service import OPTIONS, PluginService, error_detail
 
 GPU = "nvidia.com/gpu"
 
@@ -76,6 +72,12 @@ class Stream:
     def close(self) -> None:
         self.channel.close()  # cancels the call: the server sees the client go away
         self.thread.join(10)
+
+
+def plugin_registrar(plugin_dir: str, kubelet_socket: str) -> tuple[PluginRegistration, Registrar]:
+    """A device plugin's registration of gpu_plan() and the registrar that runs it."""
+    registration = PluginRegistration(PluginService(DeviceBook(gpu_plan())), plugin_dir, kubelet_socket)
+    return registration, Registrar(registration)
 
 
 def health_map(message: object) -> dict[str, str]:
@@ -310,20 +312,20 @@ def test_registrar_ignores_a_trigger_when_nothing_was_lost(
     """A trigger while the registration is intact (a late duplicate) does not re-register."""
     caplog.set_level(logging.DEBUG, logger="gpuvisor.worker")
     with KubeletStandin(tmpdir_short) as kubelet:
-        registrar = Registrar(PluginService(DeviceBook(gpu_plan())), tmpdir_short, kubelet.socket_path)
+        registration, registrar = plugin_registrar(tmpdir_short, kubelet.socket_path)
         registrar.start()
         try:
             assert kubelet.wait_listed([GPU], 15)
             for _ in range(3):
                 registrar.trigger("kubelet.sock created (late)")
             assert wait_until(lambda: "still registered, nothing to do" in caplog.text, 10)
-            assert registrar.registrations == 1
+            assert registration.registrations == 1
             # Then a real one: only this one re-registers, so the count proves the first were ignored.
-            os.unlink(registrar.server.path if registrar.server else "")
+            os.unlink(registration.server.path if registration.server else "")
             registrar.trigger("socket deleted")
             assert kubelet.wait_for(lambda: len(kubelet.registrations) == 2 and kubelet.connected(GPU), 15)
             assert wait_until(
-                lambda: registrar.state is RegState.REGISTERED and registrar.registrations == 2, 10
+                lambda: registrar.state is RegState.REGISTERED and registration.registrations == 2, 10
             )
         finally:
             registrar.stop()
@@ -335,13 +337,15 @@ def test_serve_answers_on_a_socket_before_start_registers_it(tmpdir_short: str) 
     """serve() starts a server that answers at once and registers nothing; start() then registers
     that same server (its socket name), with no second server start."""
     with KubeletStandin(tmpdir_short) as kubelet:
-        registrar = Registrar(PluginService(DeviceBook(gpu_plan())), tmpdir_short, kubelet.socket_path)
+        registration, registrar = plugin_registrar(tmpdir_short, kubelet.socket_path)
         registrar.serve()
         try:
-            assert wait_until(lambda: registrar.server is not None and registrar.server.socket_present(), 10)
-            assert registrar.server is not None
-            name = registrar.server.name
-            with grpc.insecure_channel(unix_target(registrar.server.path)) as channel:
+            assert wait_until(
+                lambda: registration.server is not None and registration.server.socket_present(), 10
+            )
+            assert registration.server is not None
+            name = registration.server.name
+            with grpc.insecure_channel(unix_target(registration.server.path)) as channel:
                 options = DevicePluginClient(channel).GetDevicePluginOptions(pb.Empty(), timeout=5)
             assert options.get_preferred_allocation_available
             assert kubelet.registrations == [] and registrar.state.value == "starting"
@@ -357,9 +361,9 @@ def test_a_registrar_stopped_while_only_serving_removes_its_socket(tmpdir_short:
     """stop() before start() (the worker told to stop while its snapshot was on its way) ends the
     waiting thread and removes the socket it served on."""
     with KubeletStandin(tmpdir_short) as kubelet:
-        registrar = Registrar(PluginService(DeviceBook(gpu_plan())), tmpdir_short, kubelet.socket_path)
+        registration, registrar = plugin_registrar(tmpdir_short, kubelet.socket_path)
         registrar.serve()
-        assert wait_until(lambda: registrar.server is not None, 10)
+        assert wait_until(lambda: registration.server is not None, 10)
         registrar.stop()
         assert kubelet.registrations == [] and sockets_in(tmpdir_short) == ["kubelet.sock"]
 
@@ -384,7 +388,7 @@ def test_register_in_flight_is_abandoned_when_our_socket_vanishes(tmpdir_short: 
     """If our socket goes while Register is in flight, the registrar moves to a new socket at once."""
     kubelet = HoldingKubelet(tmpdir_short)
     kubelet.start()
-    registrar = Registrar(PluginService(DeviceBook(gpu_plan())), tmpdir_short, kubelet.socket_path)
+    _, registrar = plugin_registrar(tmpdir_short, kubelet.socket_path)
     registrar.start()
     try:
         assert wait_until(lambda: len(kubelet.arrived) == 1, 15)
@@ -450,7 +454,7 @@ def test_ids_of_the_plan_just_replaced_are_answered_for_a_grace_period(
     """After an in-place update 1 -> 2 time-slicing replicas, an Allocate of a plain ID from the
     kubelet's list of a moment before is answered (same GPU, same answer); an ID whose GPU left the
     plan is not; after PLAN_GRACE_S neither is."""
-    import worker.server as server_module
+    import worker.service as service_module
 
     plain = gpu_plan()
     sliced = plan_resources(
@@ -474,7 +478,7 @@ def test_ids_of_the_plan_just_replaced_are_answered_for_a_grace_period(
         assert _allocate(server, [f"{first.uuid}::1"]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}
         book.set_plan(plain)
         assert _allocate(server, [first.id]) == {"NVIDIA_VISIBLE_DEVICES": first.uuid}  # the plan's own
-        monkeypatch.setattr(server_module, "PLAN_GRACE_S", -1.0)
+        monkeypatch.setattr(service_module, "PLAN_GRACE_S", -1.0)
         book.set_plan(sliced)  # an update whose grace is over at once
         assert "unknown device" in _allocate(server, [first.id])["error"]
     finally:

@@ -52,14 +52,14 @@ from common.messages import ClaimReply, ClaimRequest, DeviceHealth, HealthSnapsh
 from common.model import ResourcePlan
 from common.procutil import Mailbox
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
-from worker.dra.health import HealthBoard
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
-from worker.dra.sockets import RPC_THREADS, Endpoint, Registrar, RegState
+from worker.dra.sockets import RPC_THREADS, Endpoint, WatcherRegistration
+from worker.healthboard import Health, HealthBoard
 from worker.healthcopy import HealthApplier
 from worker.link import Beat, Link, plan_of_update
 from worker.process import parent_ok
-from worker.server import Health
+from worker.registrar import Registrar, RegState
 from worker.stats import Stats
 
 log = logging.getLogger("gpuvisor.worker")
@@ -107,7 +107,7 @@ class DraWorker:
         service_path = os.path.join(dra.plugin_dir, SERVICE_SOCKET_NAME)
         self.registration = RegistrationService(dra.driver, service_path, self._on_notify)
         executor = futures.ThreadPoolExecutor(max_workers=RPC_THREADS, thread_name_prefix="rpc")
-        self.registrar = Registrar(
+        self.sockets = WatcherRegistration(
             Endpoint(
                 service_path,
                 (
@@ -122,8 +122,8 @@ class DraWorker:
                 (registration_handler(self.registration),),
                 executor,
             ),
-            on_state=self._on_reg_state,
         )
+        self.registrar = Registrar(self.sockets, on_state=self._on_reg_state)
         self.applier = HealthApplier(d.id for d in plan.devices)
         self.link = Link(self, args, plan.resource, secret, self.applier, self.stats, self.mailbox)
         self.stopping = False
@@ -211,7 +211,7 @@ class DraWorker:
         self.registrar.start()  # serve only once the health snapshot is on the board
 
     def reregister(self, reason: str) -> None:
-        self.registrar.trigger()  # the kubelet restarted: our sockets must still be there
+        self.registrar.trigger(reason)  # the kubelet restarted: our sockets must still be there
 
     def plan_update(self, message: PlanUpdate) -> None:
         self._update_plan(message.plan_json, message.snapshot)
@@ -252,7 +252,7 @@ class DraWorker:
         return Beat(
             state=self.registrar.state.value,
             registered=registered,
-            socket_path=self.registrar.service.path,
+            socket_path=self.sockets.service.path,
             gauges={
                 "streams": 1 if registered else 0,
                 "health_streams": self.health.streams,

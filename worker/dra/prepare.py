@@ -44,7 +44,7 @@ from worker.dra.claims import (
     allocated_devices,
     check_ref,
 )
-from worker.server import Health
+from worker.healthboard import Health
 
 log = logging.getLogger("gpuvisor.worker")
 

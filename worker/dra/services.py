@@ -1,7 +1,7 @@
 """The DRA worker's gRPC services: DRAPlugin v1 and v1beta1, the health stream, and registration.
 
-Protocol plumbing only: the answers come from `worker.dra.prepare.Preparer` and
-`worker.dra.health.HealthBoard`. Both DRAPlugin versions carry the same messages in their own
+Protocol plumbing only: the answers come from `worker.dra.prepare.Preparer` and the worker's
+health board (`worker.dra.health.response`). Both DRAPlugin versions carry the same messages in their own
 packages (v1 adds `share_id`), so each is a thin translation to one `prepare` / `unprepare`.
 A request that breaks the wire contract (a claim without its UID) gets that claim's error in the
 response like any other, never a failed RPC: the kubelet ignores a whole response on an RPC
@@ -35,8 +35,9 @@ from common.draapi import (
     v1beta1,
 )
 from worker.dra.claims import ClaimRef
-from worker.dra.health import RESEND_S, HealthBoard
+from worker.dra.health import RESEND_S, response
 from worker.dra.prepare import Preparer, PrepareResult
+from worker.healthboard import HealthBoard
 
 log = logging.getLogger("gpuvisor.worker")
 
@@ -179,14 +180,14 @@ class HealthService:
         self.on_streams_changed()
         try:
             version = self.board.version()
-            yield self.board.response(self._clock())
+            yield response(self.board, self._clock())
             while not done() and context.is_active():
                 changed = self.board.wait_change(version, RESEND_S, done)
                 if done():
                     break
                 if changed is not None:
                     version = changed
-                yield self.board.response(self._clock())  # a change, or the periodic resend
+                yield response(self.board, self._clock())  # a change, or the periodic resend
         finally:
             with self._lock:
                 self._streams -= 1

@@ -12,29 +12,25 @@ regular file or a live server: another instance serving there is waited for, not
 itself would unlink a live socket at the path before binding, so this check must come first). A
 stop removes our sockets. gRPC's own shutdown unlinks whatever socket is at the path by then, so
 a socket another process put over ours (after unlinking ours) would go too: gpuvisor's own
-instances never do that, since they wait for a live socket to go. `Registrar` is the thread
-that brings both up, retries with the one backoff while it cannot, looks after them every
-`CHECK_S` (a deleted socket is made again, the service one first) and tells the worker its state.
+instances never do that, since they wait for a live socket to go. `WatcherRegistration` is what
+the registrar's thread (worker.registrar) runs: it brings both up, retries with the registrar's
+backoff while it cannot, and looks after them every `CHECK_S` (a deleted socket is made again,
+the service one first); the registrar tells the worker its state.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import stat
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent import futures
-from enum import Enum
 from typing import Any
 
 import grpc
 
 from common.procutil import unix_socket_listening
-from worker.registration import kubelet_identity, registration_backoff
-
-log = logging.getLogger("gpuvisor.worker")
+from worker.registrar import Registrar, RegState, kubelet_identity
 
 RPC_THREADS = 8  # health streams take at most 3; prepares and registration keep the rest
 MAX_RPCS = 64
@@ -111,111 +107,47 @@ class Endpoint:
         self._identity = None
 
 
-class RegState(Enum):
-    STARTING = "starting"
-    REGISTERING = "registering"  # both sockets up, the kubelet's plugin watcher has not answered
-    REGISTERED = "registered"  # NotifyRegistrationStatus(true)
-    REFUSED = "refused"  # NotifyRegistrationStatus(false): the kubelet says why, and tries again
-    RETRYING = "retrying"  # a socket cannot be served: backing off
-    STOPPED = "stopped"
+class WatcherRegistration:
+    """The DRA plugin's `Registration`: keeps the service and registration sockets up, the
+    service one first; the kubelet's answers reach the registrar's `notified`."""
 
+    what = "DRA plugin"
+    thread_name = "dra-registrar"
 
-class Registrar:
-    """Keeps the service and registration sockets up; the kubelet's answers come in `notified`."""
-
-    def __init__(
-        self,
-        service: Endpoint,
-        registration: Endpoint,
-        on_state: Callable[[RegState, str], None] = lambda state, detail: None,
-        check_interval: float = CHECK_S,
-    ) -> None:
+    def __init__(self, service: Endpoint, registration: Endpoint, check_interval: float = CHECK_S) -> None:
         self.service = service
         self.registration = registration
-        self.state = RegState.STARTING
-        self.failed: BaseException | None = None  # the thread died of a bug: the worker exits
-        self._on_state = on_state
         self._check = check_interval
-        self._backoff = registration_backoff()
-        self._cond = threading.Condition()
-        self._stop = False
-        self._hint = False
-        self._thread = threading.Thread(target=self._run, name="dra-registrar", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
+    @property
+    def endpoint(self) -> str:
+        return self.service.path
 
-    def trigger(self) -> None:
-        """Look at the sockets now."""
-        with self._cond:
-            self._hint = True
-            self._cond.notify_all()
+    def run(self, registrar: Registrar) -> None:
+        if registrar.wait_allowed():
+            self._loop(registrar)
 
-    def notified(self, registered: bool, error: str) -> None:
-        """The kubelet's NotifyRegistrationStatus (from a gRPC thread)."""
-        with self._cond:
-            if self._stop:
-                return
-            if registered:
-                self._set(RegState.REGISTERED, f"the kubelet registered {self.service.path}")
-            else:
-                self._set(RegState.REFUSED, f"the kubelet refused the registration: {error}")
+    def interrupt(self, registrar: Registrar) -> None:
+        """Nothing to cut short: the kubelet calls us, we never wait on it."""
 
-    def stop(self) -> None:
+    def close(self) -> None:
         """Registration socket first (the kubelet drops the plugin), then the service socket."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
         self.registration.stop()
         self.service.stop()
-        with self._cond:
-            self._set(RegState.STOPPED, "worker stopping")
 
-    # ------------------------------------------------------------------ the thread
-    def _set(self, state: RegState, detail: str) -> None:
-        """Change state, log once, tell the worker (call with the lock held)."""
-        if state is self.state:
-            return
-        self.state = state
-        level = logging.WARNING if state in (RegState.RETRYING, RegState.REFUSED) else logging.INFO
-        log.log(level, "DRA plugin %s (%s)", state.value, detail, extra={"state": state.value})
-        self._on_state(state, detail)
-
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except BaseException as exc:  # a bug: visible, and the worker exits for a restart
-            log.exception("DRA registration thread failed")
-            self.failed = exc
-            self._on_state(RegState.STOPPED, f"registration thread failed: {exc}")
-
-    def _wait(self, timeout: float) -> bool:
-        """Sleep up to `timeout`, cut short by trigger or stop; True when stopping."""
-        with self._cond:
-            if not self._stop and not self._hint:
-                self._cond.wait(timeout)
-            self._hint = False
-            return self._stop
-
-    def _loop(self) -> None:
+    def _loop(self, registrar: Registrar) -> None:
         while True:
-            with self._cond:
-                if self._stop:
-                    return
-            problem = self._ensure()
-            if problem:
-                with self._cond:
-                    self._set(RegState.RETRYING, problem)
-                if self._wait(self._backoff.next()):
-                    return
-                continue
-            self._backoff.reset()
-            if self._wait(self._check):
+            stopping, _hint = registrar.take_hint()  # a trigger only means: look now
+            if stopping:
                 return
+            problem = self._ensure(registrar)
+            if problem:
+                registrar.retry(problem)
+                continue
+            registrar.backoff.reset()
+            registrar.wait(self._check)
 
-    def _ensure(self) -> str:
+    def _ensure(self, registrar: Registrar) -> str:
         """Both sockets up and ours, the service one first; why not, or ""."""
         service_ok = self.service.serving and self.service.present()
         if not service_ok:
@@ -230,8 +162,10 @@ class Registrar:
                 return str(exc)
         if not (self.registration.serving and self.registration.present()):
             self.registration.stop()
-            with self._cond:  # before the socket exists: the kubelet's answer may come at once
-                self._set(RegState.REGISTERING, f"waiting for the kubelet at {self.registration.path}")
+            # Before the socket exists: the kubelet's answer may come at once.
+            registrar.change_state(
+                RegState.REGISTERING, f"waiting for the kubelet at {self.registration.path}"
+            )
             try:
                 self.registration.start()
             except OSError as exc:
