@@ -3,8 +3,8 @@
 `check_import_root` makes sure `common` and `worker` are gpuvisor's (the design card's top-level
 names could be another distribution's). `start_early_zygote` starts the worker zygote for
 `gpuvisor run` (supervisor/workers/zygoteproc.py) before the CLI and the supervisor are
-imported: about 30 ms sooner than from the CLI, which matters because on a small node the first
-worker's fork waits for the zygote's own imports (README, Performance). The entry point
+imported, so that the zygote's imports run beside theirs: on a small node the first worker's
+fork waits for the zygote's own imports (docs/performance.md has the figures). The entry point
 (`supervisor/__main__.py`: the console script and `python -m supervisor`) calls both, then
 `supervisor.cli.launched`. Imports nothing of the supervisor's but the zygote's process start.
 """

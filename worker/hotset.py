@@ -23,11 +23,8 @@ The set is recorded, not computed: `python -m tests.benchmarks.hotrecord --write
 benchmark's nodes, profiles the functions their workers run, and writes `hotset.txt` beside
 this module with those functions and the names their code uses. A stale set costs memory only:
 a name no module uses is one string more, and a function not found is skipped and counted.
-bench_memory (`--quick`, a MIG node's five workers, 2 CPUs, the same hour) measured a further
-worker's USS at 5.86-5.92 MB without the set and 5.15-5.18 MB with it: its pages copied for a
-count of 1-3 words fell from 2.37-2.41 to 1.61-1.67 MB. The zygote pays ~2.5 ms to intern the names and ~2.5 ms
-to copy the code, in time the supervisor's own imports take anyway (the start measured the same
-with and without it).
+Both steps run while the supervisor is still importing, so a start does not wait for them; what
+the set saves a worker is in docs/performance.md.
 """
 
 from __future__ import annotations
