@@ -2,11 +2,11 @@
 
 For every class it decorates, `@dataclass` writes the source of `__init__`, `__repr__`, `__eq__`,
 `__hash__` and, for a frozen class, `__setattr__` and `__delattr__`, and compiles it with `exec`.
-Python's bytecode cache (`__pycache__`) keeps a module's own code between runs, not this: for
-the supervisor's ~80 dataclasses the compiling was ~40 ms of every start, a third of its imports
-(README, Performance). While installed, this module gives `dataclasses` an `exec` of its own
-that looks the source text up in a table loaded from `common/__pycache__/dataclass-code.<tag>.bin`
-and runs the code object found there; only a text not in the table is compiled, exactly as
+Python's bytecode cache (`__pycache__`) keeps a module's own code between runs, not this, so
+without the cache every start compiles the methods of each of the supervisor's dataclasses anew
+(what that costs: docs/performance.md). While installed, this module gives `dataclasses` an
+`exec` of its own that looks the source text up in a table loaded from
+`common/__pycache__/dataclass-code.<tag>.bin` and runs the code object found there; only a text not in the table is compiled, exactly as
 `exec` would compile it (no inherited `__future__` flags, file name `<string>`). The key is the
 whole text, so a hit is the same code the compiler would make: a changed class is a new text
 and compiled anew. The function objects, their globals and defaults are made by `dataclasses`
@@ -17,7 +17,7 @@ installs). It holds one section per module, written as a whole, of the texts tha
 classes made in the run that wrote it; a file of another Python (its bytecode magic), a
 damaged or oversized one, or a section of the wrong shape is ignored and the classes compile as
 if there were none. `install()` before the imports, `release()` after them: the table is
-dropped (it is ~0.5 MB), and what was compiled is written when Python would write bytecode
+dropped, and what was compiled is written when Python would write bytecode
 (not under `PYTHONDONTWRITEBYTECODE`). The container image and the installer write the whole
 file at build time with `python -m common.methodcache`, since they run with a read-only root
 filesystem and without writing bytecode.

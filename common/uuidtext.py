@@ -1,8 +1,8 @@
 """UUIDs as text, without the `uuid` module.
 
-`import uuid` cost each process that loaded it ~0.5-1 ms of its start (`_uuid` and the module;
-the `platform` it also loads is loaded by ZeroMQ anyway), paid by the supervisor and by the
-zygote (a worker's CDI annotation keys), for what is sixteen bytes in 8-4-4-4-12 lowercase hex.
+`import uuid` (`_uuid` and the module; the `platform` it also loads is loaded by ZeroMQ anyway)
+adds to the start of each process that loads it, the supervisor's and the zygote's (a worker's
+CDI annotation keys), for what is sixteen bytes in 8-4-4-4-12 lowercase hex.
 These give the same text as `str(uuid.UUID(bytes=raw))` and `str(uuid.uuid4())` (the unit tests
 hold them to the `uuid` module).
 """

@@ -3,8 +3,8 @@
 The supervisor builds a worker's arguments (supervisor/workers/spawner.py) and, when the zygote
 forks the worker, parses them itself (`check_args`) and hands the zygote the parsed fields: the
 zygote then forks with nothing left to do but make a `Namespace` of them. Parsing in the zygote
-(argparse's parser built and run between two forks) wrote to ~0.4 MB of the zygote's pages at each
-spawn, and every worker forked before that spawn kept its own copy of each of those pages. An
+(argparse's parser built and run between two forks) would write to the zygote's pages at each
+spawn, and every worker forked before that spawn would keep its own copy of each of them. An
 exec'd worker parses the same arguments with the same parser (`parse_args`), which says what is
 wrong with them the argparse way (usage, exit 2).
 """

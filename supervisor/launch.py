@@ -6,11 +6,11 @@ console script and `python -m supervisor`) before the CLI is imported. On entry 
 could be another distribution's), starts the worker zygote for `gpuvisor run`
 (`start_early_zygote`, supervisor/workers/zygoteproc.py) and installs the dataclass code cache
 (common/methodcache.py) for the CLI's and the supervisor's imports. The zygote starts here,
-~30 ms sooner than from the CLI, because on a small node the first worker's fork waits for the
-zygote's own imports (README, Performance). On exit, whatever the command did, the cache is
+before the CLI and the supervisor are imported, because on a small node the first worker's fork
+waits for the zygote's own imports (docs/performance.md has the figures). On exit, whatever the command did, the cache is
 released and the zygote, unless the supervisor already ended it, is ended by its PID. Imports
 nothing of the supervisor's but the zygote's process start, and so is no `contextlib` function:
-that import (`collections`, `functools`) took ~5 ms on a bare interpreter, before the start.
+that import (`collections`, `functools`) would come before the start.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ dir (`env`) with the processes a test started (`procs`).
 
 Each folder under tests/ is a tier and every test in it carries the tier's marker, so
 `pytest -m unit` (or `process`, `conformance`, `packaging`, `chaos`, `benchmarks`, `gpu`) runs
-one tier; the README's Testing section says what each needs and how long it takes.
+one tier; docs/testing.md says what each needs and how long it takes.
 
 Temp dirs: every session gets a base temp dir of its own (`pytest_configure`), made with `tempfile`
 and removed when the session ends, unless `--basetemp` names one. pytest's default base,

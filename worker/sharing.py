@@ -24,14 +24,10 @@ into the zygote, where they happen once instead of in every worker:
 - **ABC caches.** `isinstance(x, collections.abc.Mapping)` (LogRecord runs it for every log
   call with one argument) adds `type(x)` to the caches of that ABC and, on a miss, of every
   registered subclass it walks: many objects, each on its own page. `warm_abc_caches` runs
-  those checks for the builtin types once, so a worker finds the answers in the caches. Measured
-  in a forked child, the first log line copied ~0.5 MB of zygote pages cold and ~0.2 MB warmed.
+  those checks for the builtin types once, so a worker finds the answers in the caches.
 
-bench_memory (a further worker's USS, mean of five, full rounds) measured 6.70-6.74 MB with none
-of these, 6.52 MB with the pymalloc fill, 6.23-6.26 MB with the ABC caches too, and 5.99-6.05
-MB with all three (four runs; quick rounds: 5.95-6.05); the zygote holds ~0.2 MB of pymalloc
-filler and ~0.25 MB of malloc chunks. (Giving every class its attribute-cache version tag here as well
-changed nothing measurable.)
+What each step saves a worker, as bench_memory measures it, and what the filler costs the
+zygote, are in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The worker zygote: a process with the worker's modules imported, that forks new workers.
 
-Starting a worker by exec costs a fresh interpreter plus ~100 ms of imports (grpc, protobuf,
-zmq) on this class of machine; a worker restart is on the critical path of "a resource is back".
+Starting a worker by exec costs a fresh interpreter plus the imports of grpc, protobuf and zmq;
+a worker restart is on the critical path of "a resource is back".
 The zygote pays that once: it imports everything a worker needs, creates **no** gRPC or ZeroMQ
 object (gRPC's core does not survive a fork once it has threads; here there are none yet), and
 then only forks on request. The supervisor starts it first thing (before its own imports), so
@@ -21,7 +21,7 @@ supervisor parsed (`common.workerargs.check_args`) and sent as fields, and rewri
 line in place (`common.procutil.set_cmdline`, into room the zygote was started with) so `ps`
 shows `python -m worker --resource ...` as for any worker. Between two forks the zygote runs as
 little Python as it can: every zygote page it writes then stays the private copy of each worker
-forked before (argparse's parsing here cost each of them ~0.4 MB).
+forked before (so argparse runs in the supervisor, not here).
 
 Protocol, over a socketpair inherited as fd `--fd` (one JSON object per line):
   supervisor -> zygote: {"op": "spawn", "id": N, "argv": [...], "args": {...}, "secret": "..."}

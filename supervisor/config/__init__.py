@@ -14,7 +14,7 @@ them and every count from outside bounded. One module per job:
 - `fingerprint` what a config file holds now, cheap to compare (a change, or an event that changed nothing);
 - `version`   gpuvisor's version, written once (pyproject.toml's metadata is built from it);
 - `model`     the resolved `Config`; `errors`: `ConfigError`; `limits`: the bounds; `golang`: Go's
-              text rules; `docs`: the README table (`python -m supervisor.config --markdown`).
+              text rules; `docs`: the docs' settings tables (`python -m supervisor.config --markdown`).
 
 This package's public names are the ones importers used before it was split up.
 """

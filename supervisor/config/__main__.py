@@ -1,4 +1,4 @@
-"""`python -m supervisor.config --markdown`: print the README's settings table."""
+"""`python -m supervisor.config --markdown`: print the settings table of docs/configuration.md."""
 
 import sys
 

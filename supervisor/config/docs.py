@@ -1,6 +1,7 @@
-"""The README's settings tables, generated from the declarations (`python -m supervisor.config --markdown`).
+"""The settings tables of docs/, generated from the declarations (`python -m supervisor.config --markdown`).
 
-`gpuvisor run`'s table comes from `SETTINGS`; `gpuvisor labels` passes its own rows and notes.
+`gpuvisor run`'s table (docs/configuration.md) comes from `SETTINGS`; `gpuvisor labels` passes its
+own rows and notes (docs/node-labels.md).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ RUN_NOTES = (
 
 
 def settings_markdown(settings: Sequence[Setting] = SETTINGS, notes: str = RUN_NOTES) -> str:
-    """A settings table for the README (`gpuvisor run`'s by default), then `notes` as a paragraph."""
+    """A settings table for docs/ (`gpuvisor run`'s by default), then `notes` as a paragraph."""
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")

@@ -2,8 +2,8 @@
 
 The supervisor (a config file that changes) and the labeller (the named config a node label
 chooses) act on a file event only when what they would read changed. This tells the two apart
-with the standard library's zlib: no hashlib, whose import loads OpenSSL (about 3.5 MB of
-private memory in a process that has no other use for it). It is not a cryptographic digest and
+with the standard library's zlib: no hashlib, whose import loads OpenSSL into a process that
+has no other use for it (docs/performance.md). It is not a cryptographic digest and
 needs not be one: the file is the operator's, not an adversary's, and an edit would have to keep
 the size and both checksums to go unseen.
 """

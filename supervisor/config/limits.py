@@ -2,7 +2,7 @@
 
 NVIDIA's plugin bounds none of these: a config it accepts can still fail later at the kubelet
 (a ListAndWatch answer over the kubelet's 4 MiB receive limit) or eat the node's memory. gpuvisor
-refuses such input up front with a clear error (README: "Deliberate differences"). Each bound is
+refuses such input up front with a clear error (docs/compatibility.md). Each bound is
 far above any real node's needs, so no working NVIDIA config is refused by it.
 """
 

@@ -4,8 +4,8 @@
 replicas.go, sharing.go) rule by rule: which keys must be present, what a null means, what a
 device reference may be, that `rename: ""` is an error while a missing `rename` is not, and that
 with both `timeSlicing` and `mps` present MPS is the strategy used (`Sharing.SharingStrategy()`).
-NVIDIA then ignores custom `resources`, `rename` and `devices`; gpuvisor honours them (README:
-"Deliberate differences"), so they are kept here with the meaning NVIDIA's parser gives them.
+NVIDIA then ignores custom `resources`, `rename` and `devices`; gpuvisor honours them
+(docs/compatibility.md), so they are kept here with the meaning NVIDIA's parser gives them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every setting, declared once: flag names, env vars, file key, Go type, default, check, help.
 
 The one table `SETTINGS` drives the command line (`flags.py`), the loader (`loader.py`) and the
-README table (`docs.py`). NVIDIA's settings come first, with NVIDIA v0.20.0's names and aliases
+settings table of docs/configuration.md (`docs.py`). NVIDIA's settings come first, with NVIDIA v0.20.0's names and aliases
 (`cmd/nvidia-device-plugin/main.go`) and its Go flag types:
 
 - `string`  a urfave/cli StringFlag: an env var set to "" is the value "";
@@ -67,7 +67,7 @@ def choice(*choices: str) -> Check:
 def kubelet_socket(value: str) -> str:
     if not value:
         # NVIDIA then serves without registering; gpuvisor's workers serve beside kubelet.sock
-        # and register with it, so an empty path is refused (README: "Deliberate differences").
+        # and register with it, so an empty path is refused (docs/compatibility.md).
         raise Invalid("must not be empty: gpuvisor serves and registers beside the kubelet's socket")
     # A socket path over the limit makes gRPC fail to add its port, again on every restart: refused
     # here instead. The workers bind beside it under absolute paths (worker/main.py).

@@ -4,7 +4,7 @@ The DRA worker names a claim (`ClaimRequest` over the control channel) when the 
 to prepare one it has not prepared before; the supervisor GETs
 `/apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>` with the node's one API client
 (its credentials, its QPS limiter, its counters) and answers with the claim's JSON or why not
-(`ClaimReply`). Why the worker has no client of its own: measured in the README ("DRA mode").
+(`ClaimReply`). Why the worker has no client of its own: measured in docs/dra.md.
 
 The main loop only queues a request (`request`); `THREADS` threads of this part do the calls, so
 a slow API server delays prepares, never the loop. A request that arrives before the API-server

@@ -126,7 +126,7 @@ NVIDIA_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 _APP_ERROR = "an application error: the application restarts, the GPU is fine; NVIDIA default-ignored"
 _RESET_NEEDED = "a GPU reset or node reboot is needed to clear it (catalog)"
 
-# The one declaration of the default table: the README's and the module docstring's copies are
+# The one declaration of the default table: docs/health.md's and the module docstring's copies are
 # `xid_table_markdown()`, which tests/packaging/test_readme.py holds them to. An XID whose catalog
 # action keeps the GPU in service (IGNORE, RESTART_APP) is ignored, with its advice in its log
 # line; a reset or a reboot is until-reset; NVIDIA's default-ignored XIDs stay ignored, so
@@ -220,7 +220,7 @@ DEFAULT_XID_RULES: Mapping[int, XidRule] = {
 
 
 def xid_table_markdown() -> str:
-    """The default XID table as the README and this module's docstring show it."""
+    """The default XID table as docs/health.md and this module's docstring show it."""
     rows = ["| XID | meaning | catalog bucket | gpuvisor | why |", "| --- | --- | --- | --- | --- |"]
     for xid, rule in sorted(DEFAULT_XID_RULES.items()):
         meaning = rule.reason[0].upper() + rule.reason[1:]

@@ -1,17 +1,15 @@
 """A small Kubernetes API client over the standard library: one request, one connection.
 
-Why not the Kubernetes project's Python client or lightkube: measured on this machine
-(`python -m tests.benchmarks --only bench_kube`), `import kubernetes.client` costs 200 ms and
-+35 MiB RSS and `import lightkube` 97 ms and +20 MiB, this layer 62 ms and +13 MiB (11 ms and
-+0.7 MiB inside `gpuvisor run`, which has `ssl` and `http.client` loaded already), for a
-supervisor that needs four verbs on three kinds. This client is `http.client`, `ssl` and `json`,
+Why not the Kubernetes project's Python client or lightkube: their imports cost several times
+this layer's, in time and memory (`python -m tests.benchmarks --only bench_kube`; the figures are
+in docs/performance.md), for a supervisor that needs four verbs on three kinds. This client is `http.client`, `ssl` and `json`,
 and it does what those clients would not do for gpuvisor:
 
 - a stop ends every call at once: `abort()` shuts the socket of each call in flight down (a
   read, a TLS handshake or a watch stream returns at once), wakes a connect that is waiting
   (connects select on a wake pipe), and cuts a wait for a rate-limiter token short; the call
-  raises `Stopped`. No retry loop hides inside a call (urllib3's retries made one call of the
-  old client last 60 s against a frozen server): callers retry with their own backoff;
+  raises `Stopped`. No retry loop hides inside a call (urllib3's retries can make one call
+  last a minute against a frozen server): callers retry with their own backoff;
 - every answer is bounded (`MAX_BODY_BYTES`, and `MAX_LINE_BYTES` per watch event);
 - a failure is an `ApiError` whose text says what was being done and what the server said,
   including when the server's answer is not a JSON `Status` (a plain-text 404 means the path,

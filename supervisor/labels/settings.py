@@ -271,5 +271,5 @@ def load_label_settings(
 
 
 def label_settings_markdown() -> str:
-    """The settings table for the README's "Node labels" section."""
+    """The settings table of docs/node-labels.md."""
     return settings_markdown(LABEL_SETTINGS, LABEL_NOTES)

@@ -5,7 +5,7 @@ Same input, same output, byte for byte: devices are sorted by (GPU index, MIG in
 plans are returned ordered by resource name, and nothing here reads the clock, the environment
 or the disk. A reload compares old and new plans by their JSON.
 
-The steps follow NVIDIA's plugin (REFERENCE.md section 3), with three deliberate differences that
+The steps follow NVIDIA's plugin (docs/compatibility.md, "What is the same"), with three deliberate differences that
 NVIDIA parses but ignores and gpuvisor honours: custom `resources` names, `rename`, and per-GPU
 `devices` selectors (so replica counts can differ per GPU, NVIDIA #1786).
 

@@ -1,9 +1,8 @@
 """The Prometheus text exposition format (version 0.0.4), written by gpuvisor itself.
 
-/metrics used to load prometheus_client at its first scrape, and the package root imports its
-push-gateway and WSGI code with it: `http.server`, `email`, `urllib.request` and `ssl`, which is
-OpenSSL: about 7 MB added to the supervisor by the first scrape (5 MB of it its own pages), on a
-node that Prometheus scrapes, which is every node the chart deploys with metrics on. What
+Not prometheus_client: its package root imports its push-gateway and WSGI code, and with them
+`http.server`, `email`, `urllib.request` and `ssl`, which is OpenSSL, into the supervisor at the
+first scrape, on every node the chart deploys with metrics on (docs/performance.md). What
 gpuvisor exports is a few dozen counter, gauge and histogram families; this module holds them and
 writes them as the format says (https://prometheus.io/docs/instrumenting/exposition_formats/),
 line for line as prometheus_client's `generate_latest` writes the same families (the tests

@@ -8,8 +8,8 @@ loop's live dicts).
 
 The HTTP itself is the few lines these pages need (a request line and headers in, a response with
 its length out, one request per connection), not the standard library's `http.server`: that
-module brings `http.client`, `email`, `html` and `ssl` into the supervisor (about 6 MB and 20 ms
-at start), and its `serve_forever` wakes every half second to look for a stop. Here the serving
+module brings `http.client`, `email`, `html` and `ssl` into the supervisor (docs/performance.md
+says what they cost), and its `serve_forever` wakes every half second to look for a stop. Here the serving
 thread sleeps in `select` until a client or `stop()` (a pipe) wakes it.
 
 - /healthz answers 200 "ok" while the main loop ticked recently (`loop_liveness`), else 503 with

@@ -1,7 +1,7 @@
 """A kubelet stand-in: the kubelet's side of the device-plugin API, on a real unix socket.
 
 It serves `v1beta1.Registration` on `<plugin dir>/kubelet.sock` and behaves as the kubelet's
-device manager does (REFERENCE.md section 2), so tests, the demo and the benchmarks exercise a
+device manager does (docs/architecture.md, "The kubelet's side of the device-plugin API"), so tests, the demo and the benchmarks exercise a
 plugin the way a node would:
 
 - Register validates the version and the resource name with the kubelet's texts, then, still

@@ -1,6 +1,6 @@
 """Worker lifecycle: one OS process per resource, watched and restarted by the supervisor.
 
-States (DESIGN.md): STARTING -> RUNNING (the worker reported its registration) -> BACKOFF ->
+States (docs/architecture.md, "Worker lifecycle"): STARTING -> RUNNING (the worker reported its registration) -> BACKOFF ->
 STARTING ..., STOPPING -> STOPPED, and FATAL after too many quick failures in a row or the
 agreed config-error exit code. Every transition goes through `WorkerHandle.change_state()`,
 which checks it against `ALLOWED`, logs it once and tells the listeners (metrics, status).

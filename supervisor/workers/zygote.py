@@ -1,8 +1,8 @@
 """Spawning workers through the zygote (worker/zygote.py), with exec as the fallback.
 
 The supervisor keeps one zygote process: a Python with the worker's modules imported and no
-gRPC object, which forks a worker on request in a few milliseconds instead of the ~100 ms an exec
-plus imports costs. The supervisor is the children's subreaper (PR_SET_CHILD_SUBREAPER), so if
+gRPC object, which forks a worker on request instead of paying an exec and the worker's imports
+at each start. The supervisor is the children's subreaper (PR_SET_CHILD_SUBREAPER), so if
 the zygote dies its workers are re-parented to the supervisor and keep serving; the next spawn
 starts a new zygote. Anything wrong with the zygote (it will not start, does not answer in
 time) falls back to a plain exec of `python -m worker`: slower, never worse.

@@ -5,8 +5,7 @@ imports, so that the zygote's own imports (gRPC, ZeroMQ, the worker's modules) r
 every module loaded before that start delays it, and since the supervisor's imports take their
 dataclass code from a cache (common/methodcache.py) the zygote is the wait of a start. So this
 module needs only `os`, `sys` and `_socket`: the process is started with `os.posix_spawn`, not
-`subprocess` (whose import, with `socket`'s, and `Popen` cost ~13 ms before the zygote's exec),
-and `ZygoteProcess` is the part of `Popen` the supervisor uses. The `Zygote` handle that later
+`subprocess` (whose import, with `socket`'s, and `Popen` would delay the zygote's exec), and `ZygoteProcess` is the part of `Popen` the supervisor uses. The `Zygote` handle that later
 takes the process over (supervisor/workers/zygote.py) brings logging, JSON and the rest.
 `Zygote.start` uses it too, so there is one way to start the process.
 """
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 # glibc gives each thread that allocates its own malloc arena, up to 8 per CPU. A worker runs
 # ~24 threads on a node of 16 CPUs or more (gRPC's event engine alone starts clamp(CPUs, 4, 16)),
 # and every arena holds pages of its own and keeps what it frees: two arenas for all of them cost
-# a worker 0.1 MB less on an H100 node (README, Performance), and no allocation here is contended.
+# a worker 0.1 MB less on an H100 node (docs/performance.md), and no allocation here is contended.
 MALLOC_ARENAS = "2"
 PAD = 1024  # blank room in the zygote's command line for each forked worker to show its own
 STOP_WAIT_S = 2.0  # SIGTERM, then SIGKILL after this long

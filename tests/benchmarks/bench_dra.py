@@ -17,7 +17,7 @@ Then the same node with the fake API server (tests/kubeapi/, in this process, TL
   gpu.nvidia.com/xid=48 on the device is stored at the API server, and `sim reset` until the
   generation without it is; a kubelet wipe (DeleteCollection by spec.nodeName) until the pool is
   complete again;
-- the claim-source choice (README, "DRA mode"): what a claim GET costs when made directly with the
+- the claim-source choice (docs/dra.md): what a claim GET costs when made directly with the
   kube layer's client from a process of its own (a worker holding a client), and what loading that
   client costs a fresh interpreter that has the DRA worker's modules loaded already (time, RSS and
   PSS, medians of 7): against the round trip through the supervisor above.

@@ -1,6 +1,6 @@
 """A fake Kubernetes API server for tests: the real one's contract where gpuvisor depends on it.
 
-No API server can run here (MACHINE-NOTES.md), so this serves the REST paths gpuvisor uses, over
+No API server can be installed where the suite runs (docs/testing.md), so this serves the REST paths gpuvisor uses, over
 TLS with a certificate from its own test CA and a bearer token (so the client's kubeconfig path,
 CA data and token, is exercised), with the real server's rules for them:
 

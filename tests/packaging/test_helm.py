@@ -985,20 +985,20 @@ def test_notes_say_how_a_node_chooses_its_config() -> None:
     assert "GPUUnhealthy" not in _notes({"gpuvisor": {"nodeHealth": False}})
 
 
-# --- the README's example -------------------------------------------------------------------------
+# --- docs/deploy.md's example ---------------------------------------------------------------------
 
 
-def _readme_helm_yaml_blocks() -> list[str]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def _documented_helm_yaml_blocks() -> list[str]:
+    text = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
     section = text[text.index("## Install with Helm") :]
     section = section[: section.index("\n## ", 1)]
     return [block.split("```", 1)[0] for block in section.split("```yaml\n")[1:]]
 
 
-def test_readme_per_node_configs_render_as_described(tmp_path: Path) -> None:
-    """The README's example: unlabelled nodes run `default`, a node labelled mig-mixed the mixed
+def test_documented_per_node_configs_render_as_described(tmp_path: Path) -> None:
+    """docs/deploy.md's example: unlabelled nodes run `default`, a node labelled mig-mixed the mixed
     strategy and one labelled ts4 four time-slicing replicas; MIG's privileges are granted."""
-    [block] = _readme_helm_yaml_blocks()
+    [block] = _documented_helm_yaml_blocks()
     docs = _render(yaml.safe_load(block))
     plugin = _plugin(docs)
     assert _loaded_config(docs, plugin, tmp_path).config_name == "default"

@@ -1,4 +1,5 @@
-"""The README stays true: its settings and XID tables are the generated ones, its quick start the CI's command."""
+"""The docs stay true: the settings and XID tables are the generated ones, the DRA examples valid
+objects, and the README's quick start the CI's command."""
 
 from __future__ import annotations
 
@@ -13,24 +14,29 @@ from supervisor.health import policy
 from tests.helpers import REPO
 
 
-def _readme() -> str:
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+def _read(path: str) -> str:
+    with open(os.path.join(REPO, path), encoding="utf-8") as fh:
         return fh.read()
 
 
+def _readme() -> str:
+    return _read("README.md")
+
+
 def test_settings_table_is_generated_from_the_declarations() -> None:
-    """The README's settings table equals `python -m supervisor.config --markdown` (regenerate it when this fails)."""
-    text = _readme()
+    """docs/configuration.md's settings table equals `python -m supervisor.config --markdown`
+    (regenerate it when this fails)."""
+    text = _read("docs/configuration.md")
     start = text.index("<!-- settings:start -->") + len("<!-- settings:start -->")
     end = text.index("<!-- settings:end -->")
     assert text[start:end].strip() == settings_markdown().strip()
 
 
 def test_the_xid_tables_are_generated_from_the_default_rules() -> None:
-    """The README's default XID table and the one in supervisor/health/policy.py's docstring both
-    equal `policy.xid_table_markdown()`, made from DEFAULT_XID_RULES (paste it in when this fails)."""
+    """docs/health.md's default XID table and the one in supervisor/health/policy.py's docstring
+    both equal `policy.xid_table_markdown()`, made from DEFAULT_XID_RULES (paste it in when this fails)."""
     table = policy.xid_table_markdown().strip()
-    text = _readme()
+    text = _read("docs/health.md")
     start = text.index("<!-- xid-table:start -->") + len("<!-- xid-table:start -->")
     assert text[start : text.index("<!-- xid-table:end -->")].strip() == table
     doc = policy.__doc__ or ""
@@ -46,13 +52,14 @@ def test_ci_runs_the_readme_test_command() -> None:
 
 
 def test_the_dra_examples_are_valid_kubernetes_objects() -> None:
-    """Every object in the README's DRA section passes the resource.k8s.io/v1 (and core) 1.34 schema
-    strictly, the DeviceClass selects gpu.nvidia.com's GPUs under NVIDIA's names and maps
-    nvidia.com/gpu, which the second pod asks for."""
+    """Every object in docs/dra.md passes the resource.k8s.io/v1 (and core) 1.34 schema strictly,
+    the DeviceClass selects gpu.nvidia.com's GPUs under NVIDIA's names and maps nvidia.com/gpu,
+    which the second pod asks for. (A block without `apiVersion`, such as the excerpt of a claim's
+    status, shows part of an object and is not one.)"""
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    text = _readme()
-    section = text[text.index("## DRA mode") : text.index("## Node labels")]
-    docs = [d for block in re.findall(r"```yaml\n(.*?)```", section, re.S) for d in yaml.safe_load_all(block)]
+    text = _read("docs/dra.md")
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    docs = [d for block in blocks for d in yaml.safe_load_all(block) if "apiVersion" in d]
     assert [d["kind"] for d in docs] == ["DeviceClass", "ResourceClaimTemplate", "Pod", "Pod"]
     for doc in docs:
         kubernetes_validate.validate(doc, "1.34.0", strict=True)

@@ -728,7 +728,8 @@ def test_describe_is_json_and_complete(tmp_path: Path) -> None:
 
 
 def test_markdown_table_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
-    """The README table has one row per setting with its flags, env vars, file key and default."""
+    """The settings table (docs/configuration.md) has one row per setting with its flags, env vars,
+    file key and default."""
     table = settings_markdown()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(rows) == len(SETTINGS)

@@ -1,4 +1,4 @@
-"""The docstrings and the README name only functions that exist.
+"""The docstrings, the README and docs/ name only functions that exist.
 
 A backticked call, `name()` or `part.name()`, names a function, method or class defined in the
 tree, a callable parameter of the code it documents, or something outside gpuvisor (a module of
@@ -33,6 +33,17 @@ def _python_files() -> list[str]:
     return sorted(out)
 
 
+def _pages() -> list[tuple[str, str]]:
+    """The README and every page of docs/, as (path from the repository root, text)."""
+    docs = os.path.join(REPO, "docs")
+    paths = ["README.md", *sorted(os.path.join("docs", f) for f in os.listdir(docs) if f.endswith(".md"))]
+    out = []
+    for path in paths:
+        with open(os.path.join(REPO, path), encoding="utf-8") as fh:
+            out.append((path, fh.read()))
+    return out
+
+
 def _parameters(node: ast.AST) -> set[str]:
     return {
         a.arg
@@ -50,7 +61,7 @@ def _is_outside(ref: str) -> bool:
 
 
 def test_every_named_function_exists() -> None:
-    """Each `name()` in a docstring or the README is defined, a parameter, or from outside."""
+    """Each `name()` in a docstring, the README or docs/ is defined, a parameter, or from outside."""
     defined: set[str] = set()
     texts: list[tuple[str, str, set[str]]] = []
     for path in _python_files():
@@ -65,8 +76,7 @@ def test_every_named_function_exists() -> None:
                 if doc:
                     params = module_params if isinstance(node, ast.Module) else _parameters(node)
                     texts.append((os.path.relpath(path, REPO), doc, params))
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
-        texts.append(("README.md", fh.read(), set()))
+    texts += [(path, text, set()) for path, text in _pages()]
     unknown = sorted(
         f"{where}: `{ref}()`"
         for where, text, params in texts
@@ -80,7 +90,7 @@ TEST_NAME = re.compile(r"\btest_[a-z0-9_]+")
 
 
 def test_every_named_test_exists() -> None:
-    """Each `test_...` name in a docstring, a comment or the README is a test module or a test
+    """Each `test_...` name in a docstring, a comment, the README or docs/ is a test module or a test
     function of the suite: moving tests between tiers cannot leave a map pointing at nothing."""
     known: set[str] = set()
     texts: list[tuple[str, str]] = []
@@ -94,8 +104,7 @@ def test_every_named_test_exists() -> None:
             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
         )
         texts.append((os.path.relpath(path, REPO), source))
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
-        texts.append(("README.md", fh.read()))
+    texts += _pages()
     unknown = sorted(
         {f"{where}: {name}" for where, text in texts for name in TEST_NAME.findall(text) if name not in known}
     )

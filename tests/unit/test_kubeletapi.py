@@ -44,7 +44,7 @@ def test_regenerating_stubs_changes_nothing(tmp_path: Path) -> None:
     ],
 )
 def test_field_numbers_match_the_kubelet_api(message: str, fields: dict[str, int]) -> None:
-    """Every message has exactly the kubelet's field names and numbers (REFERENCE.md section 1)."""
+    """Every message has exactly the kubelet's field names and numbers (docs/architecture.md)."""
     descriptor = getattr(pb, message).DESCRIPTOR
     assert {f.name: f.number for f in descriptor.fields} == fields
     assert descriptor.full_name == f"v1beta1.{message}"

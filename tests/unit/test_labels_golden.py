@@ -259,13 +259,13 @@ def test_golden_single_strategy_on_a_uniform_mig_node(tmp_path: Path) -> None:
     ("profile", "strategy"),
     [("dgx-h100", "none"), ("dgx-a100", "none"), ("pcie-l4", "none"), ("mig-a100", "mixed")],
 )
-def test_readme_examples_are_current(tmp_path: Path, profile: str, strategy: str) -> None:
-    """The README's example output for each built-in profile is what `gpuvisor labels` writes for it."""
-    readme = (Path(REPO) / "README.md").read_text()
-    block = readme.split(f"<!-- labels-example:{profile} -->\n```text\n", 1)[1].split("```", 1)[0]
+def test_documented_examples_are_current(tmp_path: Path, profile: str, strategy: str) -> None:
+    """docs/node-labels.md's example output for each built-in profile is what `gpuvisor labels` writes for it."""
+    page = (Path(REPO) / "docs" / "node-labels.md").read_text()
+    block = page.split(f"<!-- labels-example:{profile} -->\n```text\n", 1)[1].split("```", 1)[0]
     shown = dict(line.split("=", 1) for line in block.splitlines())
     computed = compute(tmp_path, profile, "none", strategy)
-    if profile != "dgx-h100":  # the README shows the CUDA lines once, with dgx-h100
+    if profile != "dgx-h100":  # the page shows the CUDA lines once, with dgx-h100
         computed = {k: v for k, v in computed.items() if not k.startswith("nvidia.com/cuda.")}
     assert shown == computed
     assert block.splitlines() == sorted(block.splitlines())

@@ -259,12 +259,12 @@ def test_gfd_only_discovery_strategies_are_refused_clearly(strategy: str) -> Non
         load({"device_discovery_strategy": "cuda"})
 
 
-def test_readme_table_is_current() -> None:
-    """The README's "Node labels" settings table is the one generated from the declarations."""
-    readme = (Path(REPO) / "README.md").read_text()
+def test_documented_table_is_current() -> None:
+    """docs/node-labels.md's settings table is the one generated from the declarations."""
+    page = (Path(REPO) / "docs" / "node-labels.md").read_text()
     start, end = "<!-- label-settings:start -->\n", "<!-- label-settings:end -->"
-    assert start in readme and end in readme
-    assert readme.split(start, 1)[1].split(end, 1)[0] == label_settings_markdown()
+    assert start in page and end in page
+    assert page.split(start, 1)[1].split(end, 1)[0] == label_settings_markdown()
 
 
 # --- the file is decoded as NVIDIA's Config (api/config/v1), by the same decoder as `gpuvisor run`'s ---

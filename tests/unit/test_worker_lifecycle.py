@@ -22,7 +22,7 @@ from supervisor.workers.lifecycle import (
 R = "nvidia.com/gpu"
 S = WState
 
-# The lifecycle as DESIGN.md states it, written out independently of the module's table.
+# The lifecycle as docs/architecture.md states it, written out independently of the module's table.
 EXPECTED: set[tuple[WState, WState]] = {
     (S.STOPPED, S.STARTING),
     (S.STARTING, S.RUNNING),

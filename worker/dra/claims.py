@@ -10,7 +10,7 @@ response for that claim.
 
 Sources: `SupervisorClaimSource` asks the supervisor over the control channel, which fetches the
 claim from the API server with the node's one API client (`GET resourceclaims/<ns>/<name>`; why
-the worker holds no client of its own is measured in the README, "DRA mode");
+the worker holds no client of its own is measured in docs/dra.md);
 `DirectoryClaimSource` reads `<dir>/<namespace>/<name>.json` (`--dra-claims-dir`: simulated
 nodes, the demo, tests without an API server).
 """
