@@ -73,7 +73,7 @@ class Gpu:
 
 
 @dataclass(frozen=True)
-class Link:
+class GpuPair:
     """How two GPUs (by index, a < b) are connected: common PCI ancestor and NVLink count."""
 
     a: int
@@ -87,7 +87,7 @@ class Node:
     """What discovery found on this node."""
 
     gpus: tuple[Gpu, ...]
-    links: tuple[Link, ...] = ()
+    links: tuple[GpuPair, ...] = ()
     driver_version: str = ""
     cuda_driver_version: int = 0
 
@@ -176,7 +176,7 @@ class ResourcePlan:
     fail_requests_greater_than_one: bool = False
     shared_policy: str = "distributed"  # or "packed"
     allocate: AllocateSettings = field(default_factory=AllocateSettings)
-    links: tuple[Link, ...] = ()  # topology between the GPUs backing this resource
+    links: tuple[GpuPair, ...] = ()  # topology between the GPUs backing this resource
     dra: DraSettings | None = None  # set: served as a DRA kubelet plugin (worker/dra/)
 
     @property
@@ -212,7 +212,7 @@ def plan_from_dict(raw: dict[str, Any]) -> ResourcePlan:
         fail_requests_greater_than_one=bool(raw.get("fail_requests_greater_than_one", False)),
         shared_policy=str(raw.get("shared_policy", "distributed")),
         allocate=AllocateSettings(**alloc_raw),
-        links=tuple(Link(**link) for link in raw.get("links", ())),
+        links=tuple(GpuPair(**link) for link in raw.get("links", ())),
         dra=DraSettings(**raw["dra"]) if raw.get("dra") is not None else None,
     )
 
@@ -231,7 +231,7 @@ def node_from_json(text: str) -> Node:
         gpus.append(Gpu(**g))
     return Node(
         gpus=tuple(gpus),
-        links=tuple(Link(**link) for link in raw.get("links", ())),
+        links=tuple(GpuPair(**link) for link in raw.get("links", ())),
         driver_version=str(raw.get("driver_version", "")),
         cuda_driver_version=int(raw.get("cuda_driver_version", 0)),
     )

@@ -7,7 +7,7 @@ and shaped like NVML's (`GPU-`/`MIG-` + 8-4-4-4-12 hex).
 
 from __future__ import annotations
 
-from common.model import TOPOLOGY_NODE, TOPOLOGY_SYSTEM, Gpu, Link, MigDevice, Node, ResourcePlan
+from common.model import TOPOLOGY_NODE, TOPOLOGY_SYSTEM, Gpu, GpuPair, MigDevice, Node, ResourcePlan
 from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources
 
@@ -66,9 +66,9 @@ def make_gpu(
     )
 
 
-def _nvlink_mesh(count: int, nvlinks: int, per_numa: int) -> tuple[Link, ...]:
+def _nvlink_mesh(count: int, nvlinks: int, per_numa: int) -> tuple[GpuPair, ...]:
     return tuple(
-        Link(
+        GpuPair(
             a=a,
             b=b,
             ancestor=TOPOLOGY_NODE if a // per_numa == b // per_numa else TOPOLOGY_SYSTEM,
@@ -100,7 +100,7 @@ def dgx_a100() -> Node:
 def pcie_l4() -> Node:
     """4 x L4 on PCIe, no NVLink, one NUMA node."""
     gpus = tuple(make_gpu(0x14, i, L4, 23034, numa_node=0, compute_capability=(8, 9)) for i in range(4))
-    links = tuple(Link(a=a, b=b, ancestor=TOPOLOGY_NODE) for a in range(4) for b in range(a + 1, 4))
+    links = tuple(GpuPair(a=a, b=b, ancestor=TOPOLOGY_NODE) for a in range(4) for b in range(a + 1, 4))
     return Node(gpus=gpus, links=links, driver_version="550.54.15", cuda_driver_version=12040)
 
 

@@ -9,7 +9,7 @@ heartbeats, the main loop), `healthboard` (its devices' health, for both kinds o
 GetPreferredAllocation policies, pure), `registrar` (the thread that keeps either kind of
 worker registered: states, backoff, triggers), `registration` (what registering is for a device
 plugin: serve, then register; re-register on a kubelet restart), `healthcopy` (its copy of the supervisor's health book),
-`stats`, `zygote` (the process that forks workers) and `sharing` (what the zygote does before
+`stats`, `zygote` (the process that forks workers) and `pages` (what the zygote does before
 its first fork so that its pages stay shared). `dra` is the other kind of worker: the DRA kubelet
 plugin, which a plan with DRA settings runs instead. May import: `common/` only.
 """

@@ -15,7 +15,7 @@ Two policies, chosen once per plan:
   over its pairs; the best size-k set that holds the must-include devices wins, ties going to
   the lowest GPU indexes. Small searches are exhaustive (8 GPUs: at most C(8,4) = 70 sets); large
   ones use a greedy growth from the best pair, so the call stays in the low milliseconds.
-  A pair without a `Link` in the plan falls back to its NUMA nodes (same: 20, different: 10).
+  A pair without a `GpuPair` in the plan falls back to its NUMA nodes (same: 20, different: 10).
 - **Replicas and MIG devices**: greedy over "backing devices". `distributed` (default) first
   spreads a request over backing devices it has not used yet (so k replicas land on k GPUs when
   k GPUs have free replicas: gpu-operator #386), then prefers the ones with the fewest replicas

@@ -13,7 +13,7 @@ Memory: every page a child writes is copied into it. The collector is off while 
 permanent generation, which no collection scans (it is not preceded by a collection: see
 `preload`); a child never unfreezes, so its collections
 walk only its own objects and leave the zygote's pages shared. The allocators' free blocks and
-chunks are then filled and the ABC caches warmed (worker/sharing.py), so a worker's new objects
+chunks are then filled and the ABC caches warmed (worker/pages.py), so a worker's new objects
 and its first isinstance checks do not copy zygote pages either.
 
 A forked child runs `worker.main.main` exactly as an exec'd worker would, with the arguments the
@@ -49,8 +49,8 @@ from collections.abc import Callable
 from common import logs, methodcache
 from common.procutil import set_cmdline, set_parent_death_signal
 from common.workerargs import from_fields
+from worker.pages import fill_allocator_holes, fill_malloc_holes, warm_abc_caches
 from worker.process import leave_out_ssl
-from worker.sharing import fill_allocator_holes, fill_malloc_holes, warm_abc_caches
 
 # What a worker imports, loaded once here (the zygote uses none of it itself). `worker.main`
 # brings the rest; the others are imported by a worker only once it runs (ZeroMQ, gRPC's server
@@ -74,7 +74,7 @@ PRELOAD = (
 
 def preload() -> None:
     """Import the worker's modules with the collector off, then freeze what they made and make
-    the first writes a worker would make to shared pages here instead (worker/sharing.py)."""
+    the first writes a worker would make to shared pages here instead (worker/pages.py)."""
     gc.disable()
     methodcache.install()  # the code @dataclass compiles, from its cache
     for name in PRELOAD:
@@ -96,7 +96,7 @@ def preload() -> None:
 
 
 def _share(step: Callable[[], object]) -> None:
-    """Run one of worker/sharing.py's steps: they only save workers memory, so one that fails
+    """Run one of worker/pages.py's steps: they only save workers memory, so one that fails
     is said in a line and skipped, never the zygote's end."""
     try:
         step()

@@ -34,7 +34,7 @@ def _unary(fn: Callable[[Any, grpc.ServicerContext], Any], req: Any) -> grpc.Rpc
 # ---------------------------------------------------------------------------- servicers
 
 
-class RegistrationServicer(Protocol):
+class WatcherRegistrationServicer(Protocol):
     def GetInfo(self, request: regpb.InfoRequest, context: grpc.ServicerContext) -> regpb.PluginInfo: ...
 
     def NotifyRegistrationStatus(
@@ -68,7 +68,7 @@ class HealthServicer(Protocol):
     ) -> Iterator[healthpb.NodeWatchResourcesResponse]: ...
 
 
-def registration_handler(servicer: RegistrationServicer) -> grpc.GenericRpcHandler[Any, Any]:
+def registration_handler(servicer: WatcherRegistrationServicer) -> grpc.GenericRpcHandler[Any, Any]:
     """Serves `pluginregistration.Registration` from `servicer`."""
     return grpc.method_handlers_generic_handler(
         REGISTRATION,
@@ -124,7 +124,7 @@ def health_handler(servicer: HealthServicer) -> grpc.GenericRpcHandler[Any, Any]
 # ---------------------------------------------------------------------------- clients (the kubelet's side)
 
 
-class RegistrationClient:
+class WatcherRegistrationClient:
     """Calls a plugin's registration socket, as the kubelet's plugin watcher does."""
 
     def __init__(self, channel: grpc.Channel) -> None:

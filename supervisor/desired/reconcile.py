@@ -59,22 +59,22 @@ class ActionKind(Enum):
 
 
 @dataclass(frozen=True)
-class Action:
+class PlanAction:
     kind: ActionKind
     resource: str
 
 
-def plan_actions(current: Mapping[str, str], wanted: Mapping[str, str]) -> list[Action]:
+def plan_actions(current: Mapping[str, str], wanted: Mapping[str, str]) -> list[PlanAction]:
     """One action per resource of either side: stops first, then the rest by resource name."""
-    stops = [Action(ActionKind.STOP, r) for r in sorted(set(current) - set(wanted))]
+    stops = [PlanAction(ActionKind.STOP, r) for r in sorted(set(current) - set(wanted))]
     rest = []
     for resource, text in sorted(wanted.items()):
         if resource not in current:
-            rest.append(Action(ActionKind.START, resource))
+            rest.append(PlanAction(ActionKind.START, resource))
         elif current[resource] != text:
-            rest.append(Action(ActionKind.UPDATE, resource))
+            rest.append(PlanAction(ActionKind.UPDATE, resource))
         else:
-            rest.append(Action(ActionKind.KEEP, resource))
+            rest.append(PlanAction(ActionKind.KEEP, resource))
     return stops + rest
 
 
@@ -315,7 +315,7 @@ class Reconciler:
         self.timers.call_later(TIMER, delay, self.retry)
         self.on_pending(True)
 
-    def _apply(self, desired: Desired, actions: list[Action]) -> None:
+    def _apply(self, desired: Desired, actions: list[PlanAction]) -> None:
         old = self.plans
         self.node = desired.node
         self.plans = dict(desired.plans)
@@ -348,7 +348,7 @@ class Reconciler:
         if self.plan_json == desired.plan_json:  # else a newer state was applied (and adopted) since
             self._adopt(desired)
 
-    def _act(self, desired: Desired, actions: list[Action], quiet: bool) -> None:
+    def _act(self, desired: Desired, actions: list[PlanAction], quiet: bool) -> None:
         """Start, update in place and stop workers (`quiet`: the first plans, named elsewhere)."""
         now = self.timers.clock.monotonic()
         for action in actions:

@@ -40,7 +40,7 @@ from typing import Any
 
 from common.messages import DeviceHealth, HealthDelta
 from common.model import AllocatableDevice, ResourcePlan
-from supervisor.health.policy import Action, EccKind, HealthPolicy
+from supervisor.health.policy import EccKind, HealthAction, HealthPolicy
 
 # NVML reports "no GPU/compute instance" as 0xFFFFFFFF; accept it and mean None.
 NVML_NO_INSTANCE = 0xFFFFFFFF
@@ -120,7 +120,7 @@ class ChangeBatch:
     changes: tuple[DeviceChange, ...] = ()
     gpu_uuid: str | None = None
     xid: int | None = None
-    action: Action | None = None
+    action: HealthAction | None = None
     raised: str = ""  # the condition this call raised ("xid:79", "lost", "mps:<resource>", ...), if any
 
     def __len__(self) -> int:
@@ -250,11 +250,11 @@ class HealthBook:
         self._begin(now)
         action = self._policy.classify_xid(xid)
         where = self._where(gpu_uuid, gi, ci)
-        if action is Action.IGNORE:
+        if action is HealthAction.IGNORE:
             return self._finish([], now, f"XID {xid} on {where} ignored by policy", gpu_uuid, xid, action)
         if gpu_uuid not in self._by_gpu:
             return self._finish([], now, f"XID {xid} on {where}: GPU backs no device", gpu_uuid, xid, action)
-        recovery = Recovery.TRANSIENT if action is Action.TRANSIENT else Recovery.UNTIL_RESET
+        recovery = Recovery.TRANSIENT if action is HealthAction.TRANSIENT else Recovery.UNTIL_RESET
         reason = f"{self._policy.reason_for_xid(xid)} [{action.value}]"
         self._raise(gpu_uuid, gi, ci, f"xid:{xid}", recovery, reason, now)
         changes = self._recompute({gpu_uuid}, now)
@@ -270,10 +270,10 @@ class HealthBook:
         action = self._policy.classify_ecc(kind)
         ecc = EccKind(kind)
         where = self._where(gpu_uuid, gi, ci)
-        if action is Action.IGNORE or gpu_uuid not in self._by_gpu:
-            why = "ignored by policy" if action is Action.IGNORE else "GPU backs no device"
+        if action is HealthAction.IGNORE or gpu_uuid not in self._by_gpu:
+            why = "ignored by policy" if action is HealthAction.IGNORE else "GPU backs no device"
             return self._finish([], now, f"{ecc.value} ECC error on {where} {why}", gpu_uuid, None, action)
-        recovery = Recovery.TRANSIENT if action is Action.TRANSIENT else Recovery.UNTIL_RESET
+        recovery = Recovery.TRANSIENT if action is HealthAction.TRANSIENT else Recovery.UNTIL_RESET
         reason = f"{ecc.value} ECC error [{action.value}]"
         self._raise(gpu_uuid, gi, ci, f"ecc:{ecc.value}", recovery, reason, now)
         changes = self._recompute({gpu_uuid}, now)
@@ -505,7 +505,7 @@ class HealthBook:
         cause: str,
         gpu_uuid: str | None = None,
         xid: int | None = None,
-        action: Action | None = None,
+        action: HealthAction | None = None,
         raised: str = "",
     ) -> ChangeBatch:
         if changes:

@@ -27,7 +27,7 @@ from supervisor.health.book import ChangeBatch, HealthBook
 from supervisor.health.eventlog import EventLog, HealthEvent, event_line
 from supervisor.health.findings import Ecc, Finding, Unattributed, Xid, apply_finding
 from supervisor.health.monitor import HealthMonitor
-from supervisor.health.policy import Action, HealthPolicy
+from supervisor.health.policy import HealthAction, HealthPolicy
 from supervisor.observe.metrics import Metrics
 from supervisor.scheduler import Clock
 
@@ -154,8 +154,8 @@ class HealthHub:
                 )
             case _:
                 return None
-        action = batch.action or Action.IGNORE  # the book names the action of every XID and ECC event
-        unhealthy = action is not Action.IGNORE
+        action = batch.action or HealthAction.IGNORE  # the book names the action of every XID and ECC event
+        unhealthy = action is not HealthAction.IGNORE
         return HealthEvent(
             gpu_uuid, gi, ci, what, decision, unhealthy, fields=(field, ("action", action.value)), odd=advised
         )

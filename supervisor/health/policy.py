@@ -1,7 +1,7 @@
 """Which health events make a device unhealthy, and for how long: a pure policy (no NVML, no I/O).
 
 Inputs: NVIDIA's defaults, NVIDIA's two environment variables, and the user's per-XID action table
-from the config file. Output: an `Action` per XID and per ECC event kind.
+from the config file. Output: a `HealthAction` per XID and per ECC event kind.
 
 Actions
 -------
@@ -100,7 +100,7 @@ class PolicyError(ValueError):
     """A health policy setting is invalid; the text names the setting, the value and the reason."""
 
 
-class Action(StrEnum):
+class HealthAction(StrEnum):
     IGNORE = "ignore"
     TRANSIENT = "transient"
     UNTIL_RESET = "until-reset"
@@ -113,7 +113,7 @@ class EccKind(StrEnum):
 
 @dataclass(frozen=True)
 class XidRule:
-    action: Action
+    action: HealthAction
     reason: str  # what the XID means, in device health reasons and log lines
     bucket: str = ""  # the catalog's "Resolution Bucket (Immediate Action)"
     why: str = ""  # why the default action is what it is (the tables' last column)
@@ -132,28 +132,28 @@ _RESET_NEEDED = "a GPU reset or node reboot is needed to clear it (catalog)"
 # line; a reset or a reboot is until-reset; NVIDIA's default-ignored XIDs stay ignored, so
 # gpuvisor takes out no GPU that NVIDIA's plugin would keep (its env vars are NVIDIA's too).
 DEFAULT_XID_RULES: Mapping[int, XidRule] = {
-    13: XidRule(Action.IGNORE, "graphics engine exception", "RESTART_APP", _APP_ERROR),
-    31: XidRule(Action.IGNORE, "GPU memory page fault", "RESTART_APP", _APP_ERROR),
+    13: XidRule(HealthAction.IGNORE, "graphics engine exception", "RESTART_APP", _APP_ERROR),
+    31: XidRule(HealthAction.IGNORE, "GPU memory page fault", "RESTART_APP", _APP_ERROR),
     43: XidRule(
-        Action.IGNORE,
+        HealthAction.IGNORE,
         "GPU stopped processing",
         "IGNORE",
         "the GPU remains in a healthy state (catalog); NVIDIA default-ignored",
     ),
     45: XidRule(
-        Action.IGNORE,
+        HealthAction.IGNORE,
         "preemptive cleanup, due to previous errors",
         "WORKFLOW_XID_45",
         "alone: restart Fabric Manager; with other XIDs: follow those (catalog); NVIDIA default-ignored",
     ),
     48: XidRule(
-        Action.UNTIL_RESET,
+        HealthAction.UNTIL_RESET,
         "double-bit ECC error",
         "WORKFLOW_XID_48",
         "uncorrectable memory error; " + _RESET_NEEDED + "; with XID 63 or 64, drain and reset",
     ),
     63: XidRule(
-        Action.IGNORE,
+        HealthAction.IGNORE,
         "ECC page retirement or row remapping recorded",
         "IGNORE",
         "the bad memory is isolated; NVIDIA's A100 memory guide: unaffected applications continue "
@@ -161,28 +161,28 @@ DEFAULT_XID_RULES: Mapping[int, XidRule] = {
         "the retirement or remap takes effect at the next reset; reset the GPU when convenient",
     ),
     64: XidRule(
-        Action.UNTIL_RESET,
+        HealthAction.UNTIL_RESET,
         "ECC page retirement or row remapping failure",
         "RESET_GPU",
         "the bad memory could not be isolated; reset, likely RMA",
     ),
-    68: XidRule(Action.IGNORE, "video processor exception", "RESTART_APP", _APP_ERROR),
-    74: XidRule(Action.UNTIL_RESET, "NVLink error", "WORKFLOW_NVLINK_ERR", _RESET_NEEDED),
+    68: XidRule(HealthAction.IGNORE, "video processor exception", "RESTART_APP", _APP_ERROR),
+    74: XidRule(HealthAction.UNTIL_RESET, "NVLink error", "WORKFLOW_NVLINK_ERR", _RESET_NEEDED),
     79: XidRule(
-        Action.UNTIL_RESET,
+        HealthAction.UNTIL_RESET,
         "GPU has fallen off the bus",
         "RESTART_BM",
         "GPU unreachable: reboot the node; also reported as lost, recovers when NVML sees it again",
     ),
     92: XidRule(
-        Action.IGNORE,
+        HealthAction.IGNORE,
         "high single-bit ECC error rate",
         "IGNORE",
         "the errors were corrected; the catalog's follow-up is to contact support, not to stop work",
         "the errors were corrected; contact NVIDIA support if the rate persists",
     ),
     94: XidRule(
-        Action.IGNORE,
+        HealthAction.IGNORE,
         "contained ECC error",
         "RESTART_APP",
         "only the application that hit the bad memory is affected; other and new work run on, and "
@@ -190,13 +190,13 @@ DEFAULT_XID_RULES: Mapping[int, XidRule] = {
         "the application that hit it must restart; reset the GPU when convenient",
     ),
     95: XidRule(
-        Action.UNTIL_RESET,
+        HealthAction.UNTIL_RESET,
         "uncontained ECC error",
         "RESET_GPU",
         "every application on the GPU is affected; the GPU must be reset before applications can restart",
     ),
     109: XidRule(
-        Action.IGNORE,
+        HealthAction.IGNORE,
         "context switch timeout",
         "RESET_GPU",
         "NVIDIA default-ignored, kept for drop-in compatibility; `DP_ENABLE_HEALTHCHECKS=109` "
@@ -205,11 +205,11 @@ DEFAULT_XID_RULES: Mapping[int, XidRule] = {
         "(DP_ENABLE_HEALTHCHECKS=109 takes the GPU out until one)",
     ),
     119: XidRule(
-        Action.UNTIL_RESET, "GSP RPC timeout", "RESET_GPU", "the GPU System Processor stopped answering"
+        HealthAction.UNTIL_RESET, "GSP RPC timeout", "RESET_GPU", "the GPU System Processor stopped answering"
     ),
-    120: XidRule(Action.UNTIL_RESET, "GSP error", "RESET_GPU", "GSP firmware fault"),
+    120: XidRule(HealthAction.UNTIL_RESET, "GSP error", "RESET_GPU", "GSP firmware fault"),
     154: XidRule(
-        Action.IGNORE,
+        HealthAction.IGNORE,
         "GPU recovery action changed",
         "XID_154",
         "tells what another XID calls for, and that XID carries its own action; as an unknown XID "
@@ -228,9 +228,9 @@ def xid_table_markdown() -> str:
     return "\n".join(rows)
 
 
-_ECC_DEFAULTS: Mapping[EccKind, Action] = {
-    EccKind.SINGLE_BIT: Action.IGNORE,
-    EccKind.DOUBLE_BIT: Action.UNTIL_RESET,
+_ECC_DEFAULTS: Mapping[EccKind, HealthAction] = {
+    EccKind.SINGLE_BIT: HealthAction.IGNORE,
+    EccKind.DOUBLE_BIT: HealthAction.UNTIL_RESET,
 }
 
 
@@ -262,14 +262,14 @@ def _parse_env(name: str, value: str | None) -> _EnvList:
     return _EnvList(False, frozenset(xids), tuple(warnings))
 
 
-def _parse_action(xid: object, value: object) -> Action:
-    if isinstance(value, Action):
+def _parse_action(xid: object, value: object) -> HealthAction:
+    if isinstance(value, HealthAction):
         return value
     text = str(value).strip().lower() if isinstance(value, str) else None
-    for action in Action:
+    for action in HealthAction:
         if text == action.value:
             return action
-    allowed = ", ".join(a.value for a in Action)
+    allowed = ", ".join(a.value for a in HealthAction)
     raise PolicyError(f"health XID action for XID {xid}: {value!r} is not one of {allowed}")
 
 
@@ -298,7 +298,7 @@ class HealthPolicy:
     env_enabled: frozenset[int] = frozenset()  # DP_ENABLE_HEALTHCHECKS=<list>
     enable_all: bool = False  # DP_ENABLE_HEALTHCHECKS=all
     only_enabled: bool = False  # DP_DISABLE_HEALTHCHECKS=all with an enable list
-    unknown_action: Action = Action.UNTIL_RESET
+    unknown_action: HealthAction = HealthAction.UNTIL_RESET
     warnings: tuple[str, ...] = ()
     disable_env: str | None = None
     enable_env: str | None = None
@@ -308,10 +308,10 @@ class HealthPolicy:
         cls,
         disable_env: str | None,
         enable_env: str | None,
-        xid_actions: Mapping[int, str] | Mapping[int, Action] | Mapping[str, str],
+        xid_actions: Mapping[int, str] | Mapping[int, HealthAction] | Mapping[str, str],
         quiet_seconds: float,
         *,
-        unknown_action: str | Action = Action.UNTIL_RESET,
+        unknown_action: str | HealthAction = HealthAction.UNTIL_RESET,
     ) -> HealthPolicy:
         """Merge defaults, the user's table (xid -> action) and the DP_* env values (None: unset)."""
         if isinstance(quiet_seconds, bool) or not isinstance(quiet_seconds, int | float):
@@ -319,7 +319,7 @@ class HealthPolicy:
         if not math.isfinite(quiet_seconds) or quiet_seconds < 0:
             raise PolicyError(f"health quiet period: {quiet_seconds!r} must be a finite number >= 0")
         fallback = _parse_action("(unknown)", unknown_action)
-        if fallback is Action.IGNORE:
+        if fallback is HealthAction.IGNORE:
             raise PolicyError("health unknown-XID action: 'ignore' would hide every unclassified fault")
 
         rules: dict[int, XidRule] = dict(DEFAULT_XID_RULES)
@@ -368,46 +368,46 @@ class HealthPolicy:
             quiet_seconds=config.health.transient_quiet_seconds,
         )
 
-    def _counted_action(self, xid: int) -> Action:
+    def _counted_action(self, xid: int) -> HealthAction:
         """The action for an XID the env vars force to count: never `ignore`."""
         rule = self.rules.get(xid)
-        if rule is not None and rule.action is not Action.IGNORE:
+        if rule is not None and rule.action is not HealthAction.IGNORE:
             return rule.action
         return self.unknown_action
 
-    def classify_xid(self, xid: int) -> Action:
+    def classify_xid(self, xid: int) -> HealthAction:
         if not self.checks_enabled:
-            return Action.IGNORE
+            return HealthAction.IGNORE
         if self.only_enabled:
-            return self._counted_action(xid) if xid in self.env_enabled else Action.IGNORE
+            return self._counted_action(xid) if xid in self.env_enabled else HealthAction.IGNORE
         if self.enable_all or xid in self.env_enabled:
             return self._counted_action(xid)
         if xid in self.env_ignored:
-            return Action.IGNORE
+            return HealthAction.IGNORE
         rule = self.rules.get(xid)
         return rule.action if rule is not None else self.unknown_action
 
-    def classify_ecc(self, kind: EccKind | str) -> Action:
+    def classify_ecc(self, kind: EccKind | str) -> HealthAction:
         try:
             ecc = EccKind(kind)
         except ValueError:
             allowed = ", ".join(k.value for k in EccKind)
             raise PolicyError(f"ECC event kind {kind!r} is not one of {allowed}") from None
         if not self.checks_enabled or self.only_enabled:
-            return Action.IGNORE
+            return HealthAction.IGNORE
         return _ECC_DEFAULTS[ecc]
 
-    def explain_xid(self, xid: int, action: Action | None = None) -> str:
+    def explain_xid(self, xid: int, action: HealthAction | None = None) -> str:
         """The decision on an XID event in words, for its log line: what it does and why.
         `action`: the one already taken (the book's), so it is not worked out again."""
         action = self.classify_xid(xid) if action is None else action
-        if action is not Action.IGNORE:
+        if action is not HealthAction.IGNORE:
             return self.explain(action)
         env = self._ignored_by_env()
         if env:
             return env
         rule = self.rules.get(xid)
-        if rule is None or rule.action is not Action.IGNORE or xid in self.env_ignored:
+        if rule is None or rule.action is not HealthAction.IGNORE or xid in self.env_ignored:
             return f"ignored: listed in {DISABLE_ENV}"
         if DEFAULT_XID_RULES.get(xid) != rule:
             return "ignored by the config (gpuvisor.health.xids)"
@@ -416,21 +416,26 @@ class HealthPolicy:
             return f"ignored, the GPU stays in service ({rule.reason}): {advice}"
         return f"ignored as an application error ({rule.reason})"
 
-    def advice_xid(self, xid: int, action: Action | None = None) -> str:
+    def advice_xid(self, xid: int, action: HealthAction | None = None) -> str:
         """The catalog's advice on an XID the default table keeps in service ("" for none): its
         log line is then a warning, for someone should act on it though no device is out.
         `action` as for explain_xid. An XID the operator listed in DP_DISABLE_HEALTHCHECKS gets
         none: they asked for it to be skipped."""
         action = self.classify_xid(xid) if action is None else action
         rule = self.rules.get(xid)
-        if action is not Action.IGNORE or rule is None or self._ignored_by_env() or xid in self.env_ignored:
+        if (
+            action is not HealthAction.IGNORE
+            or rule is None
+            or self._ignored_by_env()
+            or xid in self.env_ignored
+        ):
             return ""
         return rule.advice if DEFAULT_XID_RULES.get(xid) == rule else ""
 
-    def explain_ecc(self, kind: EccKind, action: Action | None = None) -> str:
+    def explain_ecc(self, kind: EccKind, action: HealthAction | None = None) -> str:
         """The decision on an ECC event in words, for its log line (`action` as for explain_xid)."""
         action = self.classify_ecc(kind) if action is None else action
-        if action is not Action.IGNORE:
+        if action is not HealthAction.IGNORE:
             return self.explain(action)
         return self._ignored_by_env() or "ignored: corrected by the hardware (a high rate arrives as XID 92)"
 
@@ -442,11 +447,11 @@ class HealthPolicy:
             return f"ignored: not in {ENABLE_ENV}"
         return ""
 
-    def explain(self, action: Action) -> str:
+    def explain(self, action: HealthAction) -> str:
         """What an action does to a device, in words."""
-        if action is Action.TRANSIENT:
+        if action is HealthAction.TRANSIENT:
             return f"Unhealthy, transient: recovering after {self.quiet_seconds:g}s without a new event and a passing probe"
-        if action is Action.UNTIL_RESET:
+        if action is HealthAction.UNTIL_RESET:
             return "Unhealthy until the GPU is reset"
         return "ignored"
 
@@ -468,11 +473,11 @@ class HealthPolicy:
             )
         else:
             known = set(self.rules) | self.env_ignored
-            ignored = sorted(x for x in known if self.classify_xid(x) is Action.IGNORE)
+            ignored = sorted(x for x in known if self.classify_xid(x) is HealthAction.IGNORE)
             lines.append(f"ignored XIDs: {_fmt(ignored) if ignored else 'none'}")
             if self.enable_all:
                 lines.append(f"every XID counts ({ENABLE_ENV}=all)")
-        for action in (Action.TRANSIENT, Action.UNTIL_RESET):
+        for action in (HealthAction.TRANSIENT, HealthAction.UNTIL_RESET):
             xids = sorted(x for x in self.rules if self.classify_xid(x) is action)
             lines.append(f"{action.value} XIDs: {_fmt(xids) if xids else 'none'}")
         lines.append(f"other XIDs: {self.unknown_action.value}")

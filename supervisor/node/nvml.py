@@ -38,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
-from common.model import TOPOLOGY_SYSTEM, Gpu, Link, MigDevice, Node
+from common.model import TOPOLOGY_SYSTEM, Gpu, GpuPair, MigDevice, Node
 
 log = logging.getLogger("gpuvisor.nvml")
 
@@ -382,7 +382,7 @@ class Nvml:
             name = f"{ci_slices}c.{name}"
         return name
 
-    def _links(self, gpus: list[Gpu], handles: list[Any]) -> tuple[Link, ...]:
+    def _links(self, gpus: list[Gpu], handles: list[Any]) -> tuple[GpuPair, ...]:
         by_bus = {sysfs_bus_id(g.pci_bus_id): k for k, g in enumerate(gpus)}
         direct: dict[tuple[int, int], int] = {}
         switch = [0] * len(gpus)
@@ -403,13 +403,13 @@ class Nvml:
                 kind = self.try_call("nvmlDeviceGetNvLinkRemoteDeviceType", h, link, tolerate=skip)
                 if kind is None or int(kind) != _NVLINK_DEVICE_TYPE_GPU:
                     switch[k] += 1
-        links: list[Link] = []
+        links: list[GpuPair] = []
         for a in range(len(gpus)):
             for b in range(a + 1, len(gpus)):
                 level = self.try_call("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
                 count = max(direct.get((a, b), 0), direct.get((b, a), 0)) + min(switch[a], switch[b])
                 links.append(
-                    Link(
+                    GpuPair(
                         a=gpus[a].index,
                         b=gpus[b].index,
                         ancestor=TOPOLOGY_SYSTEM if level is None else int(level),

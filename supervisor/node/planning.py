@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from common.model import AllocatableDevice, AllocateSettings, Gpu, Link, Node, ResourcePlan
+from common.model import AllocatableDevice, AllocateSettings, Gpu, GpuPair, Node, ResourcePlan
 from supervisor.config import RESOURCE_DOMAIN, Config, DeviceSelector, ResourcePattern
 from supervisor.node.draplan import DRIVER, DraHold, dra_plan, gpu_record, held_uuids, mig_record
 from supervisor.node.plansize import (
@@ -381,7 +381,7 @@ def _plan(resource: str, devices: tuple[AllocatableDevice, ...], node: Node, con
     shared = any(d.replicas > 1 for d in devices)
     sharing = config.sharing.strategy if shared else "none"
     gpu_indexes = {d.gpu_index for d in devices}
-    links: tuple[Link, ...] = tuple(
+    links: tuple[GpuPair, ...] = tuple(
         sorted(
             (link for link in node.links if link.a in gpu_indexes and link.b in gpu_indexes),
             key=lambda link: (link.a, link.b),

@@ -50,7 +50,7 @@ from common.draapi import (
     v1,
     v1beta1,
 )
-from common.draapi.rpc import DraV1beta1Client, DraV1Client, HealthClient, RegistrationClient
+from common.draapi.rpc import DraV1beta1Client, DraV1Client, HealthClient, WatcherRegistrationClient
 
 if TYPE_CHECKING:
     from supervisor.kube.client import KubeClient
@@ -225,7 +225,7 @@ class DraKubeletStandin:
 
     def _register(self, path: str, identity: tuple[int, int, int], epoch: int) -> None:
         channel = grpc.insecure_channel(f"unix://{path}")
-        client = RegistrationClient(channel)
+        client = WatcherRegistrationClient(channel)
         try:
             try:
                 info = client.GetInfo(regpb.InfoRequest(), timeout=GET_INFO_TIMEOUT_S)
@@ -283,7 +283,7 @@ class DraKubeletStandin:
             )
         return ""
 
-    def _notify(self, client: RegistrationClient, path: str, name: str, ok: bool, error: str) -> None:
+    def _notify(self, client: WatcherRegistrationClient, path: str, name: str, ok: bool, error: str) -> None:
         try:
             client.NotifyRegistrationStatus(
                 regpb.RegistrationStatus(plugin_registered=ok, error=error), timeout=NOTIFY_TIMEOUT_S

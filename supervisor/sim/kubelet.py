@@ -84,7 +84,7 @@ class DeviceState:
 
 
 @dataclass
-class Endpoint:
+class PluginEndpoint:
     """One registered plugin instance (a resource served from one socket)."""
 
     resource: str
@@ -104,7 +104,7 @@ class Endpoint:
 class Resource:
     name: str
     devices: dict[str, DeviceState] = field(default_factory=dict)
-    endpoint: Endpoint | None = None
+    endpoint: PluginEndpoint | None = None
     allocated: set[str] = field(default_factory=set)
     stopped_at: float | None = None  # when its plugin went (or the kubelet restarted without one)
 
@@ -276,7 +276,7 @@ class KubeletStandin:
         with self._cond:
             epoch = self._epoch
         error = self._validate(request)
-        endpoint: Endpoint | None = None
+        endpoint: PluginEndpoint | None = None
         if not error:
             try:
                 endpoint = self._dial(request)
@@ -305,7 +305,7 @@ class KubeletStandin:
             return f'the ResourceName "{request.resource_name}" is invalid'
         return ""
 
-    def _dial(self, request: pb.RegisterRequest) -> Endpoint:
+    def _dial(self, request: pb.RegisterRequest) -> PluginEndpoint:
         path = os.path.join(self.plugin_dir, request.endpoint)
         channel = grpc.insecure_channel(unix_target(path))
         try:
@@ -321,7 +321,7 @@ class KubeletStandin:
         with self._cond:
             self._generation += 1
             generation = self._generation
-        return Endpoint(
+        return PluginEndpoint(
             resource=request.resource_name,
             socket_path=path,
             options=options,
@@ -331,7 +331,7 @@ class KubeletStandin:
             generation=generation,
         )
 
-    def _install(self, endpoint: Endpoint, epoch: int) -> bool:
+    def _install(self, endpoint: PluginEndpoint, epoch: int) -> bool:
         with self._cond:
             if epoch != self._epoch:
                 endpoint.channel.close()
@@ -354,7 +354,7 @@ class KubeletStandin:
         thread.start()
         return True
 
-    def _watch(self, endpoint: Endpoint) -> None:
+    def _watch(self, endpoint: PluginEndpoint) -> None:
         # Whatever happens, the endpoint ends in _disconnect: it marks the resource's devices
         # and runs the legacy-keying check, which a thread dying on an exception would skip.
         reason = "stream ended"
@@ -379,7 +379,7 @@ class KubeletStandin:
                 time.sleep(self.stream_end_delay)  # a kubelet busy elsewhere: the end is seen late
             self._disconnect(endpoint, reason)
 
-    def _apply(self, endpoint: Endpoint, response: pb.ListAndWatchResponse) -> None:
+    def _apply(self, endpoint: PluginEndpoint, response: pb.ListAndWatchResponse) -> None:
         devices = [
             DeviceState(d.ID, d.health, tuple(int(n.ID) for n in d.topology.nodes)) for d in response.devices
         ]
@@ -394,8 +394,8 @@ class KubeletStandin:
         for listener in list(self.listeners):
             listener(endpoint.resource, devices)
 
-    def _disconnect(self, endpoint: Endpoint, reason: str) -> None:
-        victim: Endpoint | None = None
+    def _disconnect(self, endpoint: PluginEndpoint, reason: str) -> None:
+        victim: PluginEndpoint | None = None
         with self._cond:
             endpoint.connected = False
             res = self._resources.get(endpoint.resource)
@@ -507,7 +507,7 @@ class KubeletStandin:
 
         sink(setter)
 
-    def _close_endpoint(self, endpoint: Endpoint) -> None:
+    def _close_endpoint(self, endpoint: PluginEndpoint) -> None:
         with self._cond:
             endpoint.closed = True
             stream = endpoint.stream
@@ -579,7 +579,7 @@ class KubeletStandin:
         return self.wait_for(ready, timeout)
 
     # ----------------------------------------------------------------------------- allocation
-    def _client(self, name: str) -> tuple[Resource, Endpoint]:
+    def _client(self, name: str) -> tuple[Resource, PluginEndpoint]:
         with self._cond:
             res = self._resources.get(name)
             if res is None or res.endpoint is None or not res.endpoint.connected:

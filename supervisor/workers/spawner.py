@@ -19,7 +19,7 @@ from collections.abc import Callable
 from supervisor.config import Config
 from supervisor.host.rundir import RunDir
 from supervisor.workers.lifecycle import Proc, WorkerHandle
-from supervisor.workers.zygote import Zygote, ZygoteProc
+from supervisor.workers.zygote import ForkedWorker, Zygote
 from supervisor.workers.zygoteproc import worker_environ
 
 log = logging.getLogger("gpuvisor.supervisor")
@@ -91,7 +91,7 @@ class WorkerSpawner:
         args = self.worker_args(handle)
         if self.zygote is not None:
             try:
-                return ZygoteProc(self.zygote.spawn(args, handle.secret), self.zygote)
+                return ForkedWorker(self.zygote.spawn(args, handle.secret), self.zygote)
             except OSError as exc:
                 log.warning("zygote spawn of %s failed (%s): starting it by exec", handle.resource, exc)
         return self._exec(args, handle.secret)

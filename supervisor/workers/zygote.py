@@ -44,7 +44,7 @@ def become_subreaper() -> bool:
         return False
 
 
-class ZygoteProc:
+class ForkedWorker:
     """A worker forked by the zygote: what WorkerSet needs of a process (pid, poll, signal)."""
 
     def __init__(self, pid: int, zygote: Zygote) -> None:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from supervisor.control.commands import CommandError
-from supervisor.sim.kubelet import Endpoint, KubeletStandin
+from supervisor.sim.kubelet import KubeletStandin, PluginEndpoint
 from tests.benchmarks import floors
 from tests.benchmarks.common import NVIDIA_RESTART_MS, Row, p50, percentile
 from tests.harness import SimNode
@@ -47,15 +47,15 @@ def _resources(node: SimNode) -> list[str]:
     return found
 
 
-def _endpoints(kubelet: KubeletStandin, names: list[str]) -> dict[str, Endpoint | None]:
-    out: dict[str, Endpoint | None] = {}
+def _endpoints(kubelet: KubeletStandin, names: list[str]) -> dict[str, PluginEndpoint | None]:
+    out: dict[str, PluginEndpoint | None] = {}
     for name in names:
         res = kubelet.resource(name)
         out[name] = res.endpoint if res is not None else None
     return out
 
 
-def _relisted(kubelet: KubeletStandin, names: list[str], before: dict[str, Endpoint | None]) -> bool:
+def _relisted(kubelet: KubeletStandin, names: list[str], before: dict[str, PluginEndpoint | None]) -> bool:
     """Every resource has a new endpoint, connected, that has sent its list."""
     for name in names:
         res = kubelet.resource(name)  # the stand-in's lock is re-entrant: fine inside wait_for

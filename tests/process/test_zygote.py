@@ -16,7 +16,7 @@ from common.workerargs import check_args
 from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources
 from supervisor.sim.kubelet import KubeletStandin
-from supervisor.workers.zygote import Zygote, ZygoteProc
+from supervisor.workers.zygote import ForkedWorker, Zygote
 from tests import nodes
 from tests.harness import child_env, run_python
 from tests.helpers import short_tmpdir, wait_until
@@ -50,7 +50,7 @@ def test_zygote_forks_a_worker_that_registers_and_reports_its_exit() -> None:
         try:
             t0 = time.monotonic()
             pid = zygote.spawn(_worker_argv(d, kubelet))
-            proc = ZygoteProc(pid, zygote)
+            proc = ForkedWorker(pid, zygote)
             assert kubelet.wait_listed(["nvidia.com/gpu"], 30), "the forked worker did not register"
             print(f"zygote fork to registered and listed: {1000 * (time.monotonic() - t0):.1f} ms")
             assert proc.poll() is None
@@ -83,7 +83,7 @@ def test_arguments_a_worker_refuses_fail_the_spawn_and_the_zygote_goes_on() -> N
             pid = zygote.spawn(_worker_argv(d, kubelet))
             assert zygote.proc.pid == first
             assert kubelet.wait_listed(["nvidia.com/gpu"], 30)
-            proc = ZygoteProc(pid, zygote)
+            proc = ForkedWorker(pid, zygote)
             proc.send_signal(signal.SIGTERM)
             assert wait_until(lambda: proc.poll() is not None, 15)
             assert proc.returncode == 0
@@ -119,7 +119,7 @@ def test_a_request_without_fields_for_this_zygote_is_refused_and_the_zygote_goes
             pid = zygote.spawn(argv)
             assert zygote.proc.pid == first
             assert kubelet.wait_listed(["nvidia.com/gpu"], 30)
-            proc = ZygoteProc(pid, zygote)
+            proc = ForkedWorker(pid, zygote)
             proc.send_signal(signal.SIGTERM)
             assert wait_until(lambda: proc.poll() is not None, 15)
         finally:
@@ -139,7 +139,7 @@ def test_killed_zygote_is_replaced_on_the_next_spawn() -> None:
             pid = zygote.spawn(_worker_argv(d, kubelet))
             assert zygote.proc is not None and zygote.proc.pid != first
             assert kubelet.wait_listed(["nvidia.com/gpu"], 30)
-            proc = ZygoteProc(pid, zygote)
+            proc = ForkedWorker(pid, zygote)
             proc.send_signal(signal.SIGKILL)
             assert wait_until(lambda: proc.poll() is not None, 15)
             assert proc.returncode == -signal.SIGKILL
@@ -156,7 +156,7 @@ def test_a_spawn_the_zygote_answers_too_late_is_killed() -> None:
             assert zygote.proc is not None
             # Let it finish its imports first, then freeze it so the request waits.
             warm = zygote.spawn(_worker_argv(d, kubelet))
-            ZygoteProc(warm, zygote).send_signal(signal.SIGKILL)
+            ForkedWorker(warm, zygote).send_signal(signal.SIGKILL)
             os.kill(zygote.proc.pid, signal.SIGSTOP)
             try:
                 zygote.spawn(

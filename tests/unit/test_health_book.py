@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from common.model import AllocatableDevice, ResourcePlan
 from supervisor.health.book import NVML_NO_INSTANCE, ChangeBatch, HealthBook
-from supervisor.health.policy import Action, HealthPolicy
+from supervisor.health.policy import HealthAction, HealthPolicy
 
 QUIET = 60.0
 SHARED = "nvidia.com/gpu.shared"
@@ -125,7 +125,7 @@ def test_ignored_xid_changes_nothing() -> None:
     """A default-ignored XID yields an empty batch with action ignore and an unchanged seq."""
     b = book()
     batch = b.apply_xid("GPU-A", 13, now=1.0)
-    assert not batch and batch.action is Action.IGNORE and batch.seq == 0 and "ignored" in batch.cause
+    assert not batch and batch.action is HealthAction.IGNORE and batch.seq == 0 and "ignored" in batch.cause
     assert unhealthy(b) == set()
 
 
@@ -140,7 +140,9 @@ def test_xids_the_catalog_keeps_in_service_leave_every_device_healthy(xid: int) 
         b.apply_xid("GPU-B", xid, now=1.0),
         b.apply_xid("GPU-M", xid, 1, 0, now=1.0),
     ]
-    assert [(len(batch), batch.action, batch.raised) for batch in batches] == [(0, Action.IGNORE, "")] * 3
+    assert [(len(batch), batch.action, batch.raised) for batch in batches] == [
+        (0, HealthAction.IGNORE, "")
+    ] * 3
     assert unhealthy(b) == set() and b.conditions() == [] and b.seq == 0
 
 

@@ -10,13 +10,13 @@ import pytest
 from supervisor.health.policy import (
     DEFAULT_XID_RULES,
     NVIDIA_IGNORED_XIDS,
-    Action,
     EccKind,
+    HealthAction,
     HealthPolicy,
     PolicyError,
 )
 
-IGN, TRN, RST = Action.IGNORE, Action.TRANSIENT, Action.UNTIL_RESET
+IGN, TRN, RST = HealthAction.IGNORE, HealthAction.TRANSIENT, HealthAction.UNTIL_RESET
 
 
 def policy(
@@ -34,7 +34,7 @@ DEFAULTS = [
 
 
 @pytest.mark.parametrize(("xid", "action"), DEFAULTS)
-def test_default_actions(xid: int, action: Action) -> None:
+def test_default_actions(xid: int, action: HealthAction) -> None:
     """With no env vars and no user table, each XID gets its documented default action."""
     assert policy().classify_xid(xid) is action
 
@@ -76,7 +76,7 @@ def test_default_actions_follow_the_catalogs_immediate_action() -> None:
 
 
 # (DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS, checks_enabled, {xid: expected action})
-ENV_CASES: list[tuple[str, str | None, str | None, bool, dict[int, Action]]] = [
+ENV_CASES: list[tuple[str, str | None, str | None, bool, dict[int, HealthAction]]] = [
     ("unset", None, None, True, {13: IGN, 48: RST, 94: IGN, 555: RST}),
     ("empty strings", "", "", True, {13: IGN, 48: RST, 555: RST}),
     ("disable all", "all", None, False, {13: IGN, 48: IGN, 79: IGN, 555: IGN}),
@@ -105,7 +105,7 @@ ENV_CASES: list[tuple[str, str | None, str | None, bool, dict[int, Action]]] = [
     ("case", "disable", "enable", "enabled", "expected"), ENV_CASES, ids=[c[0] for c in ENV_CASES]
 )
 def test_env_var_semantics(
-    case: str, disable: str | None, enable: str | None, enabled: bool, expected: dict[int, Action]
+    case: str, disable: str | None, enable: str | None, enabled: bool, expected: dict[int, HealthAction]
 ) -> None:
     """DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS behave as NVIDIA v0.20.0 (documented intent)."""
     p = policy(disable, enable)
@@ -120,7 +120,7 @@ def test_junk_env_items_are_reported() -> None:
     assert any("DP_ENABLE_HEALTHCHECKS" in w and "'x7'" in w for w in p.warnings)
 
 
-USER_CASES: list[tuple[str, dict[Any, Any], str | None, str | None, dict[int, Action]]] = [
+USER_CASES: list[tuple[str, dict[Any, Any], str | None, str | None, dict[int, HealthAction]]] = [
     ("override default", {94: "until-reset", 79: "transient"}, None, None, {94: RST, 79: TRN}),
     ("ignore a default", {48: "ignore"}, None, None, {48: IGN}),
     ("take a catalog-ignored XID out", {94: "transient"}, None, None, {94: TRN, 63: IGN}),
@@ -138,7 +138,11 @@ USER_CASES: list[tuple[str, dict[Any, Any], str | None, str | None, dict[int, Ac
     ("case", "table", "disable", "enable", "expected"), USER_CASES, ids=[c[0] for c in USER_CASES]
 )
 def test_user_table(
-    case: str, table: dict[Any, Any], disable: str | None, enable: str | None, expected: dict[int, Action]
+    case: str,
+    table: dict[Any, Any],
+    disable: str | None,
+    enable: str | None,
+    expected: dict[int, HealthAction],
 ) -> None:
     """The config's XID table overrides defaults; the DP_* env vars apply on top."""
     p = policy(disable, enable, table)
@@ -190,7 +194,7 @@ ECC_CASES = [
 
 
 @pytest.mark.parametrize(("disable", "enable", "kind", "action"), ECC_CASES)
-def test_ecc(disable: str | None, enable: str | None, kind: EccKind | str, action: Action) -> None:
+def test_ecc(disable: str | None, enable: str | None, kind: EccKind | str, action: HealthAction) -> None:
     """Double-bit ECC is until-reset, single-bit is ignored; disabling all checks ignores both."""
     assert policy(disable, enable).classify_ecc(kind) is action
 

@@ -99,16 +99,16 @@ def test_endpoint_closed_before_its_watch_starts_still_disconnects(legacy_keying
     import time
 
     from common.kubeletapi.rpc import DevicePluginClient
-    from supervisor.sim.kubelet import Endpoint, Resource
+    from supervisor.sim.kubelet import PluginEndpoint, Resource
 
     resource = "nvidia.com/gpu"
     with short_tmpdir() as d:
         kubelet = KubeletStandin(d, legacy_keying=legacy_keying)
 
-        def endpoint(generation: int) -> Endpoint:
+        def endpoint(generation: int) -> PluginEndpoint:
             path = os.path.join(d, f"plugin-{generation}.sock")
             channel = grpc.insecure_channel(unix_target(path))
-            return Endpoint(
+            return PluginEndpoint(
                 resource=resource,
                 socket_path=path,
                 options=pb.DevicePluginOptions(),

@@ -15,7 +15,7 @@ from common.model import (
     TOPOLOGY_SINGLE,
     TOPOLOGY_SYSTEM,
     AllocatableDevice,
-    Link,
+    GpuPair,
     ResourcePlan,
 )
 from worker import preferred
@@ -70,7 +70,7 @@ def mig_device(i: int, j: int) -> AllocatableDevice:
     )
 
 
-def topology_plan(numa: Sequence[int | None], links: Sequence[Link]) -> ResourcePlan:
+def topology_plan(numa: Sequence[int | None], links: Sequence[GpuPair]) -> ResourcePlan:
     return ResourcePlan(
         resource="nvidia.com/gpu",
         devices=tuple(full_gpu(i, n) for i, n in enumerate(numa)),
@@ -82,7 +82,7 @@ def pcie_l4() -> ResourcePlan:
     """4 GPUs: 0,1 behind one switch, 2,3 behind another, across NUMA nodes otherwise."""
     single = {(0, 1), (2, 3)}
     links = [
-        Link(a, b, TOPOLOGY_SINGLE if (a, b) in single else TOPOLOGY_SYSTEM)
+        GpuPair(a, b, TOPOLOGY_SINGLE if (a, b) in single else TOPOLOGY_SYSTEM)
         for a, b in itertools.combinations(range(4), 2)
     ]
     return topology_plan([0, 0, 1, 1], links)
@@ -91,7 +91,7 @@ def pcie_l4() -> ResourcePlan:
 def dgx(nvlinks: int = 12) -> ResourcePlan:
     """8 GPUs all NVLinked (NVSwitch), GPUs 0-3 on NUMA node 0 and 4-7 on NUMA node 1."""
     links = [
-        Link(a, b, TOPOLOGY_NODE if a // 4 == b // 4 else TOPOLOGY_SYSTEM, nvlinks)
+        GpuPair(a, b, TOPOLOGY_NODE if a // 4 == b // 4 else TOPOLOGY_SYSTEM, nvlinks)
         for a, b in itertools.combinations(range(8), 2)
     ]
     return topology_plan([i // 4 for i in range(8)], links)
@@ -106,7 +106,7 @@ def big_pcie(n: int = 16) -> ResourcePlan:
             return TOPOLOGY_SINGLE
         return TOPOLOGY_NODE if a // half == b // half else TOPOLOGY_SYSTEM
 
-    links = [Link(a, b, ancestor(a, b)) for a, b in itertools.combinations(range(n), 2)]
+    links = [GpuPair(a, b, ancestor(a, b)) for a, b in itertools.combinations(range(n), 2)]
     return topology_plan([i // half for i in range(n)], links)
 
 
@@ -187,7 +187,11 @@ TOPOLOGY_CASES: list[tuple[str, ResourcePlan, list[str], list[str], int, list[st
         "NVLink beats a shared switch",
         topology_plan(
             [0, 0, 0],
-            [Link(0, 1, TOPOLOGY_SINGLE), Link(0, 2, TOPOLOGY_SYSTEM, 2), Link(1, 2, TOPOLOGY_SYSTEM)],
+            [
+                GpuPair(0, 1, TOPOLOGY_SINGLE),
+                GpuPair(0, 2, TOPOLOGY_SYSTEM, 2),
+                GpuPair(1, 2, TOPOLOGY_SYSTEM),
+            ],
         ),
         [gid(0), gid(1), gid(2)],
         [gid(0)],
@@ -253,7 +257,7 @@ def test_pair_scores() -> None:
     """Pair scores: ancestor level (10..60) plus 100 per NVLink; NUMA fallback without a link."""
     plan = topology_plan(
         [0, 0, 1, None],
-        [Link(0, 1, TOPOLOGY_SINGLE, 2), Link(1, 2, TOPOLOGY_SYSTEM)],
+        [GpuPair(0, 1, TOPOLOGY_SINGLE, 2), GpuPair(1, 2, TOPOLOGY_SYSTEM)],
     )
     policy = PreferredPolicy(plan)
     assert policy.pair_score(1, 0) == 250

@@ -11,10 +11,10 @@ from common.messages import DeviceHealth, HealthSnapshot, PlanUpdate
 from common.model import Node
 from supervisor.config import Config, config_from_data
 from supervisor.desired.reconcile import (
-    Action,
     ActionKind,
     Deferred,
     Desired,
+    PlanAction,
     Reconciler,
     Refusal,
     Unchanged,
@@ -105,10 +105,10 @@ def test_plan_actions_stops_first_then_starts_updates_and_keeps() -> None:
     current = {"a": "1", "b": "2", "c": "3"}
     wanted = {"b": "2", "c": "changed", "d": "4"}
     assert plan_actions(current, wanted) == [
-        Action(ActionKind.STOP, "a"),
-        Action(ActionKind.KEEP, "b"),
-        Action(ActionKind.UPDATE, "c"),
-        Action(ActionKind.START, "d"),
+        PlanAction(ActionKind.STOP, "a"),
+        PlanAction(ActionKind.KEEP, "b"),
+        PlanAction(ActionKind.UPDATE, "c"),
+        PlanAction(ActionKind.START, "d"),
     ]
 
 

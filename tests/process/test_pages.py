@@ -1,4 +1,4 @@
-"""What the zygote does before its first fork so its pages stay shared (worker/sharing.py).
+"""What the zygote does before its first fork so its pages stay shared (worker/pages.py).
 
 Each check runs in a fresh interpreter: the fill and the caches are process-wide state, and the
 test process's own history (what it already asked of an ABC, its allocator's holes) would
@@ -30,7 +30,7 @@ def test_the_fill_leaves_no_free_block_in_the_pools_that_held_objects() -> None:
     was printed."""
     found, stderr = _run(
         "import json\n"
-        "from worker.sharing import fill_allocator_holes, pool_free_blocks\n"
+        "from worker.pages import fill_allocator_holes, pool_free_blocks\n"
         "keep = [bytes(40) for _ in range(40000)]\n"
         "del keep[::2]\n"
         "before = pool_free_blocks()\n"
@@ -50,11 +50,11 @@ def test_the_fill_is_bounded() -> None:
     """However many free blocks the report shows, the fill makes at most FILL_MAX_BYTES of filler."""
     found, _ = _run(
         "import json\n"
-        "from worker import sharing\n"
-        "sharing.FILL_MAX_BYTES = 64 * 1024\n"
+        "from worker import pages\n"
+        "pages.FILL_MAX_BYTES = 64 * 1024\n"
         "keep = [bytes(40) for _ in range(40000)]\n"
         "del keep[::2]\n"
-        "print(json.dumps({'made': sharing.fill_allocator_holes()}))\n"
+        "print(json.dumps({'made': pages.fill_allocator_holes()}))\n"
     )
     assert 0 < int(found["made"]) <= 64 * 1024
 
@@ -62,7 +62,7 @@ def test_the_fill_is_bounded() -> None:
 def test_without_pymalloc_nothing_is_filled() -> None:
     """With PYTHONMALLOC=malloc the report has no pools: the fill makes nothing and says nothing."""
     proc = run_python(
-        "from worker.sharing import fill_allocator_holes as f; print(f())",
+        "from worker.pages import fill_allocator_holes as f; print(f())",
         {**child_env(), "PYTHONMALLOC": "malloc"},
     )
     assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "0", "")
@@ -73,7 +73,7 @@ def test_warmed_abc_caches_answer_a_builtin_type_from_the_cache() -> None:
     int, str, float and list; Sequence's positive cache holds list), which were empty of them before."""
     found, _ = _run(
         "import _abc, json, collections.abc as c\n"
-        "from worker.sharing import warm_abc_caches\n"
+        "from worker.pages import warm_abc_caches\n"
         "def cached(abc_class, positive):\n"
         "    _, cache, negative, _ = _abc._get_dump(abc_class)\n"
         "    refs = cache if positive else negative\n"
@@ -92,7 +92,7 @@ def test_the_malloc_fill_takes_the_main_arenas_free_chunks() -> None:
     fill says how many bytes it took."""
     found, stderr = _run(
         "import ctypes, json\n"
-        "from worker.sharing import fill_malloc_holes, malloc_free_chunks, malloc_report\n"
+        "from worker.pages import fill_malloc_holes, malloc_free_chunks, malloc_report\n"
         "libc = ctypes.CDLL(None)\n"
         "libc.malloc.restype = ctypes.c_void_p\n"
         "libc.malloc.argtypes = [ctypes.c_size_t]\n"

@@ -1,4 +1,4 @@
-"""The zygote's fills (worker/sharing.py): filler objects land in their size class; malloc_info is read right."""
+"""The zygote's fills (worker/pages.py): filler objects land in their size class; malloc_info is read right."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from worker.sharing import filler, malloc_free_chunks
+from worker.pages import filler, malloc_free_chunks
 
 
 @pytest.mark.parametrize("size", range(16, 513, 16))
