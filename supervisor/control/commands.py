@@ -54,7 +54,7 @@ class Replanning(Protocol):
     def rediscover(self, trigger: str) -> bool: ...
 
 
-class Reconciler(Protocol):
+class PlanHolder(Protocol):
     """What commands read of the plans' owner (supervisor.desired.reconcile.Reconciler)."""
 
     @property
@@ -73,7 +73,7 @@ class CommandTarget:
 
     status: Callable[[], dict[str, Json]]
     replan: Replanning
-    reconciler: Reconciler
+    reconciler: PlanHolder
     health: Resettable
     faults: FaultInjector | None  # the simulator's fault injection, or None on real NVML
 

@@ -120,7 +120,7 @@ class Resource:
 
 
 @dataclass(frozen=True)
-class Registration:
+class RegisterCall:
     """A record of one Register call (accepted or not)."""
 
     resource: str
@@ -165,7 +165,7 @@ class KubeletStandin:
         self._server: grpc.Server | None = None
         self._generation = 0
         self._random = random.Random(seed)
-        self.registrations: list[Registration] = []
+        self.registrations: list[RegisterCall] = []
         self._epoch = 0  # bumped by restart(): a Register begun before it must not install after it
         self.listeners: list[Callable[[str, list[DeviceState]], None]] = []
         self._pods: dict[str, tuple[str, list[str]]] = {}  # pod name -> (resource, device IDs held)
@@ -284,7 +284,7 @@ class KubeletStandin:
                 error = f"failed to get device plugin options: {exc}"
         with self._cond:
             self.registrations.append(
-                Registration(request.resource_name, request.endpoint, time.monotonic(), error)
+                RegisterCall(request.resource_name, request.endpoint, time.monotonic(), error)
             )
             self._cond.notify_all()
         if error or endpoint is None:

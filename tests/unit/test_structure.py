@@ -298,3 +298,17 @@ def test_the_api_server_layer_is_not_loaded_at_start() -> None:
     assert "supervisor.cluster.side" in seen  # the check looks where it should
     assert sorted(m for m in seen if m == "supervisor.kube" or m.startswith("supervisor.kube.")) == []
     assert "supervisor.cluster.writer" not in seen
+
+
+def test_no_two_production_classes_share_a_name() -> None:
+    """Every class defined in supervisor/, worker/ and common/ (generated stubs aside) has a name
+    no other class there has: one name, one concept, and an import that cannot pick the wrong one."""
+    where: dict[str, list[str]] = {}
+    for name, path in modules():
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(name)
+    twice = {cls: places for cls, places in sorted(where.items()) if len(places) > 1}
+    assert twice == {}
