@@ -18,9 +18,9 @@ API-server layer only then.
 
 A switch between the device plugin and DRA is a reload like any other; what keeps a device from
 being handed out twice is planned (supervisor/node/planning.py): from DRA, the DRA worker drains
-first and the device plugin gets only what no prepared claim holds (`dra_hold`, read from the DRA
-worker's checkpoint once the worker confirms the drain); to DRA, the slices leave out what the
-device plugin's containers hold and go out only once its workers are gone (supervisor/dra/side.py).
+first and the device plugin gets only what no prepared claim holds (supervisor/dra/drain.py: the
+DRA worker's checkpoint, once its heartbeat confirms the drain); to DRA, the slices leave out what
+the device plugin's containers hold and go out only once its workers are gone (supervisor/dra/side.py).
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 from types import FrameType
 
 import zmq
 
 from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
-from common.messages import ClaimReply, Json
+from common.messages import Json
 from common.procutil import Mailbox
 from supervisor.cdi.sync import CdiSync
 from supervisor.cluster.side import ClusterSide, api_client
@@ -49,6 +49,7 @@ from supervisor.desired.discovery import NvmlLink, StartupError
 from supervisor.desired.follow import Follow, worker_policy
 from supervisor.desired.reconcile import Reconciler
 from supervisor.desired.replan import Replanner
+from supervisor.dra.drain import DraDrain
 from supervisor.dra.earlier import EarlierPool
 from supervisor.dra.side import DraSide
 from supervisor.health.book import ChangeBatch
@@ -59,8 +60,8 @@ from supervisor.host.sdnotify import Notifier
 from supervisor.host.watches import Watches
 from supervisor.labels.sync import NodeLabels
 from supervisor.mps.wiring import MpsWiring
-from supervisor.node.draplan import DRIVER, DraHold
-from supervisor.node.planning import NO_HOLD, device_plugin_resources
+from supervisor.node.draplan import DRIVER
+from supervisor.node.planning import device_plugin_resources
 from supervisor.observe import status
 from supervisor.observe.http import AddressError, ProbeServer, loop_liveness
 from supervisor.observe.metrics import Metrics
@@ -119,7 +120,6 @@ class Supervisor:
         self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
         self._was_ready = False
         self._poller: zmq.Poller | None = None
-        self._dra_seen: tuple[float | None, float | None] = (None, None)
         self._watched: tuple[object, int] = (None, -1)
 
     def _build_loop_tools(self, config: Config) -> None:
@@ -203,7 +203,8 @@ class Supervisor:
             mps=self.mps,
             timers=self.timers,
             remember_label=self.rundir.remember_node_label,
-            dra_hold=self.dra_hold,
+            # The DRA worker's drain is built below, with the replanner it plans again through.
+            dra_hold=lambda config: self.drain.hold(config),
         )
 
     def _build_outside(self, config: Config) -> None:
@@ -223,9 +224,15 @@ class Supervisor:
             plugin_dir=self.plugin_dir,
             pod_resources_socket=config.pod_resources_socket,
             metrics=self.metrics,
-            reply=self.reply_claim,
-            earlier=self.earlier_pool,
+            # From the claim fetcher's threads: the loop sends (a worker gone meanwhile asks again).
+            reply=lambda resource, reply: self.mailbox.post(partial(self.control.tell, resource, reply)),
             kubelet_plugins_dir=config.kubelet_plugins_dir,
+        )
+        self.drain = DraDrain(
+            workers=self.workers,
+            reconciler=self.reconciler,
+            earlier=self.earlier_pool,
+            rediscover=self.replan.rediscover,
         )
         self.events = WorkerEvents(
             workers=self.workers,
@@ -235,7 +242,7 @@ class Supervisor:
             metrics=self.metrics,
             clock=self.clock,
             claims=self.dra.request_claim,
-            on_stats=self.on_worker_stats,
+            on_dra=(self.dra.worker_beat, self.drain.worker_beat),
         )
         self.commands = CommandTarget(
             status=self.status,
@@ -451,7 +458,7 @@ class Supervisor:
         """The cluster side starts once the kubelet path is up (see supervisor/cluster/side.py)."""
         self.dra.device_plugin_running(self._device_plugin_running())
         self.cluster.start_when(
-            registered=any(h.registered for h in self.workers.workers.values()),
+            registered=self.workers.any_registered(),
             nothing_to_register=self.reconciler.node is not None and not self.reconciler.plans,
             awaiting_label=bool(self.config.awaiting_label),
         )
@@ -484,59 +491,7 @@ class Supervisor:
         )
 
     def _device_plugin_running(self) -> bool:
-        return any(h.proc is not None for r, h in self.workers.workers.items() if r != DRIVER)
-
-    # ------------------------------------------------------------------ DRA <-> device plugin
-    def dra_hold(self, config: Config) -> DraHold:
-        """What DRA claims hold while the node runs as a device plugin (planning's input): not
-        settled while a DRA worker that may still prepare claims runs (one not confirmed draining);
-        else the devices its checkpoint lists (the checkpoint is final once it drains)."""
-        waiting = self.dra.hold_reason(config.mode)
-        if config.mode == "dra":
-            return NO_HOLD
-        from common.dracheckpoint import CheckpointError, held_devices  # loaded at planning, not at start
-
-        handle = self.workers.workers.get(DRIVER)
-        plan = self.reconciler.plans.get(DRIVER)
-        draining = plan is not None and plan.dra is not None and plan.dra.drain
-        if (
-            handle is not None
-            and handle.proc is not None
-            and not (draining and handle.stats.get("gauge:draining") == 1)
-        ):
-            return DraHold(settled=False)
-        directory = os.path.join(config.kubelet_plugins_dir, DRIVER)
-        try:
-            return DraHold(devices=held_devices(directory), waiting=waiting)
-        except CheckpointError as exc:
-            # The DRA worker moves such a file aside and starts empty: nothing it lists is held.
-            log.warning(
-                "the DRA checkpoint in %s cannot be read (%s): no device counts as held", directory, exc
-            )
-            return DraHold(waiting=waiting)
-
-    def on_worker_stats(self, resource: str, stats: Mapping[str, float]) -> None:
-        """A draining DRA worker confirmed the drain, or a claim was unprepared: plan again, so the
-        device plugin gets what no prepared claim holds any more."""
-        if resource == DRIVER:
-            self.dra.worker_stats(stats)
-        plan = self.reconciler.plans.get(DRIVER)
-        if resource != DRIVER or plan is None or plan.dra is None or not plan.dra.drain:
-            return
-        if stats.get("gauge:draining") != 1:
-            return
-        seen = (stats.get("gauge:draining"), stats.get("gauge:prepared_claims"))
-        if seen != self._dra_seen:
-            self._dra_seen = seen
-            self.replan.rediscover(f"the draining DRA worker holds {int(seen[1] or 0)} prepared claim(s)")
-
-    def reply_claim(self, resource: str, reply: ClaimReply) -> None:
-        """From the claim fetcher's threads: the DRA worker gets its answer from the loop."""
-
-        def send() -> None:
-            self.control.tell(resource, reply)  # a worker gone meanwhile: its successor asks again
-
-        self.mailbox.post(send)
+        return any(h.resource != DRIVER for h in self.workers.live())
 
     def drain_control(self) -> None:
         self.control.drain(self.events, partial(reply_to, self.commands))
@@ -546,7 +501,7 @@ class Supervisor:
             nvml_up=self.nvml.up,
             nvml_error=self.nvml.error,
             planned=self.reconciler.plans,
-            workers=self.workers.workers,
+            workers=self.workers.by_resource(),
             mps_not_ready=self.mps.not_ready(),
             cdi_error=self.cdi.error,
             pending_reload=self.reconciler.pending_error,  # "" unless a reload is pending
@@ -616,7 +571,8 @@ class Supervisor:
         self.notifier.stopping()
         self._step("stop cluster side", self.cluster.stop)  # API calls in flight end now
         self._step("stop DRA side", self.dra.close)
-        log.info("stopping: %d workers", sum(1 for h in self.workers.workers.values() if h.proc is not None))
+        self._step("stop the earlier DRA pool", self.earlier_pool.stop)
+        log.info("stopping: %d workers", len(self.workers.live()))
         self.workers.stop_and_wait("supervisor stopping", SHUTDOWN_GRACE_S)
         self.spawner.stop()
         # After the workers: no container is handed an MPS pipe whose daemon is gone. The CDI spec

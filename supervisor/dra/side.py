@@ -25,10 +25,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from common.messages import ClaimReply, ClaimRequest, Json
+from common.messages import ClaimReply, ClaimRequest, DraBeat, Json
 from common.model import Node, ResourcePlan
 from supervisor.dra.claims import ClaimFetcher
-from supervisor.dra.earlier import EarlierPool
 from supervisor.health.book import HealthBook
 from supervisor.node.draplan import DRIVER
 from supervisor.observe.metrics import Metrics
@@ -55,13 +54,11 @@ class DraSide:
         pod_resources_socket: str,
         metrics: Metrics,
         reply: Callable[[str, ClaimReply], None],
-        earlier: EarlierPool | None = None,
         kubelet_plugins_dir: str = "",
     ) -> None:
         self.node_name = node_name
         # The DRA worker's checkpoint: the prepared claims whose status shows their devices' health.
         self.checkpoint_path = os.path.join(kubelet_plugins_dir, DRIVER, "checkpoint.json")
-        self.earlier = earlier  # the pool an earlier DRA life published, withdrawn in device-plugin mode
         self.plugin_dir = plugin_dir  # the device plugins' dir: the kubelet's checkpoint, a fallback
         self.pod_resources_socket = pod_resources_socket
         self.metrics = metrics
@@ -69,7 +66,7 @@ class DraSide:
         self.publisher: SlicePublisher | None = None
         self.released: ReleasedResources | None = None
         self.claim_status: ClaimStatusWriter | None = None
-        self._claims_seen: tuple[float | None, ...] = ()
+        self._claims_seen: tuple[int, int] | None = None
         self._prepared: dict[str, PreparedClaim] = {}
         self._claims_health: dict[str, DeviceHealthView] = {}
         self._device_plugin_names: frozenset[str] = frozenset()  # what the device plugin would serve
@@ -115,15 +112,6 @@ class DraSide:
         self.claim_status.want(self._prepared, self._claims_health)
         self.claim_status.start()
 
-    def hold_reason(self, mode: str) -> str:
-        """Planning asks (main loop): why the device plugin may offer nothing yet ("" when it may)."""
-        if self.earlier is None:
-            return ""
-        if mode == "dra":
-            self.earlier.keep()
-            return ""
-        return self.earlier.pending()
-
     def stop(self) -> None:
         self.claims.stop()
         if self.publisher is not None:
@@ -137,8 +125,6 @@ class DraSide:
     def close(self) -> None:
         self.stop()
         self.claims.close()
-        if self.earlier is not None:
-            self.earlier.stop()
 
     # ------------------------------------------------------------------ from the main loop
     def request_claim(self, request: ClaimRequest) -> None:
@@ -191,9 +177,10 @@ class DraSide:
         self._tell_released()
 
     # ------------------------------------------------------------------ the claims' status
-    def worker_stats(self, stats: Mapping[str, float]) -> None:
-        """The DRA worker's figures: when its checkpoint changed, the claims are read again."""
-        seen = (stats.get("gauge:prepared_claims"), stats.get("gauge:claims_changes"))
+    def worker_beat(self, beat: DraBeat) -> None:
+        """The DRA worker's part of its heartbeat changed: when its checkpoint did, the claims
+        are read again."""
+        seen = (beat.prepared_claims, beat.claims_changes)
         if seen == self._claims_seen:
             return
         self._claims_seen = seen

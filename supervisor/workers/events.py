@@ -25,6 +25,7 @@ from typing import Protocol
 from common.messages import (
     ClaimReply,
     ClaimRequest,
+    DraBeat,
     HealthSnapshot,
     Heartbeat,
     Hello,
@@ -96,7 +97,7 @@ class WorkerEvents:
         metrics: Metrics,
         clock: Clock,
         claims: Callable[[ClaimRequest], None] | None = None,
-        on_stats: Callable[[str, Mapping[str, float]], None] = lambda resource, stats: None,
+        on_dra: tuple[Callable[[DraBeat], None], ...] = (),
     ) -> None:
         self.workers = workers
         self.reconciler = reconciler
@@ -107,7 +108,7 @@ class WorkerEvents:
         # The DRA worker's claim requests go to the API-server side (supervisor/dra/claims.py);
         # without it each is answered at once with why not.
         self.claims = claims or self._no_claims
-        self.on_stats = on_stats  # a worker's changed figures (the DRA worker's prepared claims)
+        self.on_dra = on_dra  # told each change of the DRA worker's part of its heartbeat
         self._metered = metered(metrics)
         self._registered_life: dict[str, int] = {}  # resource -> pid of the worker life that registered
         self._kubelet_restarted: set[str] = (
@@ -116,8 +117,8 @@ class WorkerEvents:
 
     # ------------------------------------------------------------------ ControlHandlers
     def accept_hello(self, hello: Hello) -> Binding | None:
-        handle = self.workers.workers.get(hello.resource)
-        if handle is None or handle.proc is None or handle.pid != hello.pid or not handle.secret:
+        handle = self.workers.running(hello.resource)
+        if handle is None or handle.pid != hello.pid or not handle.secret:
             return None
         if not _compare_digest(handle.secret.encode(), hello.secret.encode()):
             return None
@@ -130,17 +131,23 @@ class WorkerEvents:
         handle = self.workers.heartbeat(
             beat.resource, beat.pid, beat.registered, beat.socket_path, self.clock.monotonic()
         )
-        if handle is not None and beat.stats:  # empty: unchanged since the worker's last report
+        if handle is None:
+            return
+        if beat.stats:  # empty: unchanged since the worker's last report
             handle.stats = dict(beat.stats)
             self.metrics.worker_stats(beat.resource, beat.stats, pid=beat.pid)
             if beat.registered and beat.stats.get("gauge:streams", 0) >= 1:
                 self.workers.served(beat.resource, beat.pid)
-            self.on_stats(beat.resource, beat.stats)
+        if beat.dra != handle.dra:  # every beat carries it: only a change is news
+            handle.dra = beat.dra
+            if beat.dra is not None:
+                for listener in self.on_dra:
+                    listener(beat.dra)
 
     def on_status_report(self, report: StatusReport) -> None:
         log.debug("worker %s: %s (%s)", report.resource, report.event, report.detail)
-        handle = self.workers.workers.get(report.resource)
-        if handle is None or handle.proc is None:
+        handle = self.workers.running(report.resource)
+        if handle is None:
             return
         self._count_registration(handle, report.event, report.detail)
         handle.registration = f"{report.event} ({report.detail})" if report.detail else report.event
