@@ -26,7 +26,6 @@ the device plugin's containers hold and go out only once its workers are gone (s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -324,33 +323,11 @@ class Supervisor:
         except RunDirError as exc:  # in use by a live supervisor, or cannot be made
             raise StartupError(str(exc), EXIT_FAILURE) from None
         os.makedirs(self.plugin_dir, exist_ok=True)
-        self.sockets.load_earlier()
-        self._end_stale_workers()
-        removed = self.sockets.sweep_all()
-        if removed:
-            log.info("removed %d stale socket(s) of an earlier run: %s", len(removed), ", ".join(removed))
+        self.sockets.take_over_earlier()
         if self.config.config_file_srcdir:
             label = self.rundir.recall_node_label()
             if label is not None:
                 self.replan.recall_label(label)
-
-    def _end_stale_workers(self) -> None:
-        """Workers of an earlier life that never noticed their supervisor died (stopped, hung):
-        SIGKILL them by PID (their recorded tag on their command line says they are ours) before
-        new workers register, so their streams end first."""
-        stale = self.sockets.stale_workers()
-        if not stale:
-            return
-        import psutil  # loaded only when there is something to end: a first start has nothing
-
-        procs = []
-        for pid in stale:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                procs.append(psutil.Process(pid))
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
-        psutil.wait_procs(procs, timeout=2)
 
     def start(self) -> None:
         """HTTP, sockets and watches first (status answers even if NVML fails), then NVML."""

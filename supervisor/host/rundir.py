@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import stat
 from collections.abc import Mapping
 
@@ -284,6 +285,33 @@ class WorkerSockets:
             return sorted(os.listdir(self.plugin_dir))
         except OSError:
             return []
+
+    def take_over_earlier(self) -> None:
+        """At start, before any worker of ours: the record of the earlier life, its workers that
+        still run (ended), and the sockets they left (removed)."""
+        self.load_earlier()
+        self.end_stale_workers()
+        removed = self.sweep_all()
+        if removed:
+            log.info("removed %d stale socket(s) of an earlier run: %s", len(removed), ", ".join(removed))
+
+    def end_stale_workers(self) -> None:
+        """Workers of an earlier life that never noticed their supervisor died (stopped, hung):
+        SIGKILL them by PID (their recorded tag on their command line says they are ours) before
+        new workers register, so their streams end first."""
+        stale = self.stale_workers()
+        if not stale:
+            return
+        import psutil  # loaded only when there is something to end: a first start has nothing
+
+        procs = []
+        for pid in stale:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(pid))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
+        psutil.wait_procs(procs, timeout=2)
 
     def stale_workers(self) -> list[int]:
         """PIDs of worker processes an earlier supervisor life left running: its recorded tags on

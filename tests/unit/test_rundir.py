@@ -4,6 +4,7 @@ which sockets in the plugin dir gpuvisor removes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -141,6 +142,21 @@ def test_the_record_lets_the_next_life_remove_what_this_one_left(plugin_dir: Pat
     second.load_earlier()
     assert second.sweep_all() == ["gpuvisor-gpu-abcdef03.sock"]
     assert json.loads((tmp_path / "sockets.json").read_text()) == {"tags": {}}
+
+
+def test_taking_over_an_earlier_life_removes_the_sockets_it_left(
+    plugin_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At start the next life reads the record, finds no worker of it still running, removes the
+    dead sockets its workers left and says which."""
+    first = sockets(plugin_dir, tmp_path)
+    first.add("nvidia.com/gpu", "abcdef")
+    dead_socket(plugin_dir / "gpuvisor-gpu-abcdef03.sock")
+    second = sockets(plugin_dir, tmp_path)
+    with caplog.at_level(logging.INFO, logger="gpuvisor.supervisor"):
+        second.take_over_earlier()
+    assert os.listdir(plugin_dir) == [] and second.tags == {}
+    assert "removed 1 stale socket(s) of an earlier run: gpuvisor-gpu-abcdef03.sock" in caplog.text
 
 
 @pytest.mark.parametrize(
