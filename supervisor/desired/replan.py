@@ -93,8 +93,8 @@ class Replanner:
         self.rediscoveries = 0
         self.label: str | None = None  # the node's config label as last read (None: not yet)
         self.remember_label = remember_label  # kept for a restart in the same run dir
-        # What DRA claims hold while the node runs as a device plugin (the main loop reads the DRA
-        # worker's checkpoint and state), and what the running plans were made with.
+        # What DRA claims hold while the node runs as a device plugin (supervisor/dra/drain.py reads
+        # the DRA worker's checkpoint and heartbeat), and what the running plans were made with.
         self.dra_hold = dra_hold
         self.planned_hold: DraHold | None = None
         self.config_fp = self._source_fingerprint()
