@@ -448,7 +448,7 @@ def test_the_set_answers_which_workers_run_and_whether_one_registered() -> None:
     """`running` gives a resource's handle only while its process runs, `live` the handles with
     a process, `any_registered` whether one is registered now; `by_resource` reads every handle
     and cannot change the set."""
-    ws, spawner, handle = make()
+    ws, _spawner, handle = make()
     other = "nvidia.com/mig-1g.10gb"
     ws.want(other, "/plans/mig.json")
     assert ws.running(R) is None and ws.live() == [] and not ws.any_registered()
