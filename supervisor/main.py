@@ -117,7 +117,6 @@ class Supervisor:
         self.started_at = self.clock.time()
         self.last_loop = self.clock.monotonic()
         self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
-        self._was_ready = False
         self._poller: zmq.Poller | None = None
         self._watched: tuple[object, int] = (None, -1)
 
@@ -270,8 +269,10 @@ class Supervisor:
             parts={"dra": self.dra},
         )
         self.metrics.set_config(config.config_name, config.config_source)
-        self.readiness = status.ReadinessCell()
         self.notifier = Notifier(self.environ)
+        self.readiness = status.ReadinessCell(
+            lambda ready, detail: self.metrics.set_ready(ready), self.notifier.update
+        )
         self.http: ProbeServer | None = None
         if config.metrics_address:
             self.http = ProbeServer(
@@ -422,14 +423,7 @@ class Supervisor:
         self.hub.beacon()
 
     def check_ready(self) -> None:
-        answer = self._readiness()
-        self.readiness.set((answer.ready, answer.detail))
-        self.metrics.set_ready(answer.ready)
-        self.notifier.update(answer.ready, answer.detail)
-        if answer.ready != self._was_ready:
-            self._was_ready = answer.ready
-            state = "ready" if answer.ready else "not-ready"
-            log.info("ready" if answer.ready else "not ready", extra={"state": state})
+        self.readiness.publish(self._readiness())
 
     def start_cluster(self) -> None:
         """The cluster side starts once the kubelet path is up (see supervisor/cluster/side.py)."""
