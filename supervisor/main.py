@@ -485,11 +485,7 @@ class Supervisor:
         worker left (SIGKILL leaves them)."""
         self.events.on_worker_state(handle, old, new, reason)
         if new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
-            removed = self.sockets.sweep(handle.resource, handle.socket_tag)
-            if removed:
-                log.info(
-                    "removed the socket(s) a dead worker of %s left: %s", handle.resource, ", ".join(removed)
-                )
+            self.sockets.worker_gone(handle.resource, handle.socket_tag)
 
     # ------------------------------------------------------------------ NVML
     def try_nvml(self) -> None:
@@ -521,12 +517,8 @@ class Supervisor:
                 "plugin_dir": self.plugin_dir,
                 "metrics_url": self.http.url if self.http is not None and self.http.serving else None,
                 "nvml": self.nvml.status(),
-                "health_policy": self.hub.policy.describe(),
                 "reconcile": self.reconciler.status(),
                 "workers": self.workers.view(self.clock.monotonic()),
-                "resources": self.hub.resources_view(),
-                "conditions": self.hub.conditions_view(),
-                "health_events": dict(self.hub.events.status()),
                 "mps": self.mps.status(),
                 "cdi": self.cdi.status(),
                 "labels": self.labels.status(),
@@ -534,6 +526,7 @@ class Supervisor:
                 "cluster": self.cluster.status(),
                 "earlier_dra_pool": self.earlier_pool.status(),
             },
+            self.hub.status(),
             self.replan.status(),
         )
 

@@ -276,6 +276,12 @@ class WorkerSockets:
             self._save()
         return removed
 
+    def worker_gone(self, resource: str, tag: str) -> None:
+        """A worker of `resource` with `tag` is dead (SIGKILL leaves its sockets): sweep them."""
+        removed = self.sweep(resource, tag)
+        if removed:
+            log.info("removed the socket(s) a dead worker of %s left: %s", resource, ", ".join(removed))
+
     def sweep_all(self) -> list[str]:
         names = self._listing()
         return [name for resource in sorted(self.tags) for name in self.sweep(resource, names=names)]

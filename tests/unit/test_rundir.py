@@ -144,6 +144,24 @@ def test_the_record_lets_the_next_life_remove_what_this_one_left(plugin_dir: Pat
     assert json.loads((tmp_path / "sockets.json").read_text()) == {"tags": {}}
 
 
+def test_a_dead_workers_sockets_go_and_the_log_names_them(
+    plugin_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker gone: the dead sockets of its tag are removed and named in one line; a worker
+    that left none says nothing."""
+    dead_socket(plugin_dir / "gpuvisor-gpu-a1b2c300.sock")
+    ws = sockets(plugin_dir, tmp_path)
+    ws.add("nvidia.com/gpu", "a1b2c3")
+    ws.add("nvidia.com/gpu", "d4e5f6")
+    with caplog.at_level(logging.INFO, logger="gpuvisor.supervisor"):
+        ws.worker_gone("nvidia.com/gpu", "a1b2c3")
+        ws.worker_gone("nvidia.com/gpu", "d4e5f6")
+    assert os.listdir(plugin_dir) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "removed the socket(s) a dead worker of nvidia.com/gpu left: gpuvisor-gpu-a1b2c300.sock"
+    ]
+
+
 def test_taking_over_an_earlier_life_removes_the_sockets_it_left(
     plugin_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
