@@ -200,6 +200,7 @@ class Supervisor:
             reconciler=self.reconciler,
             mps=self.mps,
             timers=self.timers,
+            on_fatal=self.stop_with,
             remember_label=self.rundir.remember_node_label,
             # The DRA worker's drain is built below, with the replanner it plans again through.
             dra_hold=lambda config: self.drain.hold(config),
@@ -311,6 +312,11 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.append(signum)  # only enqueue: the loop, woken by the wakeup fd, acts
 
+    def stop_with(self, exc: StartupError) -> None:
+        """A start-up failure found later (NVML came up to a config it cannot plan): the run ends
+        as it would have at start."""
+        self.exit_error, self.stopping = exc, True
+
     def prepare(self) -> None:
         """The run dir, and the sockets an earlier life of gpuvisor left in the plugin dir."""
         try:
@@ -345,7 +351,7 @@ class Supervisor:
         self.spawner.start()
         self.earlier_pool.look()  # before the first plans: an earlier DRA life's pool on this node?
         self.timers.call_later("beacon", 0.0, self.beacon)
-        self.try_nvml()
+        self.replan.begin()  # NVML, then the first plans (tried again until NVML answers)
 
     def turn(self) -> None:
         """One turn of the loop."""
@@ -486,23 +492,6 @@ class Supervisor:
         self.events.on_worker_state(handle, old, new, reason)
         if new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
             self.sockets.worker_gone(handle.resource, handle.socket_tag)
-
-    # ------------------------------------------------------------------ NVML
-    def try_nvml(self) -> None:
-        node, delay = self.nvml.attempt(self.config.fail_on_init_error)
-        if node is None:
-            self.timers.call_later("nvml-retry", delay, self._retry_nvml)
-            return
-        self.replan.start(node)
-
-    def _retry_nvml(self) -> None:
-        """A later try: NVML may come up to a config that cannot be planned. That ends the process
-        as it would at start (exit 78), rather than leaving it up with nothing planned."""
-        try:
-            self.try_nvml()
-        except StartupError as exc:
-            self.exit_error = exc
-            self.stopping = True
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Json]:

@@ -80,6 +80,7 @@ class Replanner:
         reconciler: Reconciler,
         mps: MpsWiring,
         timers: Scheduler,
+        on_fatal: Callable[[StartupError], None],
         remember_label: Callable[[str], None] = lambda value: None,
         dra_hold: Callable[[Config], DraHold] = lambda config: NO_HOLD,
     ) -> None:
@@ -89,6 +90,7 @@ class Replanner:
         self.reconciler = reconciler
         self.mps = mps
         self.timers = timers
+        self.on_fatal = on_fatal  # the main loop: a later start-up failure ends the run
         self.reloads = 0
         self.rediscoveries = 0
         self.label: str | None = None  # the node's config label as last read (None: not yet)
@@ -100,6 +102,24 @@ class Replanner:
         self.config_fp = self._source_fingerprint()
 
     # ------------------------------------------------------------------ triggers
+    def begin(self) -> None:
+        """The start: NVML's first try, then one at each step of its backoff (`nvml-retry`) until
+        it answers. Raises StartupError where the first try gives up (--fail-on-init-error) or
+        the node cannot be planned."""
+        node, delay = self.nvml.attempt(self.reconciler.config.fail_on_init_error)
+        if node is None:
+            self.timers.call_later("nvml-retry", delay, self._retry_nvml)
+            return
+        self.start(node)
+
+    def _retry_nvml(self) -> None:
+        """A later try: NVML may come up to a config that cannot be planned. That ends the run as
+        it would at start (exit 78), rather than leaving it up with nothing planned."""
+        try:
+            self.begin()
+        except StartupError as exc:
+            self.on_fatal(exc)
+
     def start(self, node: Node) -> bool:
         """The first plans, for the node NVML just showed, handed to the reconciler (rediscovery armed
         as after any new config): a config that cannot be planned ends the process as a bad
