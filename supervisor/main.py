@@ -59,8 +59,6 @@ from supervisor.host.sdnotify import Notifier
 from supervisor.host.watches import Watches
 from supervisor.labels.sync import NodeLabels
 from supervisor.mps.wiring import MpsWiring
-from supervisor.node.draplan import DRIVER
-from supervisor.node.planning import device_plugin_resources
 from supervisor.observe import status
 from supervisor.observe.http import AddressError, ProbeServer, loop_liveness
 from supervisor.observe.metrics import Metrics
@@ -225,6 +223,8 @@ class Supervisor:
             metrics=self.metrics,
             # From the claim fetcher's threads: the loop sends (a worker gone meanwhile asks again).
             reply=lambda resource, reply: self.mailbox.post(partial(self.control.tell, resource, reply)),
+            workers=self.workers,
+            reconciler=self.reconciler,
             kubelet_plugins_dir=config.kubelet_plugins_dir,
         )
         self.drain = DraDrain(
@@ -433,7 +433,7 @@ class Supervisor:
 
     def start_cluster(self) -> None:
         """The cluster side starts once the kubelet path is up (see supervisor/cluster/side.py)."""
-        self.dra.device_plugin_running(self._device_plugin_running())
+        self.dra.turn()
         self.cluster.start_when(
             registered=self.workers.any_registered(),
             nothing_to_register=self.reconciler.node is not None and not self.reconciler.plans,
@@ -444,31 +444,19 @@ class Supervisor:
         """The health hub decided a change of devices: the Node hears of it (when asked to), and
         the DRA pool's taints follow."""
         self.cluster.health_changed(batch, line)
-        self._refresh_dra()
+        self.dra.health_changed(self.hub.book)
 
     def on_plans_applied(self) -> None:
         """New plans are in place: the Node's condition counts their devices, the DRA pool shows
         them (or is withdrawn), and a DRA node knows which device-plugin resources it may tidy."""
         self.cluster.plans_changed()
-        self._refresh_dra()
-        node, config = self.reconciler.node, self.config
-        dra_node = node is not None and config.mode == "dra"
-        names = device_plugin_resources(node, config) if node is not None and dra_node else frozenset()
-        self.dra.device_plugin_resources(names)
+        self.dra.plans_applied(self.hub.book)
 
     def kubelet_created(self) -> None:
         """kubelet.sock appeared (the kubelet started): workers register again, and the DRA side
         looks at what the kubelet may write into the Node's status again."""
         self.events.kubelet_created()
         self.dra.kubelet_restarted()
-
-    def _refresh_dra(self) -> None:
-        self.dra.refresh(
-            self.reconciler.plans, self.reconciler.node, self.hub.book, self._device_plugin_running()
-        )
-
-    def _device_plugin_running(self) -> bool:
-        return any(h.resource != DRIVER for h in self.workers.live())
 
     def drain_control(self) -> None:
         self.control.drain(self.events, partial(reply_to, self.commands))

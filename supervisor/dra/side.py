@@ -8,8 +8,10 @@ after the first registration with the kubelet, on threads of its own:
   draining DRA plan, or none, after this life published);
 - the DRA worker's claims (`supervisor.dra.claims.ClaimFetcher`), fetched on its requests.
 
-The main loop tells it what changed (`refresh`: the plans, the node, the health book's
-conditions, whether device-plugin workers still run) and never waits on it. Slices are not
+The main loop names what happened (`plans_applied`, `health_changed`, and each `turn`) and never
+waits on it; the side reads the plans in force from the reconciler and asks the workers whether a
+device-plugin worker still runs, and `refresh` takes those inputs (the plans, the node, the health
+book's conditions, whether device-plugin workers still run). Slices are not
 published while a device-plugin worker of this supervisor still runs (a switch from
 device-plugin mode): a device it hands out in its last moments must not be offered through DRA
 as well; once they are gone, the kubelet's view of what their containers still hold is read
@@ -23,14 +25,17 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from common.messages import ClaimReply, ClaimRequest, DraBeat, Json
 from common.model import Node, ResourcePlan
+from supervisor.config import Config
 from supervisor.dra.claims import ClaimFetcher
 from supervisor.health.book import HealthBook
 from supervisor.node.draplan import DRIVER
+from supervisor.node.planning import device_plugin_resources
 from supervisor.observe.metrics import Metrics
+from supervisor.workers.lifecycle import WorkerSet
 
 if TYPE_CHECKING:
     from common.dracheckpoint import PreparedClaim
@@ -45,6 +50,19 @@ log = logging.getLogger("gpuvisor.dra")
 WAIT_FOR_DEVICE_PLUGIN = "the device plugin's workers are still stopping"
 
 
+class PlanState(Protocol):
+    """The plans in force and the node and config they were made for (the reconciler's)."""
+
+    @property
+    def plans(self) -> Mapping[str, ResourcePlan]: ...
+
+    @property
+    def node(self) -> Node | None: ...
+
+    @property
+    def config(self) -> Config: ...
+
+
 class DraSide:
     def __init__(
         self,
@@ -54,9 +72,13 @@ class DraSide:
         pod_resources_socket: str,
         metrics: Metrics,
         reply: Callable[[str, ClaimReply], None],
+        workers: WorkerSet,
+        reconciler: PlanState,
         kubelet_plugins_dir: str = "",
     ) -> None:
         self.node_name = node_name
+        self.workers = workers  # asked whether a device-plugin worker still runs
+        self.reconciler = reconciler  # the plans in force, and the node and config they were made for
         # The DRA worker's checkpoint: the prepared claims whose status shows their devices' health.
         self.checkpoint_path = os.path.join(kubelet_plugins_dir, DRIVER, "checkpoint.json")
         self.plugin_dir = plugin_dir  # the device plugins' dir: the kubelet's checkpoint, a fallback
@@ -129,6 +151,27 @@ class DraSide:
     # ------------------------------------------------------------------ from the main loop
     def request_claim(self, request: ClaimRequest) -> None:
         self.claims.request(request)
+
+    def turn(self) -> None:
+        """Every loop turn: once the last device-plugin worker is gone, the slices may go out."""
+        self.device_plugin_running(self._device_plugin_workers())
+
+    def health_changed(self, book: HealthBook | None) -> None:
+        """The health hub decided a change of devices: the pool's taints follow."""
+        plans, node = self.reconciler.plans, self.reconciler.node
+        self.refresh(plans, node, book, self._device_plugin_workers())
+
+    def plans_applied(self, book: HealthBook | None) -> None:
+        """New plans are in place: the pool shows them (or is withdrawn), and a DRA node knows
+        which device-plugin resources it may tidy from the Node."""
+        self.health_changed(book)
+        node, config = self.reconciler.node, self.reconciler.config
+        dra_node = node is not None and config.mode == "dra"
+        names = device_plugin_resources(node, config) if node is not None and dra_node else frozenset()
+        self.device_plugin_resources(names)
+
+    def _device_plugin_workers(self) -> bool:
+        return any(h.resource != DRIVER for h in self.workers.live())
 
     def refresh(
         self,
