@@ -54,7 +54,7 @@ from supervisor.dra.side import DraSide
 from supervisor.health.book import ChangeBatch
 from supervisor.health.hub import HealthHub
 from supervisor.health.policy import HealthPolicy, PolicyError
-from supervisor.host.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
+from supervisor.host.rundir import RunDir, RunDirError, WorkerSockets
 from supervisor.host.sdnotify import Notifier
 from supervisor.host.watches import Watches
 from supervisor.labels.sync import NodeLabels
@@ -321,13 +321,10 @@ class Supervisor:
         """The run dir, and the sockets an earlier life of gpuvisor left in the plugin dir."""
         try:
             self.rundir.check_socket_paths()
-        except RunDirError as exc:
-            raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
-        try:
             self.rundir.prepare()
-        except RunDirUntrusted as exc:
-            raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
-        except RunDirError as exc:  # in use by a live supervisor, or cannot be made
+        except RunDirError as exc:  # a setting that cannot work, a live supervisor's, or not made
+            if exc.config_error:
+                raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
             raise StartupError(str(exc), EXIT_FAILURE) from None
         os.makedirs(self.plugin_dir, exist_ok=True)
         self.sockets.take_over_earlier()

@@ -20,6 +20,7 @@ import os
 import signal
 import stat
 from collections.abc import Mapping
+from typing import ClassVar
 
 from common.atomicfile import remove_temp_files, stage_atomic, write_atomic
 from common.procutil import unix_socket_listening
@@ -34,6 +35,8 @@ LABEL_RECORD_MAX_BYTES = 4096  # a label value is at most 63 characters: more is
 class RunDirError(Exception):
     """The run dir cannot be used; the text says which path and why."""
 
+    config_error: ClassVar[bool] = False  # True: the settings must change (exit 78), not the host
+
 
 class RunDirInUse(RunDirError):
     """Another live supervisor uses this run dir."""
@@ -41,6 +44,14 @@ class RunDirInUse(RunDirError):
 
 class RunDirUntrusted(RunDirError):
     """The run dir is not gpuvisor's alone (a symlink, another owner, writable by others)."""
+
+    config_error = True
+
+
+class RunDirTooLong(RunDirError):
+    """The run dir's socket paths do not fit a unix socket address."""
+
+    config_error = True
 
 
 class RunDir:
@@ -66,7 +77,7 @@ class RunDir:
         for path in (self.control_path, self.health_path):
             size = len(path.encode())
             if size > UNIX_PATH_MAX:
-                raise RunDirError(
+                raise RunDirTooLong(
                     f"--run-dir {self.path} is too long: {path} must fit a unix socket path "
                     f"(at most {UNIX_PATH_MAX} bytes, it has {size})"
                 )

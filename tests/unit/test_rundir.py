@@ -15,7 +15,14 @@ import pytest
 
 from common.atomicfile import write_atomic
 from common.socketnames import socket_name
-from supervisor.host.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
+from supervisor.host.rundir import (
+    RunDir,
+    RunDirError,
+    RunDirInUse,
+    RunDirTooLong,
+    RunDirUntrusted,
+    WorkerSockets,
+)
 from tests.helpers import short_tmpdir
 
 
@@ -62,9 +69,18 @@ def test_write_atomic_failure_leaves_the_old_file_and_no_temp(tmp_path: Path) ->
 
 
 def test_run_dir_paths_that_cannot_be_unix_sockets_are_refused(tmp_path: Path) -> None:
-    """A run dir whose control.sock path is over 107 bytes is refused, naming the limit."""
-    with pytest.raises(RunDirError, match="at most 107 bytes"):
+    """A run dir whose control.sock path is over 107 bytes is refused, naming the limit, as a
+    config error (the setting must change)."""
+    with pytest.raises(RunDirError, match="at most 107 bytes") as info:
         RunDir(str(tmp_path / ("x" * 120))).check_socket_paths()
+    assert info.value.config_error
+
+
+def test_only_a_setting_that_cannot_work_is_a_config_error() -> None:
+    """A run dir too long or not gpuvisor's alone is a config error (exit 78); one a live
+    supervisor uses, or that cannot be made, is not."""
+    assert RunDirTooLong.config_error and RunDirUntrusted.config_error
+    assert not RunDirInUse.config_error and not RunDirError.config_error
 
 
 def test_prepare_makes_a_private_run_dir_with_its_plans_dir(tmp_path: Path) -> None:
