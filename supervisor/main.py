@@ -48,8 +48,6 @@ from supervisor.desired.discovery import NvmlLink, StartupError
 from supervisor.desired.follow import Follow, worker_policy
 from supervisor.desired.reconcile import Reconciler
 from supervisor.desired.replan import Replanner
-from supervisor.dra.drain import DraDrain
-from supervisor.dra.earlier import EarlierPool
 from supervisor.dra.side import DraSide
 from supervisor.health.book import ChangeBatch
 from supervisor.health.hub import HealthHub
@@ -200,22 +198,13 @@ class Supervisor:
             timers=self.timers,
             on_fatal=self.stop_with,
             remember_label=self.rundir.remember_node_label,
-            # The DRA worker's drain is built below, with the replanner it plans again through.
-            dra_hold=lambda config: self.drain.hold(config),
+            # The DRA side is built below, with the replanner it plans again through.
+            dra_hold=lambda config: self.dra.hold(config),
         )
 
     def _build_outside(self, config: Config) -> None:
         """What reaches the supervisor from outside, or looks in: worker messages and CLI commands,
         the file watches, the cluster side (the node's label, health on the Node), the probes."""
-        self.earlier_pool = EarlierPool(
-            node_name=config.node_name,
-            plugins_dir=config.kubelet_plugins_dir,
-            connect=partial(api_client, config.kubeconfig, self.environ, self.metrics),
-            timers=self.timers,
-            post=self.mailbox.post,
-            on_done=self.replan.rediscover,
-            on_count=self.metrics.dra_call,
-        )
         self.dra = DraSide(
             node_name=config.node_name,
             plugin_dir=self.plugin_dir,
@@ -225,13 +214,11 @@ class Supervisor:
             reply=lambda resource, reply: self.mailbox.post(partial(self.control.tell, resource, reply)),
             workers=self.workers,
             reconciler=self.reconciler,
-            kubelet_plugins_dir=config.kubelet_plugins_dir,
-        )
-        self.drain = DraDrain(
-            workers=self.workers,
-            reconciler=self.reconciler,
-            earlier=self.earlier_pool,
+            connect=partial(api_client, config.kubeconfig, self.environ, self.metrics),
+            timers=self.timers,
+            post=self.mailbox.post,
             rediscover=self.replan.rediscover,
+            kubelet_plugins_dir=config.kubelet_plugins_dir,
         )
         self.events = WorkerEvents(
             workers=self.workers,
@@ -241,7 +228,7 @@ class Supervisor:
             metrics=self.metrics,
             clock=self.clock,
             claims=self.dra.request_claim,
-            on_dra=(self.dra.worker_beat, self.drain.worker_beat),
+            on_dra=(self.dra.worker_beat,),
         )
         self.commands = CommandTarget(
             status=self.status,
@@ -346,7 +333,7 @@ class Supervisor:
         self.rundir.secure_sockets()
         self.watches.start()
         self.spawner.start()
-        self.earlier_pool.look()  # before the first plans: an earlier DRA life's pool on this node?
+        self.dra.earlier.look()  # before the first plans: an earlier DRA life's pool on this node?
         self.timers.call_later("beacon", 0.0, self.beacon)
         self.replan.begin()  # NVML, then the first plans (tried again until NVML answers)
 
@@ -498,7 +485,7 @@ class Supervisor:
                 "labels": self.labels.status(),
                 "control": self.control.status(),
                 "cluster": self.cluster.status(),
-                "earlier_dra_pool": self.earlier_pool.status(),
+                "earlier_dra_pool": self.dra.earlier.status(),
             },
             self.hub.status(),
             self.replan.status(),
@@ -509,7 +496,6 @@ class Supervisor:
         self.notifier.stopping()
         self._step("stop cluster side", self.cluster.stop)  # API calls in flight end now
         self._step("stop DRA side", self.dra.close)
-        self._step("stop the earlier DRA pool", self.earlier_pool.stop)
         log.info("stopping: %d workers", len(self.workers.live()))
         self.workers.stop_and_wait("supervisor stopping", SHUTDOWN_GRACE_S)
         self.spawner.stop()

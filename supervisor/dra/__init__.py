@@ -16,10 +16,10 @@ DRA worker's claims, and its drain when the node turns device plugin.
              only where the Node lacks it);
 - `claimstatus` `ClaimStatusWriter`: each prepared claim's device health in its ResourceClaim's
              `status.devices`;
-- `side`     `DraSide`: the part the cluster side starts (supervisor/cluster `ClusterPart`), fed
-             by the main loop;
 - `drain`    `DraDrain`: what planning in device-plugin mode may hand out while the DRA worker
-             drains (its heartbeat's confirmation, then its checkpoint), and the wait for `earlier`.
+             drains (its heartbeat's confirmation, then its checkpoint), and the wait for `earlier`;
+- `side`     `DraSide`: the one DRA part the main loop wires (it holds `earlier` and `drain`), and
+             the part the cluster side starts (supervisor/cluster `ClusterPart`).
 
 `publish` (and through it `supervisor.kube`) is imported only when the cluster side starts.
 May import: `common/`, `supervisor.scheduler`, `supervisor.kube`, `supervisor.config`,

@@ -1,4 +1,9 @@
-"""The DRA driver's part of the cluster side in `gpuvisor run`: `DraSide`.
+"""The DRA driver's side of `gpuvisor run`, the one DRA part the main loop wires: `DraSide`.
+
+Its local half answers planning in device-plugin mode (`hold`): the pool an earlier life
+published is withdrawn first (`supervisor.dra.earlier.EarlierPool`), and what the DRA worker's
+drain still holds stays out (`supervisor.dra.drain.DraDrain`, told each change of the worker's
+heartbeat part through `worker_beat`). The rest is its part of the cluster side.
 
 What a DRA node needs from the API server, started with the cluster side (supervisor/cluster),
 after the first registration with the kubelet, on threads of its own:
@@ -25,16 +30,19 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from common.messages import ClaimReply, ClaimRequest, DraBeat, Json
 from common.model import Node, ResourcePlan
 from supervisor.config import Config
 from supervisor.dra.claims import ClaimFetcher
+from supervisor.dra.drain import DraDrain
+from supervisor.dra.earlier import EarlierPool
 from supervisor.health.book import HealthBook
-from supervisor.node.draplan import DRIVER
+from supervisor.node.draplan import DRIVER, DraHold
 from supervisor.node.planning import device_plugin_resources
 from supervisor.observe.metrics import Metrics
+from supervisor.scheduler import Scheduler
 from supervisor.workers.lifecycle import WorkerSet
 
 if TYPE_CHECKING:
@@ -74,6 +82,10 @@ class DraSide:
         reply: Callable[[str, ClaimReply], None],
         workers: WorkerSet,
         reconciler: PlanState,
+        connect: Callable[[], Any],
+        timers: Scheduler,
+        post: Callable[[Callable[[], None]], None],
+        rediscover: Callable[[str], object],
         kubelet_plugins_dir: str = "",
     ) -> None:
         self.node_name = node_name
@@ -85,6 +97,21 @@ class DraSide:
         self.pod_resources_socket = pod_resources_socket
         self.metrics = metrics
         self.claims = ClaimFetcher(reply=reply, on_count=functools.partial(metrics.dra_call, "claim"))
+        # The local half of a switch to the device plugin: the pool an earlier life published,
+        # withdrawn first (`connect` makes its API client: it runs before the cluster side), and
+        # what the DRA worker's drain still holds.
+        self.earlier = EarlierPool(
+            node_name=node_name,
+            plugins_dir=kubelet_plugins_dir,
+            connect=connect,
+            timers=timers,
+            post=post,
+            on_done=rediscover,
+            on_count=metrics.dra_call,
+        )
+        self.drain = DraDrain(
+            workers=workers, reconciler=reconciler, earlier=self.earlier, rediscover=rediscover
+        )
         self.publisher: SlicePublisher | None = None
         self.released: ReleasedResources | None = None
         self.claim_status: ClaimStatusWriter | None = None
@@ -147,10 +174,15 @@ class DraSide:
     def close(self) -> None:
         self.stop()
         self.claims.close()
+        self.earlier.stop()
 
     # ------------------------------------------------------------------ from the main loop
     def request_claim(self, request: ClaimRequest) -> None:
         self.claims.request(request)
+
+    def hold(self, config: Config) -> DraHold:
+        """Planning asks: what DRA claims hold while the node runs as a device plugin (`DraDrain`)."""
+        return self.drain.hold(config)
 
     def turn(self) -> None:
         """Every loop turn: once the last device-plugin worker is gone, the slices may go out."""
@@ -221,8 +253,9 @@ class DraSide:
 
     # ------------------------------------------------------------------ the claims' status
     def worker_beat(self, beat: DraBeat) -> None:
-        """The DRA worker's part of its heartbeat changed: when its checkpoint did, the claims
-        are read again."""
+        """The DRA worker's part of its heartbeat changed: the drain may plan again, and when its
+        checkpoint changed the claims are read again."""
+        self.drain.worker_beat(beat)
         seen = (beat.prepared_claims, beat.claims_changes)
         if seen == self._claims_seen:
             return

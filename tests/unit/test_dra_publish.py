@@ -393,12 +393,14 @@ class Reconciled:
 def side_with_recorder(reconciler: Any = None, workers: Any = None) -> tuple[Any, Wants]:
     from supervisor.dra.side import WAIT_FOR_DEVICE_PLUGIN, DraSide
     from supervisor.observe.metrics import Metrics
+    from supervisor.scheduler import Scheduler
     from supervisor.workers.lifecycle import WorkerSet
-    from tests.fakes import FakeSpawner
+    from tests.fakes import FakeClock, FakeSpawner
 
     side = DraSide(node_name=NODE, plugin_dir="/nowhere", pod_resources_socket="", metrics=Metrics("t"),
                    reply=lambda resource, reply: None, workers=workers or WorkerSet(spawner=FakeSpawner()),
-                   reconciler=reconciler or Reconciled(None))  # fmt: skip
+                   reconciler=reconciler or Reconciled(None), connect=lambda: None,
+                   timers=Scheduler(FakeClock()), post=lambda fn: None, rediscover=lambda why: None)  # fmt: skip
     wants = Wants()
     side.publisher = wants  # type: ignore[assignment]
     assert WAIT_FOR_DEVICE_PLUGIN
