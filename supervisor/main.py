@@ -34,8 +34,6 @@ from collections.abc import Callable
 from functools import partial
 from types import FrameType
 
-import zmq
-
 from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
 from common.messages import Json
 from common.procutil import Mailbox
@@ -60,7 +58,7 @@ from supervisor.mps.wiring import MpsWiring
 from supervisor.observe import status
 from supervisor.observe.http import AddressError, ProbeServer, loop_liveness
 from supervisor.observe.metrics import Metrics
-from supervisor.scheduler import Clock, Scheduler, SystemClock
+from supervisor.scheduler import Clock, Poller, Scheduler, SystemClock
 from supervisor.workers.events import WorkerEvents
 from supervisor.workers.lifecycle import WorkerHandle, WorkerSet, WState
 from supervisor.workers.spawner import WorkerSpawner
@@ -113,8 +111,7 @@ class Supervisor:
         self.started_at = self.clock.time()
         self.last_loop = self.clock.monotonic()
         self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
-        self._poller: zmq.Poller | None = None
-        self._watched: tuple[object, int] = (None, -1)
+        self.poller = Poller(lambda: (self.mailbox.fileno(), self.control.sock, self.spawner.fileno()))
 
     def _build_loop_tools(self, config: Config) -> None:
         """Metrics, the one scheduler, the mailbox other threads post to, the run dir and the
@@ -371,24 +368,9 @@ class Supervisor:
             return None
 
     def wait(self) -> list[object]:
-        """Sleep until an event or the next timer; the sockets and fds that are ready."""
-        # The same poller every turn, made again only when what it watches changes (the control
-        # socket opens, the zygote is replaced).
-        watched = (self.control.sock, self.spawner.fileno())
-        if self._poller is None or watched != self._watched:
-            poller = zmq.Poller()
-            poller.register(self.mailbox.fileno(), zmq.POLLIN)
-            if self.control.sock is not None:
-                poller.register(self.control.sock, zmq.POLLIN)
-            if self.spawner.fileno() >= 0:  # a worker forked by the zygote ends: its report wakes us
-                poller.register(self.spawner.fileno(), zmq.POLLIN)
-            self._poller, self._watched = poller, watched
-        timeout_ms = int(self.timers.wait_seconds(TICK_S) * 1000) + 1
-        try:
-            return [sock for sock, _event in self._poller.poll(timeout_ms)]
-        except zmq.ZMQError as exc:  # EINTR and the like: just go round again
-            log.debug("poll interrupted: %s", exc)
-            return []
+        """Sleep until an event or the next timer: a posted call, a control message, or the
+        zygote's report of a worker that ended. The sockets and fds that are ready."""
+        return self.poller.poll(self.timers.wait_seconds(TICK_S))
 
     # ------------------------------------------------------------------ the verbs
     def handle_signals(self) -> None:
