@@ -195,6 +195,7 @@ class Supervisor:
             timers=self.timers,
             on_fatal=self.stop_with,
             remember_label=self.rundir.remember_node_label,
+            recalled_label=self.rundir.recall_node_label,
             # The DRA side is built below, with the replanner it plans again through.
             dra_hold=lambda config: self.dra.hold(config),
         )
@@ -312,10 +313,7 @@ class Supervisor:
             raise StartupError(str(exc), EXIT_FAILURE) from None
         os.makedirs(self.plugin_dir, exist_ok=True)
         self.sockets.take_over_earlier()
-        if self.config.config_file_srcdir:
-            label = self.rundir.recall_node_label()
-            if label is not None:
-                self.replan.recall_label(label)
+        self.replan.recall_label()
 
     def start(self) -> None:
         """HTTP, sockets and watches first (status answers even if NVML fails), then NVML."""

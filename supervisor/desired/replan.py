@@ -82,6 +82,7 @@ class Replanner:
         timers: Scheduler,
         on_fatal: Callable[[StartupError], None],
         remember_label: Callable[[str], None] = lambda value: None,
+        recalled_label: Callable[[], str | None] = lambda: None,
         dra_hold: Callable[[Config], DraHold] = lambda config: NO_HOLD,
     ) -> None:
         self.argv_flags = argv_flags
@@ -95,6 +96,7 @@ class Replanner:
         self.rediscoveries = 0
         self.label: str | None = None  # the node's config label as last read (None: not yet)
         self.remember_label = remember_label  # kept for a restart in the same run dir
+        self.recalled_label = recalled_label  # what an earlier run in this run dir kept (None: none)
         # What DRA claims hold while the node runs as a device plugin (supervisor/dra/drain.py reads
         # the DRA worker's checkpoint and heartbeat), and what the running plans were made with.
         self.dra_hold = dra_hold
@@ -175,9 +177,13 @@ class Replanner:
         )
         return self.reload(f"node label {key}={value}" if value else f"node label {key} not set")
 
-    def recall_label(self, value: str) -> bool:
-        """At start, before NVML: the label an earlier run in this run dir read (a container
-        restart). Its config is the one planned first; the watch confirms or changes it."""
+    def recall_label(self) -> bool:
+        """At start, before NVML, with named configs: the label an earlier run in this run dir
+        read (a container restart). Its config is the one planned first; the watch confirms or
+        changes it. False when there is none to recall."""
+        value = self.recalled_label() if self.reconciler.config.config_file_srcdir else None
+        if value is None:
+            return False
         self.label = value
         log.info(
             "node label %s=%r, as an earlier run read it: starting with its config",

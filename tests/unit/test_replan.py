@@ -37,6 +37,7 @@ class Setup:
         config = sim_config(**own, **env)
         self.adopted: list[Config] = []
         self.fatal: list[StartupError] = []
+        self.recalled: str | None = None  # the label the run dir kept from an earlier run
         self.nvml = NvmlLink(config, self.environ)
         hub = bookless_hub(self.metrics, self.clock)
         self.rundir = FakeRunDir()
@@ -59,6 +60,7 @@ class Setup:
             mps=mps,
             timers=self.timers,
             on_fatal=self.fatal.append,
+            recalled_label=lambda: self.recalled,
         )
 
     @property
@@ -288,6 +290,20 @@ def test_a_label_naming_no_config_is_refused_and_the_running_one_stays(tmp_path:
     refused = str(s.reconciler.status()["refused"])
     assert "specified config slcied does not exist" in refused and "node label" in refused
     assert s.reconciler.plan_json[GPU] == before and s.config.config_name == "plain"
+
+
+def test_a_start_recalls_the_label_an_earlier_run_kept_only_with_named_configs(tmp_path: Path) -> None:
+    """With named configs, the label an earlier run in this run dir kept chooses the first config;
+    with none kept, or without named configs, nothing is recalled."""
+    s = named(tmp_path, DEFAULT_CONFIG="plain")
+    assert not s.replan.recall_label() and s.config.config_name == "plain"
+    s.recalled = "sliced"
+    assert s.replan.recall_label()
+    assert (s.config.config_name, s.config.config_source, s.replan.label) == ("sliced", "label", "sliced")
+    (tmp_path / "single").mkdir()
+    single = Setup(tmp_path / "single")
+    single.recalled = "sliced"
+    assert not single.replan.recall_label() and single.replan.label is None
 
 
 def test_without_a_usable_default_nothing_is_planned_until_the_label(tmp_path: Path) -> None:
