@@ -225,6 +225,7 @@ class Supervisor:
             hub=self.hub,
             metrics=self.metrics,
             clock=self.clock,
+            sockets=self.sockets,
             claims=self.dra.request_claim,
             on_dra=(self.dra.worker_beat,),
         )
@@ -439,11 +440,8 @@ class Supervisor:
         )
 
     def on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
-        """Every worker lifecycle transition: what it means for the rest, then the sockets a dead
-        worker left (SIGKILL leaves them)."""
+        """Every worker lifecycle transition: what it means (the worker set is built first)."""
         self.events.on_worker_state(handle, old, new, reason)
-        if new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
-            self.sockets.worker_gone(handle.resource, handle.socket_tag)
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Json]:

@@ -3,7 +3,8 @@
 The control endpoint (supervisor/control/endpoint.py) hands over typed messages from checked senders;
 the kubelet watch (supervisor/host/watches.py) reports kubelet.sock created and files deleted.
 Here they become worker-lifecycle facts (heartbeats, registrations, sockets), registration
-metrics, health snapshots for workers, plan catch-ups, and re-registration requests.
+metrics, health snapshots for workers, plan catch-ups, and re-registration requests; and each
+lifecycle transition what it means for the rest (a dead worker's route and sockets go).
 
 Registration metrics carry the trigger the supervisor knows, not only the worker's words: a
 worker's first registration is a start, and after a kubelet restart a worker may first report
@@ -56,6 +57,14 @@ class Routes(Protocol):
         ...
 
 
+class Sockets(Protocol):
+    """The one rule for the sockets workers leave (supervisor.host.rundir.WorkerSockets)."""
+
+    def worker_gone(self, resource: str, tag: str) -> None:
+        """The worker of this spawn tag is dead: its dead sockets go."""
+        ...
+
+
 class Reconciler(Protocol):
     """What worker events need of the plans' owner (supervisor.desired.reconcile.Reconciler)."""
 
@@ -96,6 +105,7 @@ class WorkerEvents:
         hub: HealthHub,
         metrics: Metrics,
         clock: Clock,
+        sockets: Sockets,
         claims: Callable[[ClaimRequest], None] | None = None,
         on_dra: tuple[Callable[[DraBeat], None], ...] = (),
     ) -> None:
@@ -105,6 +115,7 @@ class WorkerEvents:
         self.hub = hub
         self.metrics = metrics
         self.clock = clock
+        self.sockets = sockets
         # The DRA worker's claim requests go to the API-server side (supervisor/dra/claims.py);
         # without it each is answered at once with why not.
         self.claims = claims or self._no_claims
@@ -184,6 +195,7 @@ class WorkerEvents:
             if new is WState.STOPPED and not handle.wanted:
                 self._registered_life.pop(handle.resource, None)
                 self._kubelet_restarted.discard(handle.resource)
+            self.sockets.worker_gone(handle.resource, handle.socket_tag)  # SIGKILL leaves them
 
     def _unbind(self, resource: str) -> None:
         self.control.unbind(resource)
