@@ -299,8 +299,7 @@ class Supervisor:
         self.signals.append(signum)  # only enqueue: the loop, woken by the wakeup fd, acts
 
     def stop_with(self, exc: StartupError) -> None:
-        """A start-up failure found later (NVML came up to a config it cannot plan): the run ends
-        as it would have at start."""
+        """A start-up failure found later (NVML came up to a config it cannot plan) ends the run."""
         self.exit_error, self.stopping = exc, True
 
     def prepare(self) -> None:
@@ -335,8 +334,7 @@ class Supervisor:
 
     def turn(self) -> None:
         """One turn of the loop."""
-        now = self.clock.monotonic()
-        self.last_loop = now
+        self.last_loop = now = self.clock.monotonic()
         self.notifier.ping_if_due(now)
         self._step("signals", self.handle_signals)
         if self.stopping:
@@ -358,13 +356,12 @@ class Supervisor:
         if self.spawner.fileno() in ready:
             self._step("zygote", self.spawner.pump)
 
-    def _step(self, name: str, fn: Callable[[], object]) -> object:
+    def _step(self, name: str, fn: Callable[[], object]) -> None:
         try:
-            return fn()
+            fn()
         except Exception:  # housekeeping never ends the loop: log the cause, count it, go on
             log.exception("supervisor step %s failed; it runs again on the next turn", name)
             self.metrics.housekeeping_error(name)
-            return None
 
     def wait(self) -> list[object]:
         """Sleep until an event or the next timer: a posted call, a control message, or the
@@ -418,8 +415,7 @@ class Supervisor:
         self.dra.plans_applied(self.hub.book)
 
     def kubelet_created(self) -> None:
-        """kubelet.sock appeared (the kubelet started): workers register again, and the DRA side
-        looks at what the kubelet may write into the Node's status again."""
+        """kubelet.sock appeared: the workers register again, the DRA side rereads the Node."""
         self.events.kubelet_created()
         self.dra.kubelet_restarted()
 
