@@ -219,22 +219,22 @@ class WorkerEvents:
     # ------------------------------------------------------------------ the kubelet dir
     def kubelet_created(self) -> None:
         """kubelet.sock appeared (a kubelet restart): every worker registers again."""
-        self._kubelet_restarted.update(self.workers.workers)
+        self._kubelet_restarted.update(self.workers.by_resource())
         reason = "kubelet.sock created"
         log.info(
             "kubelet restarted (%s): every worker re-registers", reason, extra={"trigger": "kubelet-restart"}
         )
-        for resource in self.workers.workers:
+        for resource in self.workers.by_resource():
             self.tell(resource, Reregister(reason=reason))
 
     def file_deleted(self, name: str) -> None:
         if name == KUBELET_SOCKET_NAME:
             # The kubelet is going (or restarting): the registrations that follow are its doing.
-            self._kubelet_restarted.update(self.workers.workers)
+            self._kubelet_restarted.update(self.workers.by_resource())
             return
         if not name.startswith(SOCKET_PREFIX):
             return
-        for resource, handle in self.workers.workers.items():
+        for resource, handle in self.workers.by_resource().items():
             if handle.socket_path and os.path.basename(handle.socket_path) == name:
                 self.tell(resource, Reregister(reason=f"socket {name} deleted"))
 
