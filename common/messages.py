@@ -30,17 +30,31 @@ periodically with the current sequence, reveal a lost last delta that no later d
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self, TypeAlias
+from typing import ClassVar
+
+# The readers live apart (common/messagefields.py); Json and MessageError are this module's to
+# every importer, as before.
+from common.messagefields import Json as Json
+from common.messagefields import MessageError as MessageError
+from common.messagefields import (
+    _bool,
+    _dict,
+    _Flat,
+    _float,
+    _int,
+    _list,
+    _number_dict,
+    _object,
+    _only,
+    _require,
+    _str,
+)
 
 PROTOCOL_VERSION = 1
-
-# What JSON can carry: the type of command arguments and replies (the status document).
-Json: TypeAlias = "dict[str, Json] | list[Json] | str | int | float | bool | None"
 
 # The largest message a control or health socket accepts (ZMQ_MAXMSGSIZE): a status document of
 # a big node is a few hundred KiB; a peer that sends more is disconnected by ZeroMQ itself.
@@ -57,90 +71,6 @@ _K_TIME = "time"
 _K_KIND = "kind"
 _K_PAYLOAD = "payload"
 _ENVELOPE_KEYS = frozenset({_K_VERSION, _K_SEQ, _K_TIME, _K_KIND, _K_PAYLOAD})
-
-
-class MessageError(ValueError):
-    """A message could not be encoded or decoded; the text says why."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Typed field readers: each names the field and says what was wrong with it.
-
-
-def _where(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name
-
-
-def _require(obj: Mapping[str, Json], name: str, path: str) -> Json:
-    if name not in obj:
-        raise MessageError(f"missing field {_where(path, name)!r}")
-    return obj[name]
-
-
-def _str(obj: Mapping[str, Json], name: str, path: str = "") -> str:
-    value = _require(obj, name, path)
-    if not isinstance(value, str):
-        raise MessageError(f"field {_where(path, name)!r} must be a string, not {type(value).__name__}")
-    return value
-
-
-def _bool(obj: Mapping[str, Json], name: str, path: str = "") -> bool:
-    value = _require(obj, name, path)
-    if not isinstance(value, bool):
-        raise MessageError(f"field {_where(path, name)!r} must be a boolean, not {type(value).__name__}")
-    return value
-
-
-def _int(obj: Mapping[str, Json], name: str, path: str = "", minimum: int = 0) -> int:
-    value = _require(obj, name, path)
-    # bool is an int in Python; on the wire true is not 1.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise MessageError(f"field {_where(path, name)!r} must be an integer, not {type(value).__name__}")
-    if value < minimum:
-        raise MessageError(f"field {_where(path, name)!r} must be >= {minimum}, got {value}")
-    return value
-
-
-def _finite(value: Json, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise MessageError(f"field {where!r} must be a number, not {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise MessageError(f"field {where!r} must be a finite number, got {value!r}")
-    return number
-
-
-def _float(obj: Mapping[str, Json], name: str, path: str = "") -> float:
-    return _finite(_require(obj, name, path), _where(path, name))
-
-
-def _object(value: Json, where: str) -> dict[str, Json]:
-    if not isinstance(value, dict):
-        raise MessageError(f"{where} must be a JSON object, not {type(value).__name__}")
-    return value
-
-
-def _dict(obj: Mapping[str, Json], name: str, path: str = "") -> dict[str, Json]:
-    return dict(_object(_require(obj, name, path), f"field {_where(path, name)!r}"))
-
-
-def _number_dict(obj: Mapping[str, Json], name: str, path: str = "") -> dict[str, float]:
-    raw = _dict(obj, name, path)
-    return {key: _finite(value, f"{_where(path, name)}.{key}") for key, value in raw.items()}
-
-
-def _list(obj: Mapping[str, Json], name: str, path: str = "") -> list[Json]:
-    value = _require(obj, name, path)
-    if not isinstance(value, list):
-        raise MessageError(f"field {_where(path, name)!r} must be a list, not {type(value).__name__}")
-    return value
-
-
-def _only(obj: Mapping[str, Json], allowed: Iterable[str], path: str) -> None:
-    extra = sorted(set(obj) - set(allowed))
-    if extra:
-        where = f" in {path!r}" if path else ""
-        raise MessageError(f"unexpected field(s) {', '.join(map(repr, extra))}{where}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,27 +151,6 @@ class HealthSnapshot:
 # Message kinds. Each declares its wire name (KIND), its topic, and how its payload maps.
 
 
-class _Flat:
-    """The payload codec of a kind whose fields are all flat (str, int, bool, number maps):
-    `_FIELDS` names each field with its reader, which also validates it; nothing else is needed."""
-
-    _FIELDS: ClassVar[tuple[tuple[str, Callable[[Mapping[str, Json], str], object]], ...]] = ()
-
-    def to_payload(self) -> dict[str, Json]:
-        out: dict[str, Json] = {}
-        for name, _ in self._FIELDS:
-            value = getattr(self, name)
-            out[name] = dict(value) if isinstance(value, dict) else value
-        return out
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Json]) -> Self:
-        _only(p, (name for name, _ in cls._FIELDS), "payload")
-        # Each reader checked its field's type; the dataclass fields declare the same types.
-        values: dict[str, Any] = {name: read(p, name) for name, read in cls._FIELDS}
-        return cls(**values)
-
-
 @dataclass(frozen=True)
 class HealthDelta:
     """PUB: devices whose health changed in the change batch numbered `seq`."""
@@ -294,12 +203,52 @@ class Hello(_Flat):
 
 
 @dataclass(frozen=True)
-class Heartbeat(_Flat):
-    """Worker -> supervisor: liveness, state and metric data (a flat name -> number map).
+class DraBeat:
+    """The DRA worker's part of its heartbeat: where its drain and its claims stand.
 
-    Sent periodically, and at once when the registration state, the socket or the number of
-    ListAndWatch streams on the live server (`stats["gauge:streams"]`) changes, so the
-    supervisor's view (status, readiness) follows the worker within milliseconds.
+    The supervisor decides on these (the device plugin is planned once the drain is confirmed,
+    and again as its claims are unprepared; a change of the claims has the checkpoint read again
+    for the claims' status), so they travel typed in every beat rather than among the figures.
+    """
+
+    draining: bool  # a draining plan is in force: new claims are refused, prepared ones unprepare
+    prepared_claims: int  # the claims the worker's checkpoint lists
+    claims_changes: int  # this process's checkpoint writes that added or dropped a claim
+
+    _FIELDS: ClassVar[tuple[str, ...]] = ("draining", "prepared_claims", "claims_changes")
+
+    def to_payload(self) -> dict[str, Json]:
+        return {
+            "draining": self.draining,
+            "prepared_claims": self.prepared_claims,
+            "claims_changes": self.claims_changes,
+        }
+
+    @classmethod
+    def from_payload(cls, raw: Json, path: str) -> DraBeat:
+        obj = _object(raw, f"field {path!r}")
+        _only(obj, cls._FIELDS, path)
+        return cls(
+            draining=_bool(obj, "draining", path),
+            prepared_claims=_int(obj, "prepared_claims", path),
+            claims_changes=_int(obj, "claims_changes", path),
+        )
+
+
+def _dra_beat(obj: Mapping[str, Json], name: str) -> DraBeat | None:
+    """A heartbeat's `dra`: null from a device-plugin worker, the DRA worker's part otherwise."""
+    raw = _require(obj, name, "")
+    return None if raw is None else DraBeat.from_payload(raw, name)
+
+
+@dataclass(frozen=True)
+class Heartbeat(_Flat):
+    """Worker -> supervisor: liveness, state and metric data (a flat name -> number map), and
+    from the DRA worker its `DraBeat` (`dra`, always present: null from a device-plugin worker).
+
+    Sent periodically, and at once when the registration state, the socket, the number of
+    ListAndWatch streams on the live server (`stats["gauge:streams"]`) or the DRA part changes,
+    so the supervisor's view (status, readiness, planning) follows the worker within milliseconds.
     """
 
     KIND: ClassVar[str] = "heartbeat"
@@ -311,6 +260,7 @@ class Heartbeat(_Flat):
         ("registered", _bool),
         ("socket_path", _str),
         ("stats", _number_dict),
+        ("dra", _dra_beat),
     )
 
     resource: str
@@ -319,6 +269,12 @@ class Heartbeat(_Flat):
     registered: bool
     socket_path: str
     stats: dict[str, float] = field(default_factory=dict)
+    dra: DraBeat | None = None
+
+    def to_payload(self) -> dict[str, Json]:
+        out = super().to_payload()
+        out["dra"] = None if self.dra is None else self.dra.to_payload()
+        return out
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ class Mailbox:
     def __init__(self, log: logging.Logger, on_error: Callable[[], None] | None = None) -> None:
         self._log = log
         self._on_error = on_error  # told of each callable that raised (a metric), after the log line
-        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
@@ -95,8 +95,8 @@ class Mailbox:
     def wakeup_fd(self) -> int:
         return self._w
 
-    def post(self, fn: Callable[[], None]) -> None:
-        """Run `fn` on the loop (callable from any thread)."""
+    def post(self, fn: Callable[[], object]) -> None:
+        """Run `fn` on the loop (callable from any thread); what it returns is dropped."""
         self._queue.put(fn)
         with contextlib.suppress(BlockingIOError):  # a full pipe already means "wake up"
             os.write(self._w, b"x")

@@ -18,27 +18,24 @@ API-server layer only then.
 
 A switch between the device plugin and DRA is a reload like any other; what keeps a device from
 being handed out twice is planned (supervisor/node/planning.py): from DRA, the DRA worker drains
-first and the device plugin gets only what no prepared claim holds (`dra_hold`, read from the DRA
-worker's checkpoint once the worker confirms the drain); to DRA, the slices leave out what the
-device plugin's containers hold and go out only once its workers are gone (supervisor/dra/side.py).
+first and the device plugin gets only what no prepared claim holds (supervisor/dra/drain.py: the
+DRA worker's checkpoint, once its heartbeat confirms the drain); to DRA, the slices leave out what
+the device plugin's containers hold and go out only once its workers are gone (supervisor/dra/side.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 from types import FrameType
 
-import zmq
-
 from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
-from common.messages import ClaimReply, Json
+from common.messages import Json
 from common.procutil import Mailbox
 from supervisor.cdi.sync import CdiSync
 from supervisor.cluster.side import ClusterSide, api_client
@@ -49,22 +46,19 @@ from supervisor.desired.discovery import NvmlLink, StartupError
 from supervisor.desired.follow import Follow, worker_policy
 from supervisor.desired.reconcile import Reconciler
 from supervisor.desired.replan import Replanner
-from supervisor.dra.earlier import EarlierPool
 from supervisor.dra.side import DraSide
 from supervisor.health.book import ChangeBatch
 from supervisor.health.hub import HealthHub
 from supervisor.health.policy import HealthPolicy, PolicyError
-from supervisor.host.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
+from supervisor.host.rundir import RunDir, RunDirError, WorkerSockets
 from supervisor.host.sdnotify import Notifier
 from supervisor.host.watches import Watches
 from supervisor.labels.sync import NodeLabels
 from supervisor.mps.wiring import MpsWiring
-from supervisor.node.draplan import DRIVER, DraHold
-from supervisor.node.planning import NO_HOLD, device_plugin_resources
 from supervisor.observe import status
 from supervisor.observe.http import AddressError, ProbeServer, loop_liveness
 from supervisor.observe.metrics import Metrics
-from supervisor.scheduler import Clock, Scheduler, SystemClock
+from supervisor.scheduler import Clock, Poller, Scheduler, SystemClock
 from supervisor.workers.events import WorkerEvents
 from supervisor.workers.lifecycle import WorkerHandle, WorkerSet, WState
 from supervisor.workers.spawner import WorkerSpawner
@@ -117,10 +111,7 @@ class Supervisor:
         self.started_at = self.clock.time()
         self.last_loop = self.clock.monotonic()
         self.exit_error: StartupError | None = None  # a start-up failure found later (NVML came up)
-        self._was_ready = False
-        self._poller: zmq.Poller | None = None
-        self._dra_seen: tuple[float | None, float | None] = (None, None)
-        self._watched: tuple[object, int] = (None, -1)
+        self.poller = Poller(lambda: (self.mailbox.fileno(), self.control.sock, self.spawner.fileno()))
 
     def _build_loop_tools(self, config: Config) -> None:
         """Metrics, the one scheduler, the mailbox other threads post to, the run dir and the
@@ -202,29 +193,29 @@ class Supervisor:
             reconciler=self.reconciler,
             mps=self.mps,
             timers=self.timers,
+            on_fatal=self.stop_with,
             remember_label=self.rundir.remember_node_label,
-            dra_hold=self.dra_hold,
+            recalled_label=self.rundir.recall_node_label,
+            # The DRA side is built below, with the replanner it plans again through.
+            dra_hold=lambda config: self.dra.hold(config),
         )
 
     def _build_outside(self, config: Config) -> None:
         """What reaches the supervisor from outside, or looks in: worker messages and CLI commands,
         the file watches, the cluster side (the node's label, health on the Node), the probes."""
-        self.earlier_pool = EarlierPool(
-            node_name=config.node_name,
-            plugins_dir=config.kubelet_plugins_dir,
-            connect=partial(api_client, config.kubeconfig, self.environ, self.metrics),
-            timers=self.timers,
-            post=self.mailbox.post,
-            on_done=self.replan.rediscover,
-            on_count=self.metrics.dra_call,
-        )
         self.dra = DraSide(
             node_name=config.node_name,
             plugin_dir=self.plugin_dir,
             pod_resources_socket=config.pod_resources_socket,
             metrics=self.metrics,
-            reply=self.reply_claim,
-            earlier=self.earlier_pool,
+            # From the claim fetcher's threads: the loop sends (a worker gone meanwhile asks again).
+            reply=lambda resource, reply: self.mailbox.post(partial(self.control.tell, resource, reply)),
+            workers=self.workers,
+            reconciler=self.reconciler,
+            connect=partial(api_client, config.kubeconfig, self.environ, self.metrics),
+            timers=self.timers,
+            post=self.mailbox.post,
+            rediscover=self.replan.rediscover,
             kubelet_plugins_dir=config.kubelet_plugins_dir,
         )
         self.events = WorkerEvents(
@@ -234,8 +225,9 @@ class Supervisor:
             hub=self.hub,
             metrics=self.metrics,
             clock=self.clock,
+            sockets=self.sockets,
             claims=self.dra.request_claim,
-            on_stats=self.on_worker_stats,
+            on_dra=(self.dra.worker_beat,),
         )
         self.commands = CommandTarget(
             status=self.status,
@@ -264,8 +256,10 @@ class Supervisor:
             parts={"dra": self.dra},
         )
         self.metrics.set_config(config.config_name, config.config_source)
-        self.readiness = status.ReadinessCell()
         self.notifier = Notifier(self.environ)
+        self.readiness = status.ReadinessCell(
+            lambda ready, detail: self.metrics.set_ready(ready), self.notifier.update
+        )
         self.http: ProbeServer | None = None
         if config.metrics_address:
             self.http = ProbeServer(
@@ -304,46 +298,22 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.append(signum)  # only enqueue: the loop, woken by the wakeup fd, acts
 
+    def stop_with(self, exc: StartupError) -> None:
+        """A start-up failure found later (NVML came up to a config it cannot plan) ends the run."""
+        self.exit_error, self.stopping = exc, True
+
     def prepare(self) -> None:
         """The run dir, and the sockets an earlier life of gpuvisor left in the plugin dir."""
         try:
             self.rundir.check_socket_paths()
-        except RunDirError as exc:
-            raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
-        try:
             self.rundir.prepare()
-        except RunDirUntrusted as exc:
-            raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
-        except RunDirError as exc:  # in use by a live supervisor, or cannot be made
+        except RunDirError as exc:  # a setting that cannot work, a live supervisor's, or not made
+            if exc.config_error:
+                raise StartupError(f"config error: {exc}", EXIT_CONFIG_ERROR) from None
             raise StartupError(str(exc), EXIT_FAILURE) from None
         os.makedirs(self.plugin_dir, exist_ok=True)
-        self.sockets.load_earlier()
-        self._end_stale_workers()
-        removed = self.sockets.sweep_all()
-        if removed:
-            log.info("removed %d stale socket(s) of an earlier run: %s", len(removed), ", ".join(removed))
-        if self.config.config_file_srcdir:
-            label = self.rundir.recall_node_label()
-            if label is not None:
-                self.replan.recall_label(label)
-
-    def _end_stale_workers(self) -> None:
-        """Workers of an earlier life that never noticed their supervisor died (stopped, hung):
-        SIGKILL them by PID (their recorded tag on their command line says they are ours) before
-        new workers register, so their streams end first."""
-        stale = self.sockets.stale_workers()
-        if not stale:
-            return
-        import psutil  # loaded only when there is something to end: a first start has nothing
-
-        procs = []
-        for pid in stale:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                procs.append(psutil.Process(pid))
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
-        psutil.wait_procs(procs, timeout=2)
+        self.sockets.take_over_earlier()
+        self.replan.recall_label()
 
     def start(self) -> None:
         """HTTP, sockets and watches first (status answers even if NVML fails), then NVML."""
@@ -358,14 +328,13 @@ class Supervisor:
         self.rundir.secure_sockets()
         self.watches.start()
         self.spawner.start()
-        self.earlier_pool.look()  # before the first plans: an earlier DRA life's pool on this node?
+        self.dra.earlier.look()  # before the first plans: an earlier DRA life's pool on this node?
         self.timers.call_later("beacon", 0.0, self.beacon)
-        self.try_nvml()
+        self.replan.begin()  # NVML, then the first plans (tried again until NVML answers)
 
     def turn(self) -> None:
         """One turn of the loop."""
-        now = self.clock.monotonic()
-        self.last_loop = now
+        self.last_loop = now = self.clock.monotonic()
         self.notifier.ping_if_due(now)
         self._step("signals", self.handle_signals)
         if self.stopping:
@@ -387,33 +356,17 @@ class Supervisor:
         if self.spawner.fileno() in ready:
             self._step("zygote", self.spawner.pump)
 
-    def _step(self, name: str, fn: Callable[[], object]) -> object:
+    def _step(self, name: str, fn: Callable[[], object]) -> None:
         try:
-            return fn()
+            fn()
         except Exception:  # housekeeping never ends the loop: log the cause, count it, go on
             log.exception("supervisor step %s failed; it runs again on the next turn", name)
             self.metrics.housekeeping_error(name)
-            return None
 
     def wait(self) -> list[object]:
-        """Sleep until an event or the next timer; the sockets and fds that are ready."""
-        # The same poller every turn, made again only when what it watches changes (the control
-        # socket opens, the zygote is replaced).
-        watched = (self.control.sock, self.spawner.fileno())
-        if self._poller is None or watched != self._watched:
-            poller = zmq.Poller()
-            poller.register(self.mailbox.fileno(), zmq.POLLIN)
-            if self.control.sock is not None:
-                poller.register(self.control.sock, zmq.POLLIN)
-            if self.spawner.fileno() >= 0:  # a worker forked by the zygote ends: its report wakes us
-                poller.register(self.spawner.fileno(), zmq.POLLIN)
-            self._poller, self._watched = poller, watched
-        timeout_ms = int(self.timers.wait_seconds(TICK_S) * 1000) + 1
-        try:
-            return [sock for sock, _event in self._poller.poll(timeout_ms)]
-        except zmq.ZMQError as exc:  # EINTR and the like: just go round again
-            log.debug("poll interrupted: %s", exc)
-            return []
+        """Sleep until an event or the next timer: a posted call, a control message, or the
+        zygote's report of a worker that ended. The sockets and fds that are ready."""
+        return self.poller.poll(self.timers.wait_seconds(TICK_S))
 
     # ------------------------------------------------------------------ the verbs
     def handle_signals(self) -> None:
@@ -438,20 +391,13 @@ class Supervisor:
         self.hub.beacon()
 
     def check_ready(self) -> None:
-        answer = self._readiness()
-        self.readiness.set((answer.ready, answer.detail))
-        self.metrics.set_ready(answer.ready)
-        self.notifier.update(answer.ready, answer.detail)
-        if answer.ready != self._was_ready:
-            self._was_ready = answer.ready
-            state = "ready" if answer.ready else "not-ready"
-            log.info("ready" if answer.ready else "not ready", extra={"state": state})
+        self.readiness.publish(self._readiness())
 
     def start_cluster(self) -> None:
         """The cluster side starts once the kubelet path is up (see supervisor/cluster/side.py)."""
-        self.dra.device_plugin_running(self._device_plugin_running())
+        self.dra.turn()
         self.cluster.start_when(
-            registered=any(h.registered for h in self.workers.workers.values()),
+            registered=self.workers.any_registered(),
             nothing_to_register=self.reconciler.node is not None and not self.reconciler.plans,
             awaiting_label=bool(self.config.awaiting_label),
         )
@@ -460,83 +406,18 @@ class Supervisor:
         """The health hub decided a change of devices: the Node hears of it (when asked to), and
         the DRA pool's taints follow."""
         self.cluster.health_changed(batch, line)
-        self._refresh_dra()
+        self.dra.health_changed(self.hub.book)
 
     def on_plans_applied(self) -> None:
         """New plans are in place: the Node's condition counts their devices, the DRA pool shows
         them (or is withdrawn), and a DRA node knows which device-plugin resources it may tidy."""
         self.cluster.plans_changed()
-        self._refresh_dra()
-        node, config = self.reconciler.node, self.config
-        dra_node = node is not None and config.mode == "dra"
-        names = device_plugin_resources(node, config) if node is not None and dra_node else frozenset()
-        self.dra.device_plugin_resources(names)
+        self.dra.plans_applied(self.hub.book)
 
     def kubelet_created(self) -> None:
-        """kubelet.sock appeared (the kubelet started): workers register again, and the DRA side
-        looks at what the kubelet may write into the Node's status again."""
+        """kubelet.sock appeared: the workers register again, the DRA side rereads the Node."""
         self.events.kubelet_created()
         self.dra.kubelet_restarted()
-
-    def _refresh_dra(self) -> None:
-        self.dra.refresh(
-            self.reconciler.plans, self.reconciler.node, self.hub.book, self._device_plugin_running()
-        )
-
-    def _device_plugin_running(self) -> bool:
-        return any(h.proc is not None for r, h in self.workers.workers.items() if r != DRIVER)
-
-    # ------------------------------------------------------------------ DRA <-> device plugin
-    def dra_hold(self, config: Config) -> DraHold:
-        """What DRA claims hold while the node runs as a device plugin (planning's input): not
-        settled while a DRA worker that may still prepare claims runs (one not confirmed draining);
-        else the devices its checkpoint lists (the checkpoint is final once it drains)."""
-        waiting = self.dra.hold_reason(config.mode)
-        if config.mode == "dra":
-            return NO_HOLD
-        from common.dracheckpoint import CheckpointError, held_devices  # loaded at planning, not at start
-
-        handle = self.workers.workers.get(DRIVER)
-        plan = self.reconciler.plans.get(DRIVER)
-        draining = plan is not None and plan.dra is not None and plan.dra.drain
-        if (
-            handle is not None
-            and handle.proc is not None
-            and not (draining and handle.stats.get("gauge:draining") == 1)
-        ):
-            return DraHold(settled=False)
-        directory = os.path.join(config.kubelet_plugins_dir, DRIVER)
-        try:
-            return DraHold(devices=held_devices(directory), waiting=waiting)
-        except CheckpointError as exc:
-            # The DRA worker moves such a file aside and starts empty: nothing it lists is held.
-            log.warning(
-                "the DRA checkpoint in %s cannot be read (%s): no device counts as held", directory, exc
-            )
-            return DraHold(waiting=waiting)
-
-    def on_worker_stats(self, resource: str, stats: Mapping[str, float]) -> None:
-        """A draining DRA worker confirmed the drain, or a claim was unprepared: plan again, so the
-        device plugin gets what no prepared claim holds any more."""
-        if resource == DRIVER:
-            self.dra.worker_stats(stats)
-        plan = self.reconciler.plans.get(DRIVER)
-        if resource != DRIVER or plan is None or plan.dra is None or not plan.dra.drain:
-            return
-        if stats.get("gauge:draining") != 1:
-            return
-        seen = (stats.get("gauge:draining"), stats.get("gauge:prepared_claims"))
-        if seen != self._dra_seen:
-            self._dra_seen = seen
-            self.replan.rediscover(f"the draining DRA worker holds {int(seen[1] or 0)} prepared claim(s)")
-
-    def reply_claim(self, resource: str, reply: ClaimReply) -> None:
-        """From the claim fetcher's threads: the DRA worker gets its answer from the loop."""
-
-        def send() -> None:
-            self.control.tell(resource, reply)  # a worker gone meanwhile: its successor asks again
-
-        self.mailbox.post(send)
 
     def drain_control(self) -> None:
         self.control.drain(self.events, partial(reply_to, self.commands))
@@ -546,7 +427,7 @@ class Supervisor:
             nvml_up=self.nvml.up,
             nvml_error=self.nvml.error,
             planned=self.reconciler.plans,
-            workers=self.workers.workers,
+            workers=self.workers.by_resource(),
             mps_not_ready=self.mps.not_ready(),
             cdi_error=self.cdi.error,
             pending_reload=self.reconciler.pending_error,  # "" unless a reload is pending
@@ -555,32 +436,8 @@ class Supervisor:
         )
 
     def on_worker_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
-        """Every worker lifecycle transition: what it means for the rest, then the sockets a dead
-        worker left (SIGKILL leaves them)."""
+        """Every worker lifecycle transition: what it means (the worker set is built first)."""
         self.events.on_worker_state(handle, old, new, reason)
-        if new in (WState.BACKOFF, WState.STOPPED, WState.FATAL):
-            removed = self.sockets.sweep(handle.resource, handle.socket_tag)
-            if removed:
-                log.info(
-                    "removed the socket(s) a dead worker of %s left: %s", handle.resource, ", ".join(removed)
-                )
-
-    # ------------------------------------------------------------------ NVML
-    def try_nvml(self) -> None:
-        node, delay = self.nvml.attempt(self.config.fail_on_init_error)
-        if node is None:
-            self.timers.call_later("nvml-retry", delay, self._retry_nvml)
-            return
-        self.replan.start(node)
-
-    def _retry_nvml(self) -> None:
-        """A later try: NVML may come up to a config that cannot be planned. That ends the process
-        as it would at start (exit 78), rather than leaving it up with nothing planned."""
-        try:
-            self.try_nvml()
-        except StartupError as exc:
-            self.exit_error = exc
-            self.stopping = True
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Json]:
@@ -595,19 +452,16 @@ class Supervisor:
                 "plugin_dir": self.plugin_dir,
                 "metrics_url": self.http.url if self.http is not None and self.http.serving else None,
                 "nvml": self.nvml.status(),
-                "health_policy": self.hub.policy.describe(),
                 "reconcile": self.reconciler.status(),
                 "workers": self.workers.view(self.clock.monotonic()),
-                "resources": self.hub.resources_view(),
-                "conditions": self.hub.conditions_view(),
-                "health_events": dict(self.hub.events.status()),
                 "mps": self.mps.status(),
                 "cdi": self.cdi.status(),
                 "labels": self.labels.status(),
                 "control": self.control.status(),
                 "cluster": self.cluster.status(),
-                "earlier_dra_pool": self.earlier_pool.status(),
+                "earlier_dra_pool": self.dra.earlier.status(),
             },
+            self.hub.status(),
             self.replan.status(),
         )
 
@@ -616,7 +470,7 @@ class Supervisor:
         self.notifier.stopping()
         self._step("stop cluster side", self.cluster.stop)  # API calls in flight end now
         self._step("stop DRA side", self.dra.close)
-        log.info("stopping: %d workers", sum(1 for h in self.workers.workers.values() if h.proc is not None))
+        log.info("stopping: %d workers", len(self.workers.live()))
         self.workers.stop_and_wait("supervisor stopping", SHUTDOWN_GRACE_S)
         self.spawner.stop()
         # After the workers: no container is handed an MPS pipe whose daemon is gone. The CDI spec

@@ -11,7 +11,7 @@ moves only when the test says so, and drive the scheduler with `run_due()` by ha
 
 A callback that raises is logged with its cause and reported to `on_error` (a metric); it never
 ends the loop, and it does not re-arm by itself: a part that must retry uses `Retrying`, which
-schedules the retry itself.
+schedules the retry itself. Between timers the loop sleeps on a `Poller` of its sockets and fds.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ import heapq
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from common.backoff import Backoff
+
+if TYPE_CHECKING:
+    import zmq
 
 log = logging.getLogger("gpuvisor.supervisor")
 
@@ -164,3 +167,30 @@ class Retrying:
         self.error = ""
         self.backoff.reset()
         return True
+
+
+class Poller:
+    """What the loop sleeps on until its next timer: one zmq.Poller over sockets and fds that can
+    change between turns (a socket opened, the zygote replaced), made again only when they do.
+    `watched` names them, in order; None and negative fds are left out."""
+
+    def __init__(self, watched: Callable[[], tuple[object, ...]]) -> None:
+        self.watched = watched
+        self._poller: zmq.Poller | None = None
+        self._sources: tuple[object, ...] = ()
+
+    def poll(self, seconds: float) -> list[object]:
+        """The sockets and fds ready within `seconds`; none when the poll was interrupted."""
+        import zmq  # loaded by the supervisor's start anyway; not by the CLI's other commands
+
+        sources = self.watched()
+        if self._poller is None or sources != self._sources:
+            self._poller, self._sources = zmq.Poller(), sources
+            for source in sources:
+                if source is not None and not (isinstance(source, int) and source < 0):
+                    self._poller.register(source, zmq.POLLIN)
+        try:
+            return [sock for sock, _event in self._poller.poll(int(seconds * 1000) + 1)]
+        except zmq.ZMQError as exc:  # EINTR and the like: the loop just goes round again
+            log.debug("poll interrupted: %s", exc)
+            return []

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from common.messages import (
     DeviceHealth,
+    DraBeat,
     HealthBeacon,
     HealthDelta,
     HealthSnapshot,
@@ -82,6 +83,7 @@ class Beat:
     registered: bool
     socket_path: str
     gauges: Mapping[str, float] = field(default_factory=dict)  # `gauge:<name>` in the figures
+    dra: DraBeat | None = None  # the DRA worker's drain and claims (sent in every beat)
 
 
 class Peer(Protocol):
@@ -303,5 +305,6 @@ class Link:
                 registered=beat.registered,
                 socket_path=beat.socket_path,
                 stats=stats,
+                dra=beat.dra,
             )
         )

@@ -80,7 +80,9 @@ class Replanner:
         reconciler: Reconciler,
         mps: MpsWiring,
         timers: Scheduler,
+        on_fatal: Callable[[StartupError], None],
         remember_label: Callable[[str], None] = lambda value: None,
+        recalled_label: Callable[[], str | None] = lambda: None,
         dra_hold: Callable[[Config], DraHold] = lambda config: NO_HOLD,
     ) -> None:
         self.argv_flags = argv_flags
@@ -89,17 +91,37 @@ class Replanner:
         self.reconciler = reconciler
         self.mps = mps
         self.timers = timers
+        self.on_fatal = on_fatal  # the main loop: a later start-up failure ends the run
         self.reloads = 0
         self.rediscoveries = 0
         self.label: str | None = None  # the node's config label as last read (None: not yet)
         self.remember_label = remember_label  # kept for a restart in the same run dir
-        # What DRA claims hold while the node runs as a device plugin (the main loop reads the DRA
-        # worker's checkpoint and state), and what the running plans were made with.
+        self.recalled_label = recalled_label  # what an earlier run in this run dir kept (None: none)
+        # What DRA claims hold while the node runs as a device plugin (supervisor/dra/drain.py reads
+        # the DRA worker's checkpoint and heartbeat), and what the running plans were made with.
         self.dra_hold = dra_hold
         self.planned_hold: DraHold | None = None
         self.config_fp = self._source_fingerprint()
 
     # ------------------------------------------------------------------ triggers
+    def begin(self) -> None:
+        """The start: NVML's first try, then one at each step of its backoff (`nvml-retry`) until
+        it answers. Raises StartupError where the first try gives up (--fail-on-init-error) or
+        the node cannot be planned."""
+        node, delay = self.nvml.attempt(self.reconciler.config.fail_on_init_error)
+        if node is None:
+            self.timers.call_later("nvml-retry", delay, self._retry_nvml)
+            return
+        self.start(node)
+
+    def _retry_nvml(self) -> None:
+        """A later try: NVML may come up to a config that cannot be planned. That ends the run as
+        it would at start (exit 78), rather than leaving it up with nothing planned."""
+        try:
+            self.begin()
+        except StartupError as exc:
+            self.on_fatal(exc)
+
     def start(self, node: Node) -> bool:
         """The first plans, for the node NVML just showed, handed to the reconciler (rediscovery armed
         as after any new config): a config that cannot be planned ends the process as a bad
@@ -155,9 +177,13 @@ class Replanner:
         )
         return self.reload(f"node label {key}={value}" if value else f"node label {key} not set")
 
-    def recall_label(self, value: str) -> bool:
-        """At start, before NVML: the label an earlier run in this run dir read (a container
-        restart). Its config is the one planned first; the watch confirms or changes it."""
+    def recall_label(self) -> bool:
+        """At start, before NVML, with named configs: the label an earlier run in this run dir
+        read (a container restart). Its config is the one planned first; the watch confirms or
+        changes it. False when there is none to recall."""
+        value = self.recalled_label() if self.reconciler.config.config_file_srcdir else None
+        if value is None:
+            return False
         self.label = value
         log.info(
             "node label %s=%r, as an earlier run read it: starting with its config",

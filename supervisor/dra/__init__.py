@@ -1,5 +1,5 @@
-"""The supervisor's side of DRA (`--mode dra`): what the node publishes to the API server, and the
-DRA worker's claims.
+"""The supervisor's side of DRA (`--mode dra`): what the node publishes to the API server, the
+DRA worker's claims, and its drain when the node turns device plugin.
 
 - `slices`   the node's ResourceSlices as NVIDIA's DRA driver publishes them (devices, attributes,
              capacities, health taints): a pure function of the node and the health book's
@@ -16,10 +16,13 @@ DRA worker's claims.
              only where the Node lacks it);
 - `claimstatus` `ClaimStatusWriter`: each prepared claim's device health in its ResourceClaim's
              `status.devices`;
-- `side`     `DraSide`: the part the cluster side starts (supervisor/cluster `ClusterPart`), fed
-             by the main loop.
+- `drain`    `DraDrain`: what planning in device-plugin mode may hand out while the DRA worker
+             drains (its heartbeat's confirmation, then its checkpoint), and the wait for `earlier`;
+- `side`     `DraSide`: the one DRA part the main loop wires (it holds `earlier` and `drain`), and
+             the part the cluster side starts (supervisor/cluster `ClusterPart`).
 
 `publish` (and through it `supervisor.kube`) is imported only when the cluster side starts.
 May import: `common/`, `supervisor.scheduler`, `supervisor.kube`, `supervisor.config`,
-`supervisor.node`, `supervisor.health`, `supervisor.observe`, `supervisor.cluster`.
+`supervisor.node`, `supervisor.health`, `supervisor.observe`, `supervisor.workers`,
+`supervisor.cluster`.
 """

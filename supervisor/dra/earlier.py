@@ -9,8 +9,8 @@ node): for that time the scheduler could hand one GPU out through both APIs.
 The evidence of an earlier DRA life is local and cheap, so a node that never ran DRA pays nothing
 at its start: the DRA worker's own directory `<kubelet plugins dir>/gpu.nvidia.com/` (it holds the
 worker's checkpoint and service socket; a host path, so it outlives the pod). Where it is there and
-the node runs as a device plugin, planning waits (`pending()` is the reason, read by the
-supervisor's `dra_hold`) while one thread of this class lists the pool's slices
+the node runs as a device plugin, planning waits (`pending()` is the reason, read by
+`DraDrain.hold`) while one thread of this class lists the pool's slices
 (`spec.nodeName`, `spec.driver`) and deletes each with its UID and resourceVersion as
 preconditions. Planning goes on as soon as that is done, or once `BOUND_S` has passed:
 

@@ -1,4 +1,9 @@
-"""The DRA driver's part of the cluster side in `gpuvisor run`: `DraSide`.
+"""The DRA driver's side of `gpuvisor run`, the one DRA part the main loop wires: `DraSide`.
+
+Its local half answers planning in device-plugin mode (`hold`): the pool an earlier life
+published is withdrawn first (`supervisor.dra.earlier.EarlierPool`), and what the DRA worker's
+drain still holds stays out (`supervisor.dra.drain.DraDrain`, told each change of the worker's
+heartbeat part through `worker_beat`). The rest is its part of the cluster side.
 
 What a DRA node needs from the API server, started with the cluster side (supervisor/cluster),
 after the first registration with the kubelet, on threads of its own:
@@ -8,8 +13,10 @@ after the first registration with the kubelet, on threads of its own:
   draining DRA plan, or none, after this life published);
 - the DRA worker's claims (`supervisor.dra.claims.ClaimFetcher`), fetched on its requests.
 
-The main loop tells it what changed (`refresh`: the plans, the node, the health book's
-conditions, whether device-plugin workers still run) and never waits on it. Slices are not
+The main loop names what happened (`plans_applied`, `health_changed`, and each `turn`) and never
+waits on it; the side reads the plans in force from the reconciler and asks the workers whether a
+device-plugin worker still runs, and `refresh` takes those inputs (the plans, the node, the health
+book's conditions, whether device-plugin workers still run). Slices are not
 published while a device-plugin worker of this supervisor still runs (a switch from
 device-plugin mode): a device it hands out in its last moments must not be offered through DRA
 as well; once they are gone, the kubelet's view of what their containers still hold is read
@@ -23,15 +30,20 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
-from common.messages import ClaimReply, ClaimRequest, Json
+from common.messages import ClaimReply, ClaimRequest, DraBeat, Json
 from common.model import Node, ResourcePlan
+from supervisor.config import Config
 from supervisor.dra.claims import ClaimFetcher
+from supervisor.dra.drain import DraDrain
 from supervisor.dra.earlier import EarlierPool
 from supervisor.health.book import HealthBook
-from supervisor.node.draplan import DRIVER
+from supervisor.node.draplan import DRIVER, DraHold
+from supervisor.node.planning import device_plugin_resources
 from supervisor.observe.metrics import Metrics
+from supervisor.scheduler import Scheduler
+from supervisor.workers.lifecycle import WorkerSet
 
 if TYPE_CHECKING:
     from common.dracheckpoint import PreparedClaim
@@ -46,6 +58,19 @@ log = logging.getLogger("gpuvisor.dra")
 WAIT_FOR_DEVICE_PLUGIN = "the device plugin's workers are still stopping"
 
 
+class PlanState(Protocol):
+    """The plans in force and the node and config they were made for (the reconciler's)."""
+
+    @property
+    def plans(self) -> Mapping[str, ResourcePlan]: ...
+
+    @property
+    def node(self) -> Node | None: ...
+
+    @property
+    def config(self) -> Config: ...
+
+
 class DraSide:
     def __init__(
         self,
@@ -55,21 +80,42 @@ class DraSide:
         pod_resources_socket: str,
         metrics: Metrics,
         reply: Callable[[str, ClaimReply], None],
-        earlier: EarlierPool | None = None,
+        workers: WorkerSet,
+        reconciler: PlanState,
+        connect: Callable[[], Any],
+        timers: Scheduler,
+        post: Callable[[Callable[[], None]], None],
+        rediscover: Callable[[str], object],
         kubelet_plugins_dir: str = "",
     ) -> None:
         self.node_name = node_name
+        self.workers = workers  # asked whether a device-plugin worker still runs
+        self.reconciler = reconciler  # the plans in force, and the node and config they were made for
         # The DRA worker's checkpoint: the prepared claims whose status shows their devices' health.
         self.checkpoint_path = os.path.join(kubelet_plugins_dir, DRIVER, "checkpoint.json")
-        self.earlier = earlier  # the pool an earlier DRA life published, withdrawn in device-plugin mode
         self.plugin_dir = plugin_dir  # the device plugins' dir: the kubelet's checkpoint, a fallback
         self.pod_resources_socket = pod_resources_socket
         self.metrics = metrics
         self.claims = ClaimFetcher(reply=reply, on_count=functools.partial(metrics.dra_call, "claim"))
+        # The local half of a switch to the device plugin: the pool an earlier life published,
+        # withdrawn first (`connect` makes its API client: it runs before the cluster side), and
+        # what the DRA worker's drain still holds.
+        self.earlier = EarlierPool(
+            node_name=node_name,
+            plugins_dir=kubelet_plugins_dir,
+            connect=connect,
+            timers=timers,
+            post=post,
+            on_done=rediscover,
+            on_count=metrics.dra_call,
+        )
+        self.drain = DraDrain(
+            workers=workers, reconciler=reconciler, earlier=self.earlier, rediscover=rediscover
+        )
         self.publisher: SlicePublisher | None = None
         self.released: ReleasedResources | None = None
         self.claim_status: ClaimStatusWriter | None = None
-        self._claims_seen: tuple[float | None, ...] = ()
+        self._claims_seen: tuple[int, int] | None = None
         self._prepared: dict[str, PreparedClaim] = {}
         self._claims_health: dict[str, DeviceHealthView] = {}
         self._device_plugin_names: frozenset[str] = frozenset()  # what the device plugin would serve
@@ -115,15 +161,6 @@ class DraSide:
         self.claim_status.want(self._prepared, self._claims_health)
         self.claim_status.start()
 
-    def hold_reason(self, mode: str) -> str:
-        """Planning asks (main loop): why the device plugin may offer nothing yet ("" when it may)."""
-        if self.earlier is None:
-            return ""
-        if mode == "dra":
-            self.earlier.keep()
-            return ""
-        return self.earlier.pending()
-
     def stop(self) -> None:
         self.claims.stop()
         if self.publisher is not None:
@@ -137,12 +174,36 @@ class DraSide:
     def close(self) -> None:
         self.stop()
         self.claims.close()
-        if self.earlier is not None:
-            self.earlier.stop()
+        self.earlier.stop()
 
     # ------------------------------------------------------------------ from the main loop
     def request_claim(self, request: ClaimRequest) -> None:
         self.claims.request(request)
+
+    def hold(self, config: Config) -> DraHold:
+        """Planning asks: what DRA claims hold while the node runs as a device plugin (`DraDrain`)."""
+        return self.drain.hold(config)
+
+    def turn(self) -> None:
+        """Every loop turn: once the last device-plugin worker is gone, the slices may go out."""
+        self.device_plugin_running(self._device_plugin_workers())
+
+    def health_changed(self, book: HealthBook | None) -> None:
+        """The health hub decided a change of devices: the pool's taints follow."""
+        plans, node = self.reconciler.plans, self.reconciler.node
+        self.refresh(plans, node, book, self._device_plugin_workers())
+
+    def plans_applied(self, book: HealthBook | None) -> None:
+        """New plans are in place: the pool shows them (or is withdrawn), and a DRA node knows
+        which device-plugin resources it may tidy from the Node."""
+        self.health_changed(book)
+        node, config = self.reconciler.node, self.reconciler.config
+        dra_node = node is not None and config.mode == "dra"
+        names = device_plugin_resources(node, config) if node is not None and dra_node else frozenset()
+        self.device_plugin_resources(names)
+
+    def _device_plugin_workers(self) -> bool:
+        return any(h.resource != DRIVER for h in self.workers.live())
 
     def refresh(
         self,
@@ -191,9 +252,11 @@ class DraSide:
         self._tell_released()
 
     # ------------------------------------------------------------------ the claims' status
-    def worker_stats(self, stats: Mapping[str, float]) -> None:
-        """The DRA worker's figures: when its checkpoint changed, the claims are read again."""
-        seen = (stats.get("gauge:prepared_claims"), stats.get("gauge:claims_changes"))
+    def worker_beat(self, beat: DraBeat) -> None:
+        """The DRA worker's part of its heartbeat changed: the drain may plan again, and when its
+        checkpoint changed the claims are read again."""
+        self.drain.worker_beat(beat)
+        seen = (beat.prepared_claims, beat.claims_changes)
         if seen == self._claims_seen:
             return
         self._claims_seen = seen

@@ -270,6 +270,16 @@ class HealthHub:
                 self.metrics.set_devices(resource, healthy, len(devices) - healthy)
 
     # ------------------------------------------------------------------ views
+    def status(self) -> dict[str, Json]:
+        """The hub's keys of the status document: the policy, each device's health, the
+        conditions and the event log."""
+        return {
+            "health_policy": self.policy.describe(),
+            "resources": self.resources_view(),
+            "conditions": self.conditions_view(),
+            "health_events": dict(self.events.status()),
+        }
+
     def resources_view(self) -> dict[str, Json]:
         out: dict[str, Json] = {}
         for resource in self.book.resources if self.book is not None else ():

@@ -17,8 +17,10 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import stat
 from collections.abc import Mapping
+from typing import ClassVar
 
 from common.atomicfile import remove_temp_files, stage_atomic, write_atomic
 from common.procutil import unix_socket_listening
@@ -33,6 +35,8 @@ LABEL_RECORD_MAX_BYTES = 4096  # a label value is at most 63 characters: more is
 class RunDirError(Exception):
     """The run dir cannot be used; the text says which path and why."""
 
+    config_error: ClassVar[bool] = False  # True: the settings must change (exit 78), not the host
+
 
 class RunDirInUse(RunDirError):
     """Another live supervisor uses this run dir."""
@@ -40,6 +44,14 @@ class RunDirInUse(RunDirError):
 
 class RunDirUntrusted(RunDirError):
     """The run dir is not gpuvisor's alone (a symlink, another owner, writable by others)."""
+
+    config_error = True
+
+
+class RunDirTooLong(RunDirError):
+    """The run dir's socket paths do not fit a unix socket address."""
+
+    config_error = True
 
 
 class RunDir:
@@ -65,7 +77,7 @@ class RunDir:
         for path in (self.control_path, self.health_path):
             size = len(path.encode())
             if size > UNIX_PATH_MAX:
-                raise RunDirError(
+                raise RunDirTooLong(
                     f"--run-dir {self.path} is too long: {path} must fit a unix socket path "
                     f"(at most {UNIX_PATH_MAX} bytes, it has {size})"
                 )
@@ -275,6 +287,12 @@ class WorkerSockets:
             self._save()
         return removed
 
+    def worker_gone(self, resource: str, tag: str) -> None:
+        """A worker of `resource` with `tag` is dead (SIGKILL leaves its sockets): sweep them."""
+        removed = self.sweep(resource, tag)
+        if removed:
+            log.info("removed the socket(s) a dead worker of %s left: %s", resource, ", ".join(removed))
+
     def sweep_all(self) -> list[str]:
         names = self._listing()
         return [name for resource in sorted(self.tags) for name in self.sweep(resource, names=names)]
@@ -284,6 +302,33 @@ class WorkerSockets:
             return sorted(os.listdir(self.plugin_dir))
         except OSError:
             return []
+
+    def take_over_earlier(self) -> None:
+        """At start, before any worker of ours: the record of the earlier life, its workers that
+        still run (ended), and the sockets they left (removed)."""
+        self.load_earlier()
+        self.end_stale_workers()
+        removed = self.sweep_all()
+        if removed:
+            log.info("removed %d stale socket(s) of an earlier run: %s", len(removed), ", ".join(removed))
+
+    def end_stale_workers(self) -> None:
+        """Workers of an earlier life that never noticed their supervisor died (stopped, hung):
+        SIGKILL them by PID (their recorded tag on their command line says they are ours) before
+        new workers register, so their streams end first."""
+        stale = self.stale_workers()
+        if not stale:
+            return
+        import psutil  # loaded only when there is something to end: a first start has nothing
+
+        procs = []
+        for pid in stale:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(pid))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        log.warning("ended %d worker(s) an earlier run left behind: pids %s", len(stale), stale)
+        psutil.wait_procs(procs, timeout=2)
 
     def stale_workers(self) -> list[int]:
         """PIDs of worker processes an earlier supervisor life left running: its recorded tags on

@@ -13,12 +13,15 @@ this module sits below the workers package that owns the handles.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
 from common.messages import Json
+
+log = logging.getLogger("gpuvisor.supervisor")  # the loop's own lines: it publishes readiness
 
 
 class WorkerState(Protocol):
@@ -114,14 +117,27 @@ class ReadinessCell:
     """The latest readiness answer, set by the main loop and read by the HTTP thread.
 
     One tuple assignment is atomic in CPython, so no lock is needed; the HTTP thread never
-    iterates the supervisor's live dicts.
+    iterates the supervisor's live dicts. `publish` is the loop's one call per turn: it also
+    tells the listeners (the ready gauge, systemd's STATUS=) and logs a flip, once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *listeners: Callable[[bool, str], None]) -> None:
         self._value: tuple[bool, str] = (False, "starting")
+        self._listeners = listeners
+        self._logged_ready = False
 
     def set(self, value: tuple[bool, str]) -> None:
         self._value = value
+
+    def publish(self, answer: Readiness) -> None:
+        """This turn's answer: kept for the HTTP thread, told to each listener, logged on a flip."""
+        self.set((answer.ready, answer.detail))
+        for listener in self._listeners:
+            listener(answer.ready, answer.detail)
+        if answer.ready != self._logged_ready:
+            self._logged_ready = answer.ready
+            state = "ready" if answer.ready else "not-ready"
+            log.info("ready" if answer.ready else "not ready", extra={"state": state})
 
     def __call__(self) -> tuple[bool, str]:
         return self._value

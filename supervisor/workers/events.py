@@ -3,7 +3,8 @@
 The control endpoint (supervisor/control/endpoint.py) hands over typed messages from checked senders;
 the kubelet watch (supervisor/host/watches.py) reports kubelet.sock created and files deleted.
 Here they become worker-lifecycle facts (heartbeats, registrations, sockets), registration
-metrics, health snapshots for workers, plan catch-ups, and re-registration requests.
+metrics, health snapshots for workers, plan catch-ups, and re-registration requests; and each
+lifecycle transition what it means for the rest (a dead worker's route and sockets go).
 
 Registration metrics carry the trigger the supervisor knows, not only the worker's words: a
 worker's first registration is a start, and after a kubelet restart a worker may first report
@@ -25,6 +26,7 @@ from typing import Protocol
 from common.messages import (
     ClaimReply,
     ClaimRequest,
+    DraBeat,
     HealthSnapshot,
     Heartbeat,
     Hello,
@@ -52,6 +54,14 @@ class Routes(Protocol):
 
     def unbind(self, resource: str) -> None:
         """The resource's worker is gone or replaced: its route speaks for nobody any more."""
+        ...
+
+
+class Sockets(Protocol):
+    """The one rule for the sockets workers leave (supervisor.host.rundir.WorkerSockets)."""
+
+    def worker_gone(self, resource: str, tag: str) -> None:
+        """The worker of this spawn tag is dead: its dead sockets go."""
         ...
 
 
@@ -95,8 +105,9 @@ class WorkerEvents:
         hub: HealthHub,
         metrics: Metrics,
         clock: Clock,
+        sockets: Sockets,
         claims: Callable[[ClaimRequest], None] | None = None,
-        on_stats: Callable[[str, Mapping[str, float]], None] = lambda resource, stats: None,
+        on_dra: tuple[Callable[[DraBeat], None], ...] = (),
     ) -> None:
         self.workers = workers
         self.reconciler = reconciler
@@ -104,10 +115,11 @@ class WorkerEvents:
         self.hub = hub
         self.metrics = metrics
         self.clock = clock
+        self.sockets = sockets
         # The DRA worker's claim requests go to the API-server side (supervisor/dra/claims.py);
         # without it each is answered at once with why not.
         self.claims = claims or self._no_claims
-        self.on_stats = on_stats  # a worker's changed figures (the DRA worker's prepared claims)
+        self.on_dra = on_dra  # told each change of the DRA worker's part of its heartbeat
         self._metered = metered(metrics)
         self._registered_life: dict[str, int] = {}  # resource -> pid of the worker life that registered
         self._kubelet_restarted: set[str] = (
@@ -116,8 +128,8 @@ class WorkerEvents:
 
     # ------------------------------------------------------------------ ControlHandlers
     def accept_hello(self, hello: Hello) -> Binding | None:
-        handle = self.workers.workers.get(hello.resource)
-        if handle is None or handle.proc is None or handle.pid != hello.pid or not handle.secret:
+        handle = self.workers.running(hello.resource)
+        if handle is None or handle.pid != hello.pid or not handle.secret:
             return None
         if not _compare_digest(handle.secret.encode(), hello.secret.encode()):
             return None
@@ -130,17 +142,23 @@ class WorkerEvents:
         handle = self.workers.heartbeat(
             beat.resource, beat.pid, beat.registered, beat.socket_path, self.clock.monotonic()
         )
-        if handle is not None and beat.stats:  # empty: unchanged since the worker's last report
+        if handle is None:
+            return
+        if beat.stats:  # empty: unchanged since the worker's last report
             handle.stats = dict(beat.stats)
             self.metrics.worker_stats(beat.resource, beat.stats, pid=beat.pid)
             if beat.registered and beat.stats.get("gauge:streams", 0) >= 1:
                 self.workers.served(beat.resource, beat.pid)
-            self.on_stats(beat.resource, beat.stats)
+        if beat.dra != handle.dra:  # every beat carries it: only a change is news
+            handle.dra = beat.dra
+            if beat.dra is not None:
+                for listener in self.on_dra:
+                    listener(beat.dra)
 
     def on_status_report(self, report: StatusReport) -> None:
         log.debug("worker %s: %s (%s)", report.resource, report.event, report.detail)
-        handle = self.workers.workers.get(report.resource)
-        if handle is None or handle.proc is None:
+        handle = self.workers.running(report.resource)
+        if handle is None:
             return
         self._count_registration(handle, report.event, report.detail)
         handle.registration = f"{report.event} ({report.detail})" if report.detail else report.event
@@ -177,6 +195,7 @@ class WorkerEvents:
             if new is WState.STOPPED and not handle.wanted:
                 self._registered_life.pop(handle.resource, None)
                 self._kubelet_restarted.discard(handle.resource)
+            self.sockets.worker_gone(handle.resource, handle.socket_tag)  # SIGKILL leaves them
 
     def _unbind(self, resource: str) -> None:
         self.control.unbind(resource)
@@ -200,22 +219,22 @@ class WorkerEvents:
     # ------------------------------------------------------------------ the kubelet dir
     def kubelet_created(self) -> None:
         """kubelet.sock appeared (a kubelet restart): every worker registers again."""
-        self._kubelet_restarted.update(self.workers.workers)
+        self._kubelet_restarted.update(self.workers.by_resource())
         reason = "kubelet.sock created"
         log.info(
             "kubelet restarted (%s): every worker re-registers", reason, extra={"trigger": "kubelet-restart"}
         )
-        for resource in self.workers.workers:
+        for resource in self.workers.by_resource():
             self.tell(resource, Reregister(reason=reason))
 
     def file_deleted(self, name: str) -> None:
         if name == KUBELET_SOCKET_NAME:
             # The kubelet is going (or restarting): the registrations that follow are its doing.
-            self._kubelet_restarted.update(self.workers.workers)
+            self._kubelet_restarted.update(self.workers.by_resource())
             return
         if not name.startswith(SOCKET_PREFIX):
             return
-        for resource, handle in self.workers.workers.items():
+        for resource, handle in self.workers.by_resource().items():
             if handle.socket_path and os.path.basename(handle.socket_path) == name:
                 self.tell(resource, Reregister(reason=f"socket {name} deleted"))
 

@@ -34,14 +34,15 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 from typing import Protocol
 
 from common.backoff import Backoff
 from common.exitcodes import EXIT_CONFIG_ERROR
-from common.messages import Json
+from common.messages import DraBeat, Json
 from common.socketnames import new_tag
 
 log = logging.getLogger("gpuvisor.workers")
@@ -139,6 +140,7 @@ class WorkerHandle:
     wanted: bool = True
     retry_fatal: bool = False
     stats: dict[str, float] = field(default_factory=dict)  # the worker's figures, from heartbeats
+    dra: DraBeat | None = None  # the DRA worker's drain and claims, from its last heartbeat
     beat_interval: float = 0.0  # the heartbeat interval this worker process was started with
     listeners: list[StateListener] = field(default_factory=list)
 
@@ -223,6 +225,24 @@ class WorkerSet:
     def view(self, now: float) -> list[Json]:
         """Every worker as `gpuvisor status` shows it, by resource name."""
         return [handle.view(now) for _resource, handle in sorted(self.workers.items())]
+
+    # ------------------------------------------------------------------ what the loop asks
+    def by_resource(self) -> Mapping[str, WorkerHandle]:
+        """Every handle by its resource, read-only (readiness reads the planned ones)."""
+        return MappingProxyType(self.workers)
+
+    def running(self, resource: str) -> WorkerHandle | None:
+        """The resource's handle while a process of it runs; None when none does."""
+        handle = self.workers.get(resource)
+        return handle if handle is not None and handle.proc is not None else None
+
+    def live(self) -> list[WorkerHandle]:
+        """The handles whose process runs (STARTING, RUNNING, STOPPING), by resource name."""
+        return [h for _resource, h in sorted(self.workers.items()) if h.proc is not None]
+
+    def any_registered(self) -> bool:
+        """A worker's process is registered with the kubelet now (the kubelet path is up)."""
+        return any(h.registered for h in self.workers.values())
 
     # ------------------------------------------------------------------ desired state
     def want(self, resource: str, plan_path: str, *, plan_changed: bool = False) -> WorkerHandle:
@@ -438,6 +458,7 @@ class WorkerSet:
         handle.registered_at = None
         handle.served = False
         handle.stats = {}  # the figures of the previous process are not this one's
+        handle.dra = None
         handle.beat_interval = self.policy.beat_interval()
         handle.socket_path = ""
         handle.registration = ""

@@ -381,12 +381,26 @@ class Wants:
         self.told.append(want)
 
 
-def side_with_recorder() -> tuple[Any, Wants]:
+class Reconciled:
+    """The plans in force, as the reconciler holds them."""
+
+    def __init__(self, config: Any) -> None:
+        self.plans: dict[str, Any] = {}
+        self.node: Node | None = None
+        self.config = config
+
+
+def side_with_recorder(reconciler: Any = None, workers: Any = None) -> tuple[Any, Wants]:
     from supervisor.dra.side import WAIT_FOR_DEVICE_PLUGIN, DraSide
     from supervisor.observe.metrics import Metrics
+    from supervisor.scheduler import Scheduler
+    from supervisor.workers.lifecycle import WorkerSet
+    from tests.fakes import FakeClock, FakeSpawner
 
     side = DraSide(node_name=NODE, plugin_dir="/nowhere", pod_resources_socket="", metrics=Metrics("t"),
-                   reply=lambda resource, reply: None)  # fmt: skip
+                   reply=lambda resource, reply: None, workers=workers or WorkerSet(spawner=FakeSpawner()),
+                   reconciler=reconciler or Reconciled(None), connect=lambda: None,
+                   timers=Scheduler(FakeClock()), post=lambda fn: None, rediscover=lambda why: None)  # fmt: skip
     wants = Wants()
     side.publisher = wants  # type: ignore[assignment]
     assert WAIT_FOR_DEVICE_PLUGIN
@@ -429,3 +443,32 @@ def test_the_pool_is_wanted_from_the_plans_and_waits_for_the_device_plugin() -> 
     assert wants.told[-1] == PoolWant(False)
     side.refresh({}, node, book, False)
     assert side.wanted  # this life published: it stays to withdraw and watch
+
+
+def test_the_loops_calls_read_the_plans_in_force_and_whether_device_plugin_workers_run() -> None:
+    """The loop names only the event: the DRA side reads the plans in force and the node from
+    the reconciler, and asks the workers whether a device-plugin worker still runs. While one
+    does the pool waits; the turn after it is gone, the pool goes out. New plans on a DRA node
+    name the device-plugin resources the Node may still show."""
+    from supervisor.config import config_from_data
+    from supervisor.node.draplan import dra_plan
+    from supervisor.workers.lifecycle import WorkerSet
+    from tests.fakes import FakeSpawner
+
+    config = config_from_data(
+        {"version": "v1", "gpuvisor": {"mode": "dra"}}, flags={"node_name": NODE}, source="t"
+    )
+    node = nodes.pcie_l4()
+    reconciler = Reconciled(config)
+    reconciler.plans, reconciler.node = {DRIVER: dra_plan(node, config)}, node
+    workers = WorkerSet(spawner=FakeSpawner())
+    workers.want("nvidia.com/gpu", "/plans/gpu.json")
+    workers.tick(0.0)
+    side, wants = side_with_recorder(reconciler, workers)
+    side.plans_applied(None)
+    assert wants.told[-1].publish and wants.told[-1].wait
+    assert side._device_plugin_names == {"nvidia.com/gpu"}
+    workers.unwant("nvidia.com/gpu", 0.0)
+    workers.tick(0.0)
+    side.turn()
+    assert wants.told[-1] == PoolWant(True, node, (), "")

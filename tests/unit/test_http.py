@@ -16,7 +16,7 @@ from supervisor.observe.http import (
     parse_address,
 )
 from supervisor.observe.metrics import Metrics
-from supervisor.observe.status import ReadinessCell, worker_readiness
+from supervisor.observe.status import Readiness, ReadinessCell, worker_readiness
 from supervisor.workers.lifecycle import WorkerHandle, WState
 
 
@@ -307,6 +307,20 @@ def test_no_plans_is_not_ready_and_the_cell_starts_not_ready() -> None:
     assert cell()[0] is False
     cell.set((True, "ready"))
     assert cell() == (True, "ready")
+
+
+def test_publishing_readiness_tells_the_listeners_each_turn_and_logs_a_flip_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each published answer is the cell's and goes to every listener; the log says "ready" or
+    "not ready" only when the answer flips, not on every turn."""
+    told: list[tuple[bool, str]] = []
+    cell = ReadinessCell(lambda ready, detail: told.append((ready, detail)))
+    with caplog.at_level(logging.INFO, logger="gpuvisor.supervisor"):
+        for ready in (False, True, True, False):
+            cell.publish(Readiness(ready, f"ready={ready}"))
+    assert cell() == (False, "ready=False") and [r for r, _ in told] == [False, True, True, False]
+    assert [r.getMessage() for r in caplog.records] == ["ready", "not ready"]
 
 
 def raw(port: int, data: bytes) -> bytes:

@@ -20,6 +20,7 @@ from common.messages import (
     ClaimRequest,
     Command,
     DeviceHealth,
+    DraBeat,
     HealthBeacon,
     HealthDelta,
     HealthSnapshot,
@@ -55,6 +56,14 @@ EXAMPLES: list[Message] = [
         registered=True,
         socket_path="/var/lib/kubelet/device-plugins/gpuvisor-gpu-1.sock",
         stats={"allocate_total": 3, "allocate_seconds_sum": 0.25},
+    ),
+    Heartbeat(
+        resource="gpu.nvidia.com",
+        pid=1235,
+        state="registered",
+        registered=True,
+        socket_path="/var/lib/kubelet/plugins/gpu.nvidia.com/dra.sock",
+        dra=DraBeat(draining=True, prepared_claims=2, claims_changes=5),
     ),
     StatusReport(resource="nvidia.com/gpu", event="registered", detail="socket gpuvisor-gpu-1.sock"),
     SnapshotRequest(resource="nvidia.com/mig-1g.10gb"),
@@ -93,6 +102,21 @@ def body(**overrides: Any) -> bytes:
 _DROP = object()
 
 
+def heartbeat_body(dra: Any) -> bytes:
+    """A heartbeat's body whose `dra` field is `dra` (`_DROP`: left out)."""
+    payload: dict[str, Any] = {
+        "resource": "gpu.nvidia.com",
+        "pid": 1,
+        "state": "registered",
+        "registered": True,
+        "socket_path": "",
+        "stats": {},
+    }
+    if dra is not _DROP:
+        payload["dra"] = dra
+    return body(kind="heartbeat", payload=payload)
+
+
 @pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
 def test_round_trip(message: Message) -> None:
     """Every kind encodes to [topic, body] and decodes to an equal message with its envelope."""
@@ -127,6 +151,15 @@ def test_topics() -> None:
     """Health kinds travel on b"health", everything else on b"control"."""
     assert HealthDelta.TOPIC == HealthBeacon.TOPIC == HEALTH_TOPIC
     assert {m.TOPIC for m in EXAMPLES if not isinstance(m, HealthDelta | HealthBeacon)} == {CONTROL_TOPIC}
+
+
+def test_a_device_plugin_heartbeat_says_dra_null() -> None:
+    """A heartbeat without a DRA part carries `"dra": null`, and decodes to none: the field is
+    always on the wire, so a heartbeat that lacks it is refused as malformed."""
+    frames = encode(Heartbeat("nvidia.com/gpu", 1, "registered", True, "/p"), seq=1, now=2.0)
+    assert json.loads(frames[1])["payload"]["dra"] is None
+    message = decode(frames).message
+    assert isinstance(message, Heartbeat) and message.dra is None
 
 
 def test_encode_rejects_nan() -> None:
@@ -196,6 +229,26 @@ MALFORMED: list[tuple[str, Any, str]] = [
             ),
         ],
         "must be a list",
+    ),
+    ("heartbeat without dra", [CONTROL_TOPIC, heartbeat_body(_DROP)], "missing field 'dra'"),
+    ("dra not an object", [CONTROL_TOPIC, heartbeat_body(1)], "field 'dra' must be a JSON object"),
+    (
+        "dra draining a number",
+        [CONTROL_TOPIC, heartbeat_body({"draining": 1, "prepared_claims": 0, "claims_changes": 0})],
+        "'dra.draining' must be a boolean",
+    ),
+    (
+        "dra claims negative",
+        [CONTROL_TOPIC, heartbeat_body({"draining": False, "prepared_claims": -1, "claims_changes": 0})],
+        "'dra.prepared_claims' must be >= 0",
+    ),
+    (
+        "dra extra field",
+        [
+            CONTROL_TOPIC,
+            heartbeat_body({"draining": False, "prepared_claims": 0, "claims_changes": 0, "x": 1}),
+        ],
+        "unexpected field(s) 'x' in 'dra'",
     ),
     ("deep nesting", [CONTROL_TOPIC, b"[" * 100_000 + b"]" * 100_000], ""),
 ]

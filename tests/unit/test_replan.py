@@ -8,8 +8,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from common.exitcodes import EXIT_CONFIG_ERROR
 from supervisor.config import Config
-from supervisor.desired.discovery import NvmlLink
+from supervisor.desired.discovery import NvmlLink, StartupError
 from supervisor.desired.reconcile import Desired, Reconciler
 from supervisor.desired.replan import CONFIG_DEBOUNCE_S, Replanner
 from supervisor.mps.wiring import MpsWiring
@@ -35,6 +36,8 @@ class Setup:
         self.metrics = Metrics(version="test")
         config = sim_config(**own, **env)
         self.adopted: list[Config] = []
+        self.fatal: list[StartupError] = []
+        self.recalled: str | None = None  # the label the run dir kept from an earlier run
         self.nvml = NvmlLink(config, self.environ)
         hub = bookless_hub(self.metrics, self.clock)
         self.rundir = FakeRunDir()
@@ -56,6 +59,8 @@ class Setup:
             reconciler=self.reconciler,
             mps=mps,
             timers=self.timers,
+            on_fatal=self.fatal.append,
+            recalled_label=lambda: self.recalled,
         )
 
     @property
@@ -75,6 +80,35 @@ class Setup:
 
     def refusals(self, kind: str) -> float:
         return self.metrics.registry.get_sample_value("gpuvisor_reloads_refused_total", {"kind": kind}) or 0.0
+
+
+def test_the_start_tries_nvml_again_on_its_backoff_and_then_plans(tmp_path: Path) -> None:
+    """NVML down at the start (--fail-on-init-error=false): no plans, a retry on the scheduler at
+    the backoff's first step; the try that finds NVML up plans the node."""
+    s = Setup(tmp_path, GPUVISOR_SIM_FAIL_INIT="1", FAIL_ON_INIT_ERROR="false")
+    s.replan.begin()
+    assert s.reconciler.plans == {} and s.timers.when("nvml-retry") == s.clock.now + 1.0
+    s.clock.advance(1.0)
+    s.timers.run_due()
+    assert GPU in s.reconciler.plans and s.timers.when("nvml-retry") is None and s.fatal == []
+
+
+def test_a_later_start_that_cannot_plan_the_node_ends_the_run(tmp_path: Path) -> None:
+    """NVML comes up on a retry to a node the config cannot plan (one MIG profile asked of mixed
+    ones): the loop is told, with the config error a first try would have raised, exit 78."""
+    s = Setup(
+        tmp_path,
+        GPUVISOR_SIMULATE="mig-a100",
+        MIG_STRATEGY="single",
+        GPUVISOR_SIM_FAIL_INIT="1",
+        FAIL_ON_INIT_ERROR="false",
+    )
+    s.replan.begin()
+    assert s.fatal == []
+    s.clock.advance(1.0)
+    s.timers.run_due()
+    assert [(e.code, "MIG strategy single" in str(e)) for e in s.fatal] == [(EXIT_CONFIG_ERROR, True)]
+    assert s.reconciler.plans == {}
 
 
 def test_a_reload_with_a_new_config_plans_it_and_applies_it(tmp_path: Path) -> None:
@@ -256,6 +290,20 @@ def test_a_label_naming_no_config_is_refused_and_the_running_one_stays(tmp_path:
     refused = str(s.reconciler.status()["refused"])
     assert "specified config slcied does not exist" in refused and "node label" in refused
     assert s.reconciler.plan_json[GPU] == before and s.config.config_name == "plain"
+
+
+def test_a_start_recalls_the_label_an_earlier_run_kept_only_with_named_configs(tmp_path: Path) -> None:
+    """With named configs, the label an earlier run in this run dir kept chooses the first config;
+    with none kept, or without named configs, nothing is recalled."""
+    s = named(tmp_path, DEFAULT_CONFIG="plain")
+    assert not s.replan.recall_label() and s.config.config_name == "plain"
+    s.recalled = "sliced"
+    assert s.replan.recall_label()
+    assert (s.config.config_name, s.config.config_source, s.replan.label) == ("sliced", "label", "sliced")
+    (tmp_path / "single").mkdir()
+    single = Setup(tmp_path / "single")
+    single.recalled = "sliced"
+    assert not single.replan.recall_label() and single.replan.label is None
 
 
 def test_without_a_usable_default_nothing_is_planned_until_the_label(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ which sockets in the plugin dir gpuvisor removes."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -14,7 +15,14 @@ import pytest
 
 from common.atomicfile import write_atomic
 from common.socketnames import socket_name
-from supervisor.host.rundir import RunDir, RunDirError, RunDirUntrusted, WorkerSockets
+from supervisor.host.rundir import (
+    RunDir,
+    RunDirError,
+    RunDirInUse,
+    RunDirTooLong,
+    RunDirUntrusted,
+    WorkerSockets,
+)
 from tests.helpers import short_tmpdir
 
 
@@ -61,9 +69,18 @@ def test_write_atomic_failure_leaves_the_old_file_and_no_temp(tmp_path: Path) ->
 
 
 def test_run_dir_paths_that_cannot_be_unix_sockets_are_refused(tmp_path: Path) -> None:
-    """A run dir whose control.sock path is over 107 bytes is refused, naming the limit."""
-    with pytest.raises(RunDirError, match="at most 107 bytes"):
+    """A run dir whose control.sock path is over 107 bytes is refused, naming the limit, as a
+    config error (the setting must change)."""
+    with pytest.raises(RunDirError, match="at most 107 bytes") as info:
         RunDir(str(tmp_path / ("x" * 120))).check_socket_paths()
+    assert info.value.config_error
+
+
+def test_only_a_setting_that_cannot_work_is_a_config_error() -> None:
+    """A run dir too long or not gpuvisor's alone is a config error (exit 78); one a live
+    supervisor uses, or that cannot be made, is not."""
+    assert RunDirTooLong.config_error and RunDirUntrusted.config_error
+    assert not RunDirInUse.config_error and not RunDirError.config_error
 
 
 def test_prepare_makes_a_private_run_dir_with_its_plans_dir(tmp_path: Path) -> None:
@@ -141,6 +158,39 @@ def test_the_record_lets_the_next_life_remove_what_this_one_left(plugin_dir: Pat
     second.load_earlier()
     assert second.sweep_all() == ["gpuvisor-gpu-abcdef03.sock"]
     assert json.loads((tmp_path / "sockets.json").read_text()) == {"tags": {}}
+
+
+def test_a_dead_workers_sockets_go_and_the_log_names_them(
+    plugin_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker gone: the dead sockets of its tag are removed and named in one line; a worker
+    that left none says nothing."""
+    dead_socket(plugin_dir / "gpuvisor-gpu-a1b2c300.sock")
+    ws = sockets(plugin_dir, tmp_path)
+    ws.add("nvidia.com/gpu", "a1b2c3")
+    ws.add("nvidia.com/gpu", "d4e5f6")
+    with caplog.at_level(logging.INFO, logger="gpuvisor.supervisor"):
+        ws.worker_gone("nvidia.com/gpu", "a1b2c3")
+        ws.worker_gone("nvidia.com/gpu", "d4e5f6")
+    assert os.listdir(plugin_dir) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        "removed the socket(s) a dead worker of nvidia.com/gpu left: gpuvisor-gpu-a1b2c300.sock"
+    ]
+
+
+def test_taking_over_an_earlier_life_removes_the_sockets_it_left(
+    plugin_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At start the next life reads the record, finds no worker of it still running, removes the
+    dead sockets its workers left and says which."""
+    first = sockets(plugin_dir, tmp_path)
+    first.add("nvidia.com/gpu", "abcdef")
+    dead_socket(plugin_dir / "gpuvisor-gpu-abcdef03.sock")
+    second = sockets(plugin_dir, tmp_path)
+    with caplog.at_level(logging.INFO, logger="gpuvisor.supervisor"):
+        second.take_over_earlier()
+    assert os.listdir(plugin_dir) == [] and second.tags == {}
+    assert "removed 1 stale socket(s) of an earlier run: gpuvisor-gpu-abcdef03.sock" in caplog.text
 
 
 @pytest.mark.parametrize(

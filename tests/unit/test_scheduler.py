@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
 from common.backoff import Backoff
-from supervisor.scheduler import Retrying, Scheduler
+from supervisor.scheduler import Poller, Retrying, Scheduler
 from tests.fakes import FakeClock
 
 
@@ -127,3 +128,22 @@ def test_a_retried_step_backs_off_logs_each_error_once_and_clears_on_success(
     assert retry.error == "" and timers.when("write") is None and retry.backoff.attempts == 0
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["could not write: disk full", "could not write: read-only", "written again"]
+
+
+def test_the_poller_wakes_for_what_it_watches_now_and_skips_what_is_not_there() -> None:
+    """A pipe written to is ready; None and a negative fd (a socket not open yet, no zygote)
+    are left out; when the watched set changes the new source is polled, the old one not."""
+    first, second = os.pipe(), os.pipe()
+    watched: list[object] = [first[0], None, -1]
+    poller = Poller(lambda: tuple(watched))
+    try:
+        assert poller.poll(0.0) == []
+        os.write(first[1], b"x")
+        assert poller.poll(0.0) == [first[0]]
+        watched[0] = second[0]
+        assert poller.poll(0.0) == []  # the first pipe is still readable, but no longer watched
+        os.write(second[1], b"x")
+        assert poller.poll(0.0) == [second[0]]
+    finally:
+        for fd in (*first, *second):
+            os.close(fd)

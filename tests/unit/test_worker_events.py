@@ -3,7 +3,7 @@ real WorkerSet over fake processes, a fake control endpoint and a fake clock."""
 
 from __future__ import annotations
 
-from common.messages import Heartbeat, Hello, Message, Reregister, StatusReport
+from common.messages import DraBeat, Heartbeat, Hello, Message, Reregister, StatusReport
 from common.model import ResourcePlan
 from supervisor.control.endpoint import Binding
 from supervisor.observe.metrics import Metrics
@@ -51,6 +51,8 @@ class Setup:
         self.control = FakeControl()
         self.workers = WorkerSet(spawner=self.spawner, listeners=(self.on_state,))
         hub = bookless_hub(self.metrics, self.clock)
+        self.dra_told: list[DraBeat] = []
+        self.swept: list[tuple[str, str]] = []
         self.events = WorkerEvents(
             workers=self.workers,
             reconciler=FakeReconciler(),
@@ -58,6 +60,8 @@ class Setup:
             hub=hub,
             metrics=self.metrics,
             clock=self.clock,
+            sockets=self,
+            on_dra=(self.dra_told.append,),
         )
         for resource in (GPU, MIG):
             self.workers.want(resource, f"/plans/{resource}.json")
@@ -65,6 +69,9 @@ class Setup:
 
     def on_state(self, handle: WorkerHandle, old: WState, new: WState, reason: str) -> None:
         self.events.on_worker_state(handle, old, new, reason)
+
+    def worker_gone(self, resource: str, tag: str) -> None:
+        self.swept.append((resource, tag))
 
     def handle(self, resource: str = GPU) -> WorkerHandle:
         return self.workers.workers[resource]
@@ -113,6 +120,38 @@ def test_a_heartbeat_saying_registered_makes_the_worker_running() -> None:
         and h.stats == {"gauge:streams": 1.0}
         and h.socket_path.endswith("gpu-1.sock")
     )
+
+
+def test_a_dead_workers_sockets_are_swept_once_it_is_gone() -> None:
+    """A worker's death (BACKOFF) and its stop (STOPPED) sweep the sockets of that spawn's tag;
+    a start or a registration sweeps nothing."""
+    s = Setup()
+    h = s.handle()
+    s.events.on_heartbeat(Heartbeat(GPU, h.pid, "registered", True, "/p/x.sock", {}))
+    assert h.state is WState.RUNNING and s.swept == []
+    first_tag = h.socket_tag
+    s.spawner.procs[h.pid].die()
+    s.workers.tick(s.clock.now)
+    assert s.swept == [(GPU, first_tag)]
+    s.workers.unwant(GPU, s.clock.now)
+    s.workers.tick(s.clock.now)
+    assert s.handle().state is WState.STOPPED and s.swept[-1] == (GPU, h.socket_tag)
+
+
+def test_a_change_of_the_dra_part_is_told_once() -> None:
+    """The DRA part of a live worker's heartbeat is kept on its handle and told to the listeners
+    when it changed; the same part again tells nothing, a beat without one nothing either, and
+    a stranger's beat is not kept."""
+    s = Setup()
+    h = s.handle()
+    part = DraBeat(draining=True, prepared_claims=1, claims_changes=2)
+    for _ in range(2):
+        s.events.on_heartbeat(Heartbeat(GPU, h.pid, "registered", True, "/p/x.sock", {}, dra=part))
+    assert h.dra == part and s.dra_told == [part]
+    s.events.on_heartbeat(Heartbeat(GPU, h.pid, "registered", True, "/p/x.sock", {}))
+    assert h.dra is None and s.dra_told == [part]
+    s.events.on_heartbeat(Heartbeat(MIG, 1, "registered", True, "/p/y.sock", {}, dra=part))
+    assert s.handle(MIG).dra is None and s.dra_told == [part]
 
 
 def test_registration_metrics_name_the_trigger_the_supervisor_saw() -> None:

@@ -444,6 +444,27 @@ def test_stop_all_and_kill_all() -> None:
     assert ws.all_stopped() and all(st(h) is S.STOPPED for h in ws.workers.values())
 
 
+def test_the_set_answers_which_workers_run_and_whether_one_registered() -> None:
+    """`running` gives a resource's handle only while its process runs, `live` the handles with
+    a process, `any_registered` whether one is registered now; `by_resource` reads every handle
+    and cannot change the set."""
+    ws, _spawner, handle = make()
+    other = "nvidia.com/mig-1g.10gb"
+    ws.want(other, "/plans/mig.json")
+    assert ws.running(R) is None and ws.live() == [] and not ws.any_registered()
+    ws.tick(0.0)
+    assert ws.running(R) is handle and [h.resource for h in ws.live()] == [R, other]
+    ws.heartbeat(R, handle.pid, True, "/p/gpuvisor-gpu-1.sock", 0.1)
+    assert ws.any_registered()
+    ws.unwant(other, 0.2)  # the other one is stopped (the fake obeys SIGTERM at once)
+    ws.tick(0.2)
+    assert ws.running(other) is None and ws.live() == [handle] and ws.running("nvidia.com/none") is None
+    view = ws.by_resource()
+    assert set(view) == {R, other} and view[R] is handle
+    with pytest.raises(TypeError):
+        view["x"] = handle  # type: ignore[index]
+
+
 def test_lowered_heartbeat_timeout_spares_a_worker_beating_at_its_start_interval() -> None:
     """A reload that lowers the heartbeat timeout does not kill a worker still beating at the (slower) interval it was started with."""
     ws, spawner, handle = make(Policy(heartbeat_timeout=10.0))

@@ -6,6 +6,7 @@ inproc (in a thread of this process: no process is started), with this test as t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -20,6 +21,7 @@ import zmq
 from common.messages import (
     ClaimReply,
     DeviceHealth,
+    DraBeat,
     HealthBeacon,
     HealthDelta,
     HealthSnapshot,
@@ -276,6 +278,20 @@ def test_a_heartbeat_carries_the_figures_only_when_they_changed(
     assert first.socket_path == "/p/gpu.sock" and first.stats == {"gauge:streams": 1.0}
     assert second.stats == {}  # unchanged: the supervisor keeps the last figures it got
     assert third.stats == {"gauge:streams": 1.0, "count:something": 1.0}
+
+
+def test_the_dra_part_goes_in_every_beat(fed: tuple[Link, FakePeer, FakeSocket]) -> None:
+    """The DRA part of a beat travels in each heartbeat, unchanged figures or not (the supervisor
+    plans on it); a device-plugin worker's beat has none."""
+    link, peer, dealer = fed
+    link.heartbeat()
+    part = DraBeat(draining=True, prepared_claims=1, claims_changes=3)
+    peer.beat_says = dataclasses.replace(peer.beat_says, dra=part)
+    link.heartbeat()
+    link.heartbeat()
+    first, second, third = cast(list[Heartbeat], dealer.sent)
+    assert first.dra is None and second.dra == third.dra == part
+    assert third.stats == {}  # the figures did not change: they stay at home
 
 
 def test_a_status_report_goes_out_only_under_a_supervisor(fed: tuple[Link, FakePeer, FakeSocket]) -> None:

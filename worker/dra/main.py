@@ -11,14 +11,14 @@ device healthy (the tests of the worker).
 
 What it tells the supervisor: registration states as `StatusReport`s ("registering" once its
 sockets are up, "registered" when the kubelet's plugin watcher confirmed, "retrying", "stopped"),
-and in each heartbeat `registered` plus its figures. `gauge:streams` is 1 while the kubelet has
-confirmed the registration: for readiness and the restart rules that confirmation stands where a
-device plugin's ListAndWatch stream stands (a DRA kubelet holds no stream unless its
-ResourceHealthStatus gate is on; those streams are `gauge:health_streams`). `gauge:prepared_claims`
-counts the checkpoint's claims, `gauge:claims_changes` its writes that added or dropped one (a
-beat goes at once: the supervisor reads the claims again for their ResourceClaim status), and
-`gauge:draining` is 1 once a draining plan is in force (the supervisor plans the device
-plugin's devices on that confirmation).
+and in each heartbeat `registered`, its figures and its `DraBeat`. `gauge:streams` is 1 while the
+kubelet has confirmed the registration: for readiness and the restart rules that confirmation
+stands where a device plugin's ListAndWatch stream stands (a DRA kubelet holds no stream unless
+its ResourceHealthStatus gate is on; those streams are `gauge:health_streams`). The `DraBeat`
+counts the checkpoint's claims (`prepared_claims`) and its writes that added or dropped one
+(`claims_changes`; a beat goes at once: the supervisor reads the claims again for their
+ResourceClaim status), and says `draining` once a draining plan is in force (the supervisor
+plans the device plugin's devices on that confirmation); the figures repeat them for the metrics.
 
 Claims come from the supervisor (a `ClaimRequest` over the DEALER, answered by a `ClaimReply`:
 the supervisor holds the node's API client), or from `--dra-claims-dir` when the plan names one.
@@ -48,7 +48,15 @@ from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
 from common.draapi.rpc import dra_v1_handler, dra_v1beta1_handler, health_handler, registration_handler
 from common.dracheckpoint import Checkpoint, CheckpointError
 from common.exitcodes import EXIT_FAILURE
-from common.messages import ClaimReply, ClaimRequest, DeviceHealth, HealthSnapshot, Message, PlanUpdate
+from common.messages import (
+    ClaimReply,
+    ClaimRequest,
+    DeviceHealth,
+    DraBeat,
+    HealthSnapshot,
+    Message,
+    PlanUpdate,
+)
 from common.model import ResourcePlan
 from common.procutil import Mailbox
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
@@ -249,6 +257,11 @@ class DraWorker:
 
     def beat(self) -> Beat:
         registered = self.registrar.state is RegState.REGISTERED
+        dra = DraBeat(
+            draining=self.preparer.draining,
+            prepared_claims=self.preparer.prepared(),
+            claims_changes=self.preparer.changes,
+        )
         return Beat(
             state=self.registrar.state.value,
             registered=registered,
@@ -256,10 +269,13 @@ class DraWorker:
             gauges={
                 "streams": 1 if registered else 0,
                 "health_streams": self.health.streams,
-                "prepared_claims": self.preparer.prepared(),
-                "claims_changes": self.preparer.changes,
-                "draining": 1 if self.preparer.draining else 0,
+                # The DRA part's figures again, for the metrics (gpuvisor_worker_<name>) alone:
+                # the supervisor decides on `dra`.
+                "prepared_claims": dra.prepared_claims,
+                "claims_changes": dra.claims_changes,
+                "draining": 1 if dra.draining else 0,
             },
+            dra=dra,
         )
 
     def _bad(self) -> str:
