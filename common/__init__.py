@@ -6,7 +6,7 @@ plan model (`model`), the ZeroMQ messages (`messages`, decoded with the field re
 (`exitcodes`), the one `Backoff` (`backoff`), the one atomic file write (`atomicfile`), the DRA
 worker's checkpoint of prepared claims (`dracheckpoint`: the worker keeps it, the supervisor
 reads which devices it holds), process
-helpers (`procutil`), the cache of the code `@dataclass` compiles at each start (`methodcache`:
+helpers (`procutil`), the main loops' mailbox (`mailbox`), the cache of the code `@dataclass` compiles at each start (`methodcache`:
 both roles' starts read it), logging (`logs`), a worker's command line (`workerargs`: the spawner
 parses it for the zygote, a worker for itself), device nodes (`devnodes`), IMEX channels (`imex`) and UUIDs
 as text (`uuidtext`).

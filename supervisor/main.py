@@ -3,7 +3,7 @@
 The loop owns every ZeroMQ socket and all mutable state; other threads (the NVML monitor, the
 watchdog observers, the MPS thread) and signal handlers only enqueue (a callable on the
 mailbox, a signal number on a list) and wake it. Each turn (`turn()`) reads as what it does, as
-gunicorn's `Arbiter.run`: `handle_signals()`, `reconcile()` (reap and restart workers),
+gunicorn's `Arbiter.run`: `handle_signals()`, `tend_workers()` (reap and restart workers),
 `timers.run_due()` (one scheduler holds every deadline: backoffs, beacons, rediscovery, NVML and
 reload retries), `hub.tick()` (health recoveries), `check_ready()`, then `wait()` for the next
 event and, for what woke it, `mailbox.drain()`, `drain_control()` and `spawner.pump()`; a turn
@@ -35,14 +35,14 @@ from functools import partial
 from types import FrameType
 
 from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
+from common.mailbox import Mailbox
 from common.messages import Json
-from common.procutil import Mailbox
 from supervisor.cdi.sync import CdiSync
 from supervisor.cluster.side import ClusterSide, api_client
 from supervisor.config import Config
 from supervisor.control.commands import CommandTarget, reply_to
 from supervisor.control.endpoint import ControlEndpoint
-from supervisor.desired.discovery import NvmlLink, StartupError
+from supervisor.desired.discovery import NvmlSession, StartupError
 from supervisor.desired.follow import Follow, worker_policy
 from supervisor.desired.reconcile import Reconciler
 from supervisor.desired.replan import Replanner
@@ -125,7 +125,7 @@ class Supervisor:
 
     def _build_node(self, config: Config) -> None:
         """NVML (or the simulator) and the health hub that owns the health book and its PUB socket."""
-        self.nvml = NvmlLink(config, self.environ, on_error=self.metrics.nvml_error)
+        self.nvml = NvmlSession(config, self.environ, on_error=self.metrics.nvml_error)
         self.hub = HealthHub(
             endpoint=self.rundir.health_endpoint,
             policy=startup_policy(config),
@@ -341,7 +341,7 @@ class Supervisor:
             # A stop starts now: the wake-up byte of its signal was read on the turn before, so a
             # wait here would sleep out a whole tick before run() saw it. No housekeeping either.
             return
-        self._step("reconcile", self.reconcile)
+        self._step("workers", self.tend_workers)
         self._step("timers", self.timers.run_due)
         self._step("health", self.hub.tick)
         self._step("readiness", self.check_ready)
@@ -374,15 +374,15 @@ class Supervisor:
             signum = self.signals.pop(0)
             if signum == signal.SIGHUP:
                 self.replan.reload("SIGHUP")
-            elif signum != signal.SIGCHLD:  # SIGCHLD only woke us: reconcile() reaps
+            elif signum != signal.SIGCHLD:  # SIGCHLD only woke us: tend_workers() reaps
                 self.stopping = True
 
-    def reconcile(self) -> None:
+    def tend_workers(self) -> None:
         """Reap what died, start what should run, kill what hangs; wake again at the next deadline."""
         self.workers.tick(self.clock.monotonic())
         deadlines = self.workers.deadlines()
         if deadlines:
-            self.timers.call_at("workers", min(deadlines), self.reconcile)
+            self.timers.call_at("workers", min(deadlines), self.tend_workers)
         else:
             self.timers.cancel("workers")
 

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from common.mailbox import Mailbox
 from common.messages import (
     DeviceHealth,
     DraBeat,
@@ -46,7 +47,6 @@ from common.messages import (
     encode,
 )
 from common.model import ResourcePlan
-from common.procutil import Mailbox
 from worker.healthcopy import ApplyOutcome, ApplyResult, HealthApplier
 from worker.process import parent_ok
 from worker.stats import Stats

@@ -29,9 +29,10 @@ from types import FrameType
 from common import logs
 from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
 from common.imex import ImexChannelMissing
+from common.mailbox import Mailbox
 from common.messages import DeviceHealth, HealthSnapshot, Message, PlanUpdate
 from common.model import ResourcePlan
-from common.procutil import Mailbox, set_parent_death_signal
+from common.procutil import set_parent_death_signal
 from common.workerargs import HEARTBEAT_S, parse_args
 from worker.devicebook import DeviceBook
 from worker.healthboard import Health

@@ -4,7 +4,7 @@ retries, and rediscovery that never shrinks the device list under a lost GPU.
 Start-up order matters for NVIDIA #170 (a failed NVML must not look like a healthy plugin that
 advertises nothing): with --fail-on-init-error (the default) an NVML failure ends the process
 with exit status 3 and a text that says what to check; without it the supervisor runs not
-ready and `NvmlLink.attempt()` is retried with the backoff until NVML answers.
+ready and `NvmlSession.attempt()` is retried with the backoff until NVML answers.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def keep_vanished_gpus(old: Node | None, new: Node) -> tuple[Node, tuple[str, ..
     return merged, tuple(g.uuid for g in kept)
 
 
-class NvmlLink:
+class NvmlSession:
     """NVML's state as the supervisor sees it: up or not, why not, and the next try."""
 
     def __init__(

@@ -37,7 +37,7 @@ from common.model import Node
 from supervisor.config import Config, ConfigError, load_config
 from supervisor.config.fingerprint import fingerprint
 from supervisor.config.named import ChoiceError, choose_config
-from supervisor.desired.discovery import NvmlLink, StartupError
+from supervisor.desired.discovery import NvmlSession, StartupError
 from supervisor.desired.reconcile import Deferred, Desired, Outcome, Reconciler, Refusal, Unchanged
 from supervisor.health.policy import HealthPolicy, PolicyError
 from supervisor.mps.layout import MpsError
@@ -76,7 +76,7 @@ class Replanner:
         *,
         argv_flags: argparse.Namespace | None,
         environ: Mapping[str, str],
-        nvml: NvmlLink,
+        nvml: NvmlSession,
         reconciler: Reconciler,
         mps: MpsWiring,
         timers: Scheduler,

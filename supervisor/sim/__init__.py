@@ -2,7 +2,8 @@
 
 Owns: `nvml` (the NVML simulator, a stand-in for the `pynvml` module with fault injection,
 behind `gpuvisor run --simulate`), `kubelet` (the kubelet stand-in: a real `v1beta1.Registration`
-server on a real unix socket, used by the demo, the tests and the benchmarks), `drakubelet` (the
+server on a real unix socket, used by the demo, the tests and the benchmarks), `kubeletnode`
+(its node-side parts: the node-status setter, its checkpoint, the pod-resources API), `drakubelet` (the
 kubelet's DRA side: plugin-watcher registration, the v1 and v1beta1 DRAPlugin clients, the health
 stream, the kubelet's wipe of a node's ResourceSlices at its start, and a claim store standing in
 for the API server) and `demo` (`gpuvisor demo`). The only package that holds test doubles;

@@ -22,27 +22,15 @@ plugin the way a node would:
 - `serve_pod_resources(path)` serves the kubelet's pod-resources API (`v1.PodResourcesLister/List`)
   there: each `allocate()` is one pod's container holding its devices until `release()`, as the
   kubelet lists them (what gpuvisor reads to keep device-plugin-held devices out of DRA slices).
-- A resource whose plugin went keeps its capacity (its devices, all unhealthy) and 0 allocatable
-  for `grace_s` (the kubelet's `endpointStopGracePeriod`, 5 minutes), then the device manager
-  forgets it: `get_capacity()` names it once as removed. A restart keeps the registered
-  resources with no devices (the kubelet's `readCheckpoint`: a stopped endpoint per registered
-  resource, capacity 0) for another grace period.
-- With `write_checkpoint`, `kubelet_internal_checkpoint` in the plugin dir is kept as the
-  kubelet's `writeCheckpoint` keeps it: `RegisteredDevices` lists every resource the device
-  manager still has (the healthy devices' IDs; none for a plugin that went), `PodDeviceEntries`
-  the pods' devices.
-- `node_status(sink, interval)` runs the kubelet's node-status setter for the device manager's
-  part every `interval`: the capacity and allocatable of each resource it has, a removed one set
-  to 0 and never deleted; `sink` applies that change to the Node at the API server (the fake's).
+- A gone plugin's resource, the checkpoint (`write_checkpoint`) and the Node's status
+  (`node_status(sink, interval)`) follow the device manager's rules: supervisor/sim/kubeletnode.py.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
-import re
 import stat
 import threading
 import time
@@ -55,6 +43,12 @@ import grpc
 
 from common.kubeletapi import HEALTHY, KUBELET_SOCKET_NAME, VERSION, pb
 from common.kubeletapi.rpc import DevicePluginClient, registration_handler, unix_target
+from supervisor.sim.kubeletnode import (
+    is_extended_resource_name,
+    pod_resources_server,
+    status_setter,
+    write_checkpoint,
+)
 
 log = logging.getLogger("gpuvisor.kubelet")
 
@@ -62,18 +56,6 @@ DIAL_TIMEOUT_S = 10.0
 # pkg/kubelet/cm/devicemanager/types.go: endpointStopGracePeriod = time.Duration(5) * time.Minute
 ENDPOINT_STOP_GRACE_S = 300.0
 CHECKPOINT_NAME = "kubelet_internal_checkpoint"  # types.go: kubeletDeviceManagerCheckpoint
-_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """The kubelet's test for a device plugin's resource name (an extended resource name)."""
-    if "/" not in name or name.startswith("kubernetes.io/") or name.startswith("requests."):
-        return False
-    domain, _, part = name.partition("/")
-    if not domain or len(domain) > 253 or not _DOMAIN.match(domain) or "/" in part:
-        return False
-    return 0 < len(part) <= 63 and bool(_NAME_PART.match(part))
 
 
 @dataclass
@@ -189,34 +171,12 @@ class KubeletStandin:
 
     def serve_pod_resources(self, path: str) -> None:
         """The pod-resources API on `path` (stopped by stop())."""
-        from supervisor.observe.podresources import lister_handler, prpb
 
-        def list_pods(request: Any, context: grpc.ServicerContext) -> Any:
+        def pods() -> list[tuple[str, tuple[str, list[str]]]]:
             with self._cond:
-                pods = sorted(self._pods.items())
-            return prpb.ListPodResourcesResponse(
-                pod_resources=[
-                    prpb.PodResources(
-                        name=name,
-                        namespace="default",
-                        containers=[
-                            prpb.ContainerResources(
-                                name="main",
-                                devices=[prpb.ContainerDevices(resource_name=resource, device_ids=ids)],
-                            )
-                        ],
-                    )
-                    for name, (resource, ids) in pods
-                    if ids
-                ]
-            )
+                return sorted((name, (resource, list(ids))) for name, (resource, ids) in self._pods.items())
 
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="podresources"))
-        server.add_generic_rpc_handlers((lister_handler(list_pods),))
-        server.add_insecure_port(unix_target(path))
-        server.start()
-        self._pod_resources = server
+        self._pod_resources = pod_resources_server(path, pods)
 
     def stop(self) -> None:
         """Stop serving and close every plugin stream; leaves kubelet.sock removed."""
@@ -441,11 +401,6 @@ class KubeletStandin:
             self._checkpoint()  # needsUpdateCheckpoint
         return capacity, allocatable, removed
 
-    def registered_resources(self) -> list[str]:
-        """What `RegisteredDevices` of the checkpoint lists: every resource the manager has."""
-        with self._cond:
-            return sorted(self._resources)
-
     def _checkpoint(self) -> None:
         """writeCheckpoint: registered devices from the healthy ones (a resource whose plugin went
         is listed with none), and the pods' devices."""
@@ -461,12 +416,7 @@ class KubeletStandin:
                  "DeviceIDs": {"-1": list(ids)}, "AllocResp": ""}
                 for pod, (resource, ids) in sorted(self._pods.items())
             ]  # fmt: skip
-        data = {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": registered}, "Checksum": 0}
-        path = os.path.join(self.plugin_dir, CHECKPOINT_NAME)
-        temp = f"{path}.tmp"
-        with open(temp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        os.replace(temp, path)
+        write_checkpoint(os.path.join(self.plugin_dir, CHECKPOINT_NAME), registered, entries)
 
     def node_status(
         self, sink: Callable[[Callable[[dict[str, Any]], None]], object], interval: float = 10.0
@@ -488,24 +438,7 @@ class KubeletStandin:
         ("Set the capacity of the removed resource to 0 instead of removing the resource from the
         node status"); allocatable loses the extended keys absent from capacity, takes every
         capacity value, then the device manager's allocatable over it."""
-        capacity, allocatable, removed = self.get_capacity()
-
-        def setter(status: dict[str, Any]) -> None:
-            cap = status.setdefault("capacity", {})
-            alloc = status.setdefault("allocatable", {})
-            for name, count in capacity.items():
-                cap[name] = str(count)
-            for name in removed:
-                cap[name] = "0"
-            for name in list(alloc):
-                if name not in cap and is_extended_resource_name(name):
-                    del alloc[name]
-            for name, value in cap.items():
-                alloc[name] = value
-            for name, count in allocatable.items():
-                alloc[name] = str(count)
-
-        sink(setter)
+        sink(status_setter(*self.get_capacity()))
 
     def _close_endpoint(self, endpoint: PluginEndpoint) -> None:
         with self._cond:

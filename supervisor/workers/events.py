@@ -65,7 +65,7 @@ class Sockets(Protocol):
         ...
 
 
-class Reconciler(Protocol):
+class PlanOwner(Protocol):
     """What worker events need of the plans' owner (supervisor.desired.reconcile.Reconciler)."""
 
     @property
@@ -100,7 +100,7 @@ class WorkerEvents:
         self,
         *,
         workers: WorkerSet,
-        reconciler: Reconciler,
+        reconciler: PlanOwner,
         control: Routes,
         hub: HealthHub,
         metrics: Metrics,

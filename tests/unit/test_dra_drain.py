@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from common.dracheckpoint import VERSION, PreparedClaim, PreparedDevice
+from common.dracheckpoint import Checkpoint, PreparedClaim, PreparedDevice
 from common.messages import DraBeat
 from common.model import ResourcePlan
 from supervisor.config import Config, config_from_data
@@ -70,17 +69,16 @@ class Setup:
         """The DRA worker's checkpoint lists one claim per device."""
         directory = self.plugins_dir / DRIVER
         directory.mkdir(exist_ok=True)
-        claims = {
-            f"uid-{d}": PreparedClaim(
+        Checkpoint(str(directory)).put(
+            PreparedClaim(
                 uid=f"uid-{d}",
                 namespace="default",
                 name=f"claim-{d}",
                 devices=(PreparedDevice(requests=("gpu",), pool="n1", device=d, cdi_device_ids=()),),
                 prepared_at=1.0,
-            ).to_json()
+            )
             for d in devices
-        }
-        (directory / "checkpoint.json").write_text(json.dumps({"version": VERSION, "claims": claims}))
+        )
 
 
 def test_in_dra_mode_nothing_is_held(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ import pytest
 
 from common.kubeletapi import VERSION, pb
 from common.kubeletapi.rpc import RegistrationClient, unix_target
-from supervisor.sim.kubelet import KubeletStandin, is_extended_resource_name
+from supervisor.sim.kubelet import KubeletStandin
+from supervisor.sim.kubeletnode import is_extended_resource_name
 from tests.helpers import short_tmpdir
 
 

@@ -108,14 +108,14 @@ def test_reconcile_wakes_the_loop_when_a_backoff_ends(sup: Supervisor) -> None:
     clock = sup.clock
     assert isinstance(clock, FakeClock)
     sup.workers.want(GPU, "/plans/gpu.json")
-    sup.reconcile()
+    sup.tend_workers()
     handle = sup.workers.workers[GPU]
     spawner = sup.workers.spawner
     assert isinstance(spawner, FakeSpawner)
     for _ in range(2):  # two quick deaths: the second backs off
         spawner.procs[handle.pid].die()
-        sup.reconcile()
-        sup.reconcile()
+        sup.tend_workers()
+        sup.tend_workers()
     assert handle.state.value == "BACKOFF"
     assert sup.timers.when("workers") == handle.backoff_until
     clock.advance(handle.backoff_until - clock.now)

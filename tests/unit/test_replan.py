@@ -10,7 +10,7 @@ import pytest
 
 from common.exitcodes import EXIT_CONFIG_ERROR
 from supervisor.config import Config
-from supervisor.desired.discovery import NvmlLink, StartupError
+from supervisor.desired.discovery import NvmlSession, StartupError
 from supervisor.desired.reconcile import Desired, Reconciler
 from supervisor.desired.replan import CONFIG_DEBOUNCE_S, Replanner
 from supervisor.mps.wiring import MpsWiring
@@ -38,7 +38,7 @@ class Setup:
         self.adopted: list[Config] = []
         self.fatal: list[StartupError] = []
         self.recalled: str | None = None  # the label the run dir kept from an earlier run
-        self.nvml = NvmlLink(config, self.environ)
+        self.nvml = NvmlSession(config, self.environ)
         hub = bookless_hub(self.metrics, self.clock)
         self.rundir = FakeRunDir()
         self.reconciler = Reconciler(

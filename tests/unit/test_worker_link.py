@@ -18,6 +18,7 @@ from typing import Any, cast
 import pytest
 import zmq
 
+from common.mailbox import Mailbox
 from common.messages import (
     ClaimReply,
     DeviceHealth,
@@ -37,7 +38,6 @@ from common.messages import (
     decode,
     encode,
 )
-from common.procutil import Mailbox
 from common.workerargs import parse_args
 from supervisor.config import config_from_data
 from supervisor.node.planning import plan_resources

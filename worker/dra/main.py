@@ -48,6 +48,7 @@ from common.draapi import SERVICE_SOCKET_NAME, registration_socket_name
 from common.draapi.rpc import dra_v1_handler, dra_v1beta1_handler, health_handler, registration_handler
 from common.dracheckpoint import Checkpoint, CheckpointError
 from common.exitcodes import EXIT_FAILURE
+from common.mailbox import Mailbox
 from common.messages import (
     ClaimReply,
     ClaimRequest,
@@ -58,7 +59,6 @@ from common.messages import (
     PlanUpdate,
 )
 from common.model import ResourcePlan
-from common.procutil import Mailbox
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
