@@ -18,6 +18,8 @@ DRA worker's claims, and its drain when the node turns device plugin.
              `status.devices`;
 - `drain`    `DraDrain`: what planning in device-plugin mode may hand out while the DRA worker
              drains (its heartbeat's confirmation, then its checkpoint), and the wait for `earlier`;
+- `background` `PassThread`: the one thread shape of `released` and `claimstatus` (a pass when
+             woken or due, API failures retried with capped backoff and said once);
 - `side`     `DraSide`: the one DRA part the main loop wires (it holds `earlier` and `drain`), and
              the part the cluster side starts (supervisor/cluster `ClusterPart`).
 

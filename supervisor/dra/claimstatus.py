@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import datetime
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,9 +38,9 @@ from common.backoff import Backoff
 from common.dracheckpoint import PreparedClaim
 from common.messages import Json
 from supervisor.cluster.health import reason_of
+from supervisor.dra.background import PassThread
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import ApiError, Stopped
-from supervisor.kube.failing import Failing
 from supervisor.kube.watch import quote
 
 log = logging.getLogger("gpuvisor.dra")
@@ -97,7 +96,15 @@ def condition_of(health: DeviceHealthView | None, generation: int) -> dict[str, 
     }
 
 
-class ClaimStatusWriter:
+class ClaimStatusWriter(PassThread):
+    NAME = "dra-claim-status"
+    WHAT = "claim-status"
+    FAILED = (
+        "cannot write the health of prepared claims into their ResourceClaim status "
+        "(retrying with backoff; prepares are unaffected): %s"
+    )
+    AGAIN = "claims' device health is written again (after %.0f s)"
+
     def __init__(
         self,
         client: KubeClient,
@@ -106,16 +113,11 @@ class ClaimStatusWriter:
         on_count: Callable[[str, str], None] = lambda what, result: None,
         retry: Backoff | None = None,
     ) -> None:
-        self.client = client
+        super().__init__(client, on_count=on_count, retry=retry)
         self.driver = driver
-        self.on_count = on_count
-        self.failing = Failing(retry or Backoff(1.0, 60.0, jitter=0.3))
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._claims: dict[str, PreparedClaim] = {}
         self._health: dict[str, DeviceHealthView] = {}
         self._written: dict[str, tuple[str, str]] = {}  # uid -> (namespace, name): entries written
-        self._thread: threading.Thread | None = None
         self.writes = 0
         self.cleared = 0
 
@@ -126,39 +128,12 @@ class ClaimStatusWriter:
             self._health = dict(health)
         self._wake.set()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dra-claim-status", daemon=True)
-        self._thread.start()
-
-    def stop(self, join: float = 0.5) -> None:
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(join)
-
     # ------------------------------------------------------------------ the thread
-    def _run(self) -> None:
-        while not self.client.stopped:
-            self._wake.clear()
-            with self._lock:
-                claims, health = dict(self._claims), dict(self._health)
-            pause: float | None = None
-            try:
-                self._pass(claims, health)
-            except Stopped:
-                return
-            except ApiError as exc:
-                if self.failing.failed(exc.describe()):
-                    log.error(
-                        "cannot write the health of prepared claims into their ResourceClaim status "
-                        "(retrying with backoff; prepares are unaffected): %s",
-                        exc.describe(),
-                    )
-                pause = self.failing.pause()
-            else:
-                lasted = self.failing.works()
-                if lasted is not None:
-                    log.info("claims' device health is written again (after %.0f s)", lasted)
-            self._wake.wait(pause)
+    def step(self) -> float | None:
+        with self._lock:
+            claims, health = dict(self._claims), dict(self._health)
+        self._pass(claims, health)
+        return None
 
     def _pass(self, claims: Mapping[str, PreparedClaim], health: Mapping[str, DeviceHealthView]) -> None:
         for uid, claim in sorted(claims.items()):
@@ -222,14 +197,14 @@ class ClaimStatusWriter:
                     "PUT", f"{path}/status", what=f"update ResourceClaim {namespace}/{name} status", body=body
                 )
             except ApiError as exc:
-                self.on_count("claim-status", exc.kind)
                 if exc.conflict and attempt < QUICK_RETRIES:
+                    self.on_count(self.WHAT, exc.kind)  # tried again at once; a failure is counted once
                     continue
                 if exc.not_found:
                     self._written.pop(uid, None)
                     return
                 raise
-            self.on_count("claim-status", "ok")
+            self.on_count(self.WHAT, "ok")
             if claim is None:
                 self.cleared += 1
                 log.info(

@@ -40,15 +40,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from common.backoff import Backoff
 from common.messages import Json
+from supervisor.dra.background import PassThread
 from supervisor.kube.client import KubeClient
-from supervisor.kube.errors import ApiError, Stopped
-from supervisor.kube.failing import Failing
+from supervisor.kube.errors import ApiError
 from supervisor.kube.watch import quote
 from supervisor.observe.allocations import CHECKPOINT_NAME
 
@@ -82,7 +81,12 @@ def _pointer(*parts: str) -> str:
     return "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-class ReleasedResources:
+class ReleasedResources(PassThread):
+    NAME = "dra-released"
+    WHAT = "release"
+    FAILED = "cannot tidy the Node's status of released device-plugin resources (retrying with backoff): %s"
+    AGAIN = "the Node's status can be tidied again (after %.0f s)"
+
     def __init__(
         self,
         client: KubeClient,
@@ -93,17 +97,12 @@ class ReleasedResources:
         retry: Backoff | None = None,
         check_s: float = CHECK_S,
     ) -> None:
-        self.client = client
+        super().__init__(client, on_count=on_count, retry=retry)
         self.node_name = node_name
         self.plugin_dir = plugin_dir  # the kubelet's device-plugins dir: its checkpoint
-        self.on_count = on_count
-        self.failing = Failing(retry or Backoff(1.0, 60.0, jitter=0.3))
         self.check_s = check_s
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._candidates: frozenset[str] = frozenset()
         self._device_plugin_running = True
-        self._thread: threading.Thread | None = None
         # The thread's own state (status reads it without the lock: plain values).
         self.state = "idle"
         self.removed: dict[str, str] = {}  # resource -> how it went ("removed", "absent")
@@ -130,44 +129,17 @@ class ReleasedResources:
         self._verify_s = VERIFY_S
         self._wake.set()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dra-released", daemon=True)
-        self._thread.start()
-
-    def stop(self, join: float = 0.5) -> None:
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(join)
-
     # ------------------------------------------------------------------ the thread
-    def _run(self) -> None:
-        while not self.client.stopped:
-            self._wake.clear()
-            with self._lock:
-                candidates, running = self._candidates, self._device_plugin_running
-            pause: float | None = None
-            if candidates and not running:
-                try:
-                    pause = self._pass(candidates)
-                except Stopped:
-                    return
-                except ApiError as exc:
-                    if self.failing.failed(exc.describe()):
-                        log.error(
-                            "cannot tidy the Node's status of released device-plugin resources "
-                            "(retrying with backoff): %s",
-                            exc.describe(),
-                        )
-                    self.on_count("release", exc.kind)
-                    self.state = "failing"
-                    pause = self.failing.pause()
-                else:
-                    lasted = self.failing.works()
-                    if lasted is not None:
-                        log.info("the Node's status can be tidied again (after %.0f s)", lasted)
-            else:
-                self.state = "idle"
-            self._wake.wait(pause)
+    def step(self) -> float | None:
+        with self._lock:
+            candidates, running = self._candidates, self._device_plugin_running
+        if not candidates or running:
+            self.state = "idle"
+            return None
+        return self._pass(candidates)
+
+    def failed(self, exc: ApiError) -> None:
+        self.state = "failing"
 
     def _pass(self, candidates: frozenset[str]) -> float | None:
         """One look; the seconds until the next, or None (nothing to do until told)."""
