@@ -34,7 +34,7 @@ MARKS = (
     ("worker zygote running", "supervisor: worker zygote "),
     ("node discovered (NVML up)", "supervisor: discovered "),
     ("first worker spawned", "spawning (pid"),
-    ("worker registered", "worker: registered"),
+    ("worker registered", "worker: device plugin registered"),
 )
 
 
