@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -117,7 +118,8 @@ class ClaimStatusWriter(PassThread):
         self.driver = driver
         self._claims: dict[str, PreparedClaim] = {}
         self._health: dict[str, DeviceHealthView] = {}
-        self._written: dict[str, tuple[str, str]] = {}  # uid -> (namespace, name): entries written
+        # uid -> (namespace, name, the form of the entries written): what this thread wrote
+        self._written: dict[str, tuple[str, str, str]] = {}
         self.writes = 0
         self.cleared = 0
 
@@ -136,12 +138,17 @@ class ClaimStatusWriter(PassThread):
         return None
 
     def _pass(self, claims: Mapping[str, PreparedClaim], health: Mapping[str, DeviceHealthView]) -> None:
+        """Each claim whose entries should differ from what this thread last wrote (a new claim,
+        a change of its devices' health) is read and written; the others cost nothing."""
         for uid, claim in sorted(claims.items()):
             if self.client.stopped:
                 raise Stopped("stopped")
+            written = self._written.get(uid)
+            if written is not None and written[2] == _form(self._entries(claim, health, 0)):
+                continue
             self._write(uid, claim.namespace, claim.name, claim, health)
         for uid in sorted(set(self._written) - set(claims)):
-            namespace, name = self._written[uid]
+            namespace, name, _form_written = self._written[uid]
             self._write(uid, namespace, name, None, health)
 
     def _entries(
@@ -186,7 +193,7 @@ class ClaimStatusWriter(PassThread):
             ours = self._entries(claim, health, generation) if claim is not None else []
             after = others + ours
             if _same(before, after):
-                self._note(uid, namespace, name, claim)
+                self._note(uid, namespace, name, claim, ours)
                 return
             body = copy.deepcopy(current)
             body.setdefault("status", {})["devices"] = after
@@ -218,14 +225,16 @@ class ClaimStatusWriter(PassThread):
                     name,
                     ", ".join(f"{e['device']} {e['conditions'][0]['status']}" for e in ours),
                 )
-            self._note(uid, namespace, name, claim)
+            self._note(uid, namespace, name, claim, ours)
             return
 
-    def _note(self, uid: str, namespace: str, name: str, claim: PreparedClaim | None) -> None:
+    def _note(
+        self, uid: str, namespace: str, name: str, claim: PreparedClaim | None, ours: list[Any]
+    ) -> None:
         if claim is None:
             self._written.pop(uid, None)
         else:
-            self._written[uid] = (namespace, name)
+            self._written[uid] = (namespace, name, _form(ours))
 
     def status(self) -> dict[str, Json]:
         return {
@@ -234,6 +243,20 @@ class ClaimStatusWriter(PassThread):
             "cleared": self.cleared,
             **self.failing.status(),
         }
+
+
+def _form(entries: list[Any]) -> str:
+    """What a list of this driver's entries says, without the times and generations that a
+    rewrite would move: equal forms need no write."""
+    out = []
+    for entry in entries:
+        entry = copy.deepcopy(entry)
+        for cond in entry.get("conditions") or []:
+            if isinstance(cond, dict):
+                cond.pop("lastTransitionTime", None)
+                cond.pop("observedGeneration", None)
+        out.append(entry)
+    return json.dumps(out, sort_keys=True)
 
 
 def _same(before: list[Any], after: list[Any]) -> bool:

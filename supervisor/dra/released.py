@@ -29,8 +29,10 @@ the kubelet writes the key again. So a resource is removed only when all of thes
 Where the checkpoint cannot be read (not mounted, not written yet) the third test is skipped and
 a removal is verified after `VERIFY_S`, then at doubling intervals up to `VERIFY_MAX_S`, while
 the kubelet writes the key back (counted as `readded`); it never fights the kubelet faster
-than that. Waiting on the kubelet costs a `stat` of its checkpoint every `CHECK_S`, no API
-request; with nothing to remove the thread sleeps until the plans change or the kubelet restarts.
+than that. Waiting on the kubelet costs a read of its checkpoint every `CHECK_S` (for the grace
+period and a margin, then once a minute), no API request; a resource the kubelet counts devices
+of (another plugin serves it) is looked at doubling intervals up to a minute; with nothing to
+remove the thread sleeps until the plans change or the kubelet restarts.
 Every removal is logged and counted (`gpuvisor_dra_api_total{what="release"}`), and shown in
 `gpuvisor status` (`cluster.dra.released`).
 """
@@ -53,7 +55,9 @@ from supervisor.observe.allocations import CHECKPOINT_NAME
 
 log = logging.getLogger("gpuvisor.dra")
 
-CHECK_S = 2.0  # while the kubelet still holds a resource: a stat of its checkpoint this often
+CHECK_S = 2.0  # while the kubelet still holds a resource: a read of its checkpoint this often
+FAST_WAIT_S = 600.0  # ...for this long (the kubelet's 5-minute grace period and a margin)
+WAIT_MAX_S = 60.0  # the longest pause while waiting on the kubelet
 VERIFY_S = 60.0
 VERIFY_MAX_S = 600.0
 JSON_PATCH = "application/json-patch+json"
@@ -112,6 +116,7 @@ class ReleasedResources(PassThread):
         self.readded = 0
         self._verify_s = VERIFY_S
         self._verifying: set[str] = set()  # removed without the kubelet's checkpoint to go by
+        self._wait_streak = 0  # passes in a row that waited on the kubelet
 
     # ------------------------------------------------------------------ from the main loop
     def want(self, candidates: frozenset[str], device_plugin_running: bool) -> None:
@@ -121,12 +126,14 @@ class ReleasedResources(PassThread):
             if (candidates, device_plugin_running) == (self._candidates, self._device_plugin_running):
                 return
             self._candidates, self._device_plugin_running = candidates, device_plugin_running
+        self._wait_streak = 0
         self._wake.set()
 
     def kubelet_restarted(self) -> None:
         """The kubelet came back: it may write a resource of its checkpoint again; look again."""
         self.removed.clear()
         self._verify_s = VERIFY_S
+        self._wait_streak = 0
         self._wake.set()
 
     # ------------------------------------------------------------------ the thread
@@ -149,7 +156,7 @@ class ReleasedResources(PassThread):
         todo = sorted(candidates - set(holds) - set(self.removed))
         if not todo:
             self.state = "waiting for the kubelet" if holds else "idle"
-            return self.check_s if holds else self._verify_later(registered)
+            return self._waiting(gets=False) if holds else self._verify_later(registered)
         node = self.client.get(f"/api/v1/nodes/{quote(self.node_name)}", what=f"get Node {self.node_name}")
         status = node.get("status") if isinstance(node, dict) else None
         capacity = (status or {}).get("capacity") or {}
@@ -182,9 +189,21 @@ class ReleasedResources(PassThread):
         self.counted = tuple(counted)
         if counted or holds:
             self.state = "waiting for the kubelet"
-            return self.check_s
+            return self._waiting(gets=bool(counted))
         self.state = "idle"
+        self._wait_streak = 0
         return self._verify_later(registered)
+
+    def _waiting(self, *, gets: bool) -> float:
+        """The pause while the kubelet still counts or holds a resource. A wait on its checkpoint
+        (a file read) stays at `check_s` for the grace period and a margin, then slows down; one
+        that reads the Node (no checkpoint to go by, or a plugin that serves the resource) doubles
+        from `check_s` up to `WAIT_MAX_S`: a resource another plugin serves for good costs a
+        request a minute, not one every few seconds."""
+        self._wait_streak += 1
+        if gets:
+            return float(min(self.check_s * 2.0 ** min(self._wait_streak - 1, 16), WAIT_MAX_S))
+        return self.check_s if self._wait_streak * self.check_s < FAST_WAIT_S else WAIT_MAX_S
 
     def _remove(self, resource: str, in_allocatable: bool) -> bool:
         ops: list[dict[str, Any]] = [

@@ -42,3 +42,48 @@ def test_a_long_reason_is_cut_to_a_bounded_message() -> None:
     """A reason of 5,000 characters becomes a message of at most 1,024."""
     cond = condition_of(DeviceHealthView(False, "x" * 5000, 0.0, "probe"), generation=0)
     assert len(cond["message"]) == 1024 and cond["message"].endswith("...")
+
+
+def test_a_health_change_reads_and_writes_only_the_claims_it_touches() -> None:
+    """Two prepared claims on gpu-0 and gpu-1: the first pass writes both; gpu-1 failing then
+    reads and writes claim b alone; a pass with nothing changed makes no request at all."""
+    from typing import Any
+
+    from common.dracheckpoint import PreparedClaim, PreparedDevice
+    from supervisor.dra.claimstatus import ClaimStatusWriter
+
+    class Claims:
+        stopped = False
+
+        def __init__(self) -> None:
+            self.store: dict[str, dict[str, Any]] = {}
+            self.calls: list[tuple[str, str]] = []
+
+        def get(self, path: str, *, what: str) -> Any:
+            self.calls.append(("GET", path.rsplit("/", 1)[1]))
+            return self.store[path.rsplit("/", 1)[1]]
+
+        def request(self, method: str, path: str, *, what: str, body: Any) -> Any:
+            name = path.rsplit("/", 2)[1]
+            self.calls.append((method, name))
+            self.store[name] = body
+            return body
+
+    def claim(name: str, device: str) -> PreparedClaim:
+        dev = PreparedDevice(requests=("gpu",), pool="n1", device=device, cdi_device_ids=())
+        return PreparedClaim(f"uid-{name}", "default", name, (dev,), 1.0)
+
+    client = Claims()
+    for name in ("a", "b"):
+        client.store[name] = {"metadata": {"name": name, "uid": f"uid-{name}", "generation": 1}, "status": {}}
+    writer = ClaimStatusWriter(client, driver="gpu.nvidia.com")  # type: ignore[arg-type]
+    claims = {"uid-a": claim("a", "gpu-0"), "uid-b": claim("b", "gpu-1")}
+    healthy = {"gpu-0": DeviceHealthView(True), "gpu-1": DeviceHealthView(True)}
+    writer._pass(claims, healthy)
+    assert client.calls == [("GET", "a"), ("PUT", "a"), ("GET", "b"), ("PUT", "b")]
+    client.calls.clear()
+    writer._pass(claims, {**healthy, "gpu-1": DeviceHealthView(False, "XID 48", 5.0, "xid:48")})
+    assert client.calls == [("GET", "b"), ("PUT", "b")]
+    client.calls.clear()
+    writer._pass(claims, {**healthy, "gpu-1": DeviceHealthView(False, "XID 48", 5.0, "xid:48")})
+    assert client.calls == []

@@ -112,3 +112,15 @@ def test_without_a_checkpoint_a_removal_is_verified_at_doubling_intervals(tmp_pa
     assert released.readded == 1 and released.removals == 2
     assert released._pass(frozenset({GPU})) is None  # gone at the next look: done
     assert released.status()["readded"] == 1
+
+
+def test_a_resource_the_kubelet_keeps_counting_is_looked_at_less_and_less(tmp_path: Path) -> None:
+    """Another plugin serves nvidia.com/gpu for good (capacity above 0, no checkpoint to go by):
+    the Node is read at doubling intervals, up to a minute, never faster."""
+    from supervisor.dra.released import WAIT_MAX_S
+
+    client = FakeClient({GPU: "8"}, {GPU: "8"})
+    released = _released(tmp_path, client)
+    pauses = [released._pass(frozenset({GPU})) for _ in range(8)]
+    assert pauses[:3] == [2.0, 4.0, 8.0] and pauses[-1] == WAIT_MAX_S
+    assert client.patches == []
