@@ -75,6 +75,11 @@ class PassThread:
                 self.on_count(self.WHAT, exc.kind)
                 self.failed(exc)
                 pause = self.failing.pause()
+            except Exception as exc:  # a bug: said, counted and retried; never the thread's end
+                if self.failing.failed(f"{type(exc).__name__}: {exc}"):
+                    log.exception("%s: a pass failed (retrying with backoff)", self.NAME)
+                self.on_count(self.WHAT, "error")
+                pause = self.failing.pause()
             else:
                 lasted = self.failing.works()
                 if lasted is not None:

@@ -122,6 +122,7 @@ class ClaimStatusWriter(PassThread):
         self._written: dict[str, tuple[str, str, str]] = {}
         self.writes = 0
         self.cleared = 0
+        self.refused: dict[str, str] = {}  # claim UID -> why the server refused its status (422)
 
     # ------------------------------------------------------------------ from the main loop
     def want(self, claims: Mapping[str, PreparedClaim], health: Mapping[str, DeviceHealthView]) -> None:
@@ -147,6 +148,8 @@ class ClaimStatusWriter(PassThread):
             if written is not None and written[2] == _form(self._entries(claim, health, 0)):
                 continue
             self._write(uid, claim.namespace, claim.name, claim, health)
+        for uid in set(self.refused) - set(claims):
+            del self.refused[uid]
         for uid in sorted(set(self._written) - set(claims)):
             namespace, name, _form_written = self._written[uid]
             self._write(uid, namespace, name, None, health)
@@ -210,7 +213,16 @@ class ClaimStatusWriter(PassThread):
                 if exc.not_found:
                     self._written.pop(uid, None)
                     return
+                if exc.status == 422:  # this claim's own trouble (deallocated meanwhile...): the others go on
+                    self.on_count(self.WHAT, exc.kind)
+                    if self.refused.get(uid) != exc.describe():
+                        log.warning(
+                            "ResourceClaim %s/%s refused its status: %s", namespace, name, exc.describe()
+                        )
+                    self.refused[uid] = exc.describe()
+                    return
                 raise
+            self.refused.pop(uid, None)
             self.on_count(self.WHAT, "ok")
             if claim is None:
                 self.cleared += 1
@@ -239,6 +251,7 @@ class ClaimStatusWriter(PassThread):
     def status(self) -> dict[str, Json]:
         return {
             "claims": len(self._written),
+            "refused": len(self.refused),
             "writes": self.writes,
             "cleared": self.cleared,
             **self.failing.status(),

@@ -90,8 +90,17 @@ class EarlierPool:
             self.state = "found"
 
     def keep(self) -> None:
-        """The node plans DRA: the pool is this life's too, never withdrawn here."""
-        if self.state == "found":
+        """The node plans DRA: the pool is this life's too, never withdrawn here (a withdrawal
+        still trying, from a start in device-plugin mode, is stopped before its next delete)."""
+        if self.state == "withdrawing":
+            self._stop.set()
+            client = self._client
+            if client is not None:
+                client.abort()
+            self.timers.cancel(TIMER)
+            log.info("the node runs in DRA mode again: the earlier pool's withdrawal is stopped")
+            self.state = "kept"
+        elif self.state == "found":
             log.info("the DRA pool of an earlier life is kept: the node runs in DRA mode again")
             self.state = "kept"
 
@@ -136,6 +145,8 @@ class EarlierPool:
             try:
                 self._withdraw()
             except Exception as exc:  # every failure is retried, each distinct one said once
+                if self._stop.is_set():  # stopped, or kept by a node back in DRA mode
+                    break
                 text = str(exc) or type(exc).__name__
                 self.failures += 1
                 if text != self.error:
@@ -145,6 +156,8 @@ class EarlierPool:
                 if self._stop.wait(self.retry.next()):
                     break
                 continue
+            if self._stop.is_set():  # kept meanwhile: the pool and the evidence are this life's
+                break
             self.on_count("withdraw", "ok")
             self.error = ""
             self._forget_evidence()
@@ -166,6 +179,8 @@ class EarlierPool:
         )
         items = answer.get("items") if isinstance(answer, dict) else None
         for obj in items if isinstance(items, list) else []:
+            if self._stop.is_set():
+                return
             spec = obj.get("spec") if isinstance(obj, dict) else None
             if not isinstance(spec, dict) or (spec.get("nodeName"), spec.get("driver")) != (
                 self.node_name,
@@ -205,6 +220,8 @@ class EarlierPool:
 
     def _finished(self) -> None:
         """The main loop: the pool is withdrawn."""
+        if self.state == "kept":
+            return
         was = self.state
         self.state = "withdrawn"
         log.info(

@@ -22,9 +22,11 @@ the kubelet writes the key again. So a resource is removed only when all of thes
   under the running config): never a resource of another plugin;
 - no device-plugin worker of gpuvisor runs (the node runs in DRA mode);
 - the kubelet's checkpoint does not list it: no plugin serves it and the grace period is over;
-- the Node's `status.capacity` (and `status.allocatable`, where present) is still "0": the JSON
-  patch `test`s both values before it `remove`s them, so a resource the kubelet counts again in
-  the meantime is left as it is (the server answers 422).
+- the Node's `status.allocatable` (where present) is still "0", and `status.capacity` is "0" too
+  (the kubelet writes a forgotten resource's 0 once; where that one update was lost the Node
+  keeps the grace period's count, and then, the checkpoint proving the kubelet forgot it, that
+  count as read): the JSON patch `test`s both values before it `remove`s them, so a resource the
+  kubelet counts again in the meantime is left as it is (the server answers 422).
 
 Where the checkpoint cannot be read (not mounted, not written yet) the third test is skipped and
 a removal is verified after `VERIFY_S`, then at doubling intervals up to `VERIFY_MAX_S`, while
@@ -117,6 +119,8 @@ class ReleasedResources(PassThread):
         self._verify_s = VERIFY_S
         self._verifying: set[str] = set()  # removed without the kubelet's checkpoint to go by
         self._wait_streak = 0  # passes in a row that waited on the kubelet
+        self._fresh = False  # set under the lock: start afresh at the next pass
+        self.removed_view: tuple[str, ...] = ()  # what status shows of `removed`
 
     # ------------------------------------------------------------------ from the main loop
     def want(self, candidates: frozenset[str], device_plugin_running: bool) -> None:
@@ -126,20 +130,25 @@ class ReleasedResources(PassThread):
             if (candidates, device_plugin_running) == (self._candidates, self._device_plugin_running):
                 return
             self._candidates, self._device_plugin_running = candidates, device_plugin_running
-        self._wait_streak = 0
+            self._fresh = True  # a switch back and forth: what was removed may be there again
         self._wake.set()
 
     def kubelet_restarted(self) -> None:
         """The kubelet came back: it may write a resource of its checkpoint again; look again."""
-        self.removed.clear()
-        self._verify_s = VERIFY_S
-        self._wait_streak = 0
+        with self._lock:
+            self._fresh = True
         self._wake.set()
 
     # ------------------------------------------------------------------ the thread
     def step(self) -> float | None:
         with self._lock:
-            candidates, running = self._candidates, self._device_plugin_running
+            candidates, running, fresh = self._candidates, self._device_plugin_running, self._fresh
+            self._fresh = False
+        if fresh:  # only this thread touches what it found
+            self.removed.clear()
+            self._verifying.clear()
+            self._verify_s = VERIFY_S
+            self._wait_streak = 0
         if not candidates or running:
             self.state = "idle"
             return None
@@ -153,6 +162,8 @@ class ReleasedResources(PassThread):
         registered = kubelet_registered(self.plugin_dir)
         holds = tuple(sorted(candidates & registered)) if registered is not None else ()
         self.kubelet_holds = holds
+        for resource in holds:  # the kubelet has it again: it may write the key again
+            self.removed.pop(resource, None)
         todo = sorted(candidates - set(holds) - set(self.removed))
         if not todo:
             self.state = "waiting for the kubelet" if holds else "idle"
@@ -179,14 +190,19 @@ class ReleasedResources(PassThread):
                     self.node_name,
                     self._verify_s,
                 )
-            if have != "0" or free not in (None, "0"):
+            # The kubelet writes a forgotten resource's 0 once; where that update was lost the
+            # Node can keep the grace period's count with allocatable 0. The checkpoint says the
+            # kubelet forgot it, so that count is tested as read instead of 0.
+            forgotten = registered is not None and isinstance(have, str) and free == "0"
+            if free not in (None, "0") or (have != "0" and not forgotten):
                 counted.append(resource)  # a plugin serves it, or the kubelet's grace period runs
                 continue
-            if self._remove(resource, free is not None):
+            if self._remove(resource, have, free):
                 self.removed[resource] = "removed"
             else:
                 counted.append(resource)  # it changed since the GET: look again soon
         self.counted = tuple(counted)
+        self.removed_view = tuple(sorted(r for r, how in self.removed.items() if how == "removed"))
         if counted or holds:
             self.state = "waiting for the kubelet"
             return self._waiting(gets=bool(counted))
@@ -205,12 +221,14 @@ class ReleasedResources(PassThread):
             return float(min(self.check_s * 2.0 ** min(self._wait_streak - 1, 16), WAIT_MAX_S))
         return self.check_s if self._wait_streak * self.check_s < FAST_WAIT_S else WAIT_MAX_S
 
-    def _remove(self, resource: str, in_allocatable: bool) -> bool:
-        ops: list[dict[str, Any]] = [
-            {"op": "test", "path": _pointer("status", "capacity", resource), "value": "0"},
-            {"op": "remove", "path": _pointer("status", "capacity", resource)},
-        ]
-        if in_allocatable:
+    def _remove(self, resource: str, capacity: Any, allocatable: Any) -> bool:
+        ops: list[dict[str, Any]] = []
+        if capacity is not None:
+            ops += [
+                {"op": "test", "path": _pointer("status", "capacity", resource), "value": capacity},
+                {"op": "remove", "path": _pointer("status", "capacity", resource)},
+            ]
+        if allocatable is not None:
             ops += [
                 {"op": "test", "path": _pointer("status", "allocatable", resource), "value": "0"},
                 {"op": "remove", "path": _pointer("status", "allocatable", resource)},
@@ -231,7 +249,7 @@ class ReleasedResources(PassThread):
         self.removals += 1
         self.on_count("release", "ok")
         log.info(
-            "removed %s from Node %s's status (capacity 0, the kubelet let go of the device plugin's "
+            "removed %s from Node %s's status (allocatable 0, the kubelet let go of the device plugin's "
             "resource): a scheduler of Kubernetes 1.34 serves the resource through DRA only where the "
             "Node lacks it",
             resource,
@@ -255,7 +273,7 @@ class ReleasedResources(PassThread):
         return pause
 
     def status(self) -> dict[str, Json]:
-        removed: list[Json] = [r for r, how in sorted(self.removed.items()) if how == "removed"]
+        removed: list[Json] = list(self.removed_view)
         holds: list[Json] = list(self.kubelet_holds)
         counted: list[Json] = list(self.counted)
         return {

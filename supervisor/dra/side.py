@@ -214,7 +214,9 @@ class DraSide:
     ) -> None:
         """What the pool should show now; cheap when nothing that matters changed (and nothing at
         all on a node that never planned DRA: not even the slices module is loaded)."""
-        self._device_plugin_running = device_plugin_running
+        if device_plugin_running != self._device_plugin_running:
+            self._device_plugin_running = device_plugin_running
+            self._tell_released()  # whichever call sees the last device-plugin worker go first
         plan = plans.get(DRIVER)
         if plan is None and not self._dra_planned:
             return
@@ -243,7 +245,6 @@ class DraSide:
         """Every loop turn: once the last device-plugin worker is gone, the slices may go out."""
         if running != self._device_plugin_running:
             self.refresh(*self._inputs, running)
-            self._tell_released()
 
     def device_plugin_resources(self, names: frozenset[str]) -> None:
         """New plans: the resources this node would advertise as a device plugin (on a DRA node,

@@ -87,3 +87,42 @@ def test_a_health_change_reads_and_writes_only_the_claims_it_touches() -> None:
     client.calls.clear()
     writer._pass(claims, {**healthy, "gpu-1": DeviceHealthView(False, "XID 48", 5.0, "xid:48")})
     assert client.calls == []
+
+
+def test_a_claim_the_server_refuses_does_not_stop_the_others() -> None:
+    """The API server refuses claim a's status (422: its allocation changed meanwhile): claim b is
+    still written, and a is counted as refused, not as a failed pass."""
+    from typing import Any
+
+    from common.dracheckpoint import PreparedClaim, PreparedDevice
+    from supervisor.dra.claimstatus import ClaimStatusWriter
+    from supervisor.kube.errors import ApiError
+
+    class Claims:
+        stopped = False
+
+        def __init__(self) -> None:
+            self.store: dict[str, Any] = {
+                n: {"metadata": {"name": n, "uid": f"uid-{n}"}, "status": {}} for n in ("a", "b")
+            }
+
+        def get(self, path: str, *, what: str) -> Any:
+            return self.store[path.rsplit("/", 1)[1]]
+
+        def request(self, method: str, path: str, *, what: str, body: Any) -> Any:
+            name = path.rsplit("/", 2)[1]
+            if name == "a":
+                raise ApiError(what, 422, "Invalid", "must be an allocated device in the claim")
+            self.store[name] = body
+            return body
+
+    def claim(name: str, device: str) -> PreparedClaim:
+        dev = PreparedDevice(requests=("gpu",), pool="n1", device=device, cdi_device_ids=())
+        return PreparedClaim(f"uid-{name}", "default", name, (dev,), 1.0)
+
+    client = Claims()
+    writer = ClaimStatusWriter(client, driver="gpu.nvidia.com")  # type: ignore[arg-type]
+    health = {"gpu-0": DeviceHealthView(True), "gpu-1": DeviceHealthView(True)}
+    writer._pass({"uid-a": claim("a", "gpu-0"), "uid-b": claim("b", "gpu-1")}, health)
+    assert client.store["b"]["status"]["devices"][0]["device"] == "gpu-1"
+    assert writer.status()["refused"] == 1 and writer.writes == 1

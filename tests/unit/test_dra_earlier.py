@@ -181,3 +181,24 @@ def test_the_api_server_away_delays_the_device_plugin_only_until_the_bound(tmp_p
     }
     assert loop.done == ["the wait for the earlier DRA pool's withdrawal ended"]
     pool.stop()
+
+
+def test_a_node_back_in_dra_mode_stops_a_withdrawal_still_trying(tmp_path: Path) -> None:
+    """The API server was away at a start in device-plugin mode; the node then plans DRA again:
+    the withdrawal stops, nothing is deleted when the API server answers, the evidence stays."""
+    directory = tmp_path / DRIVER
+    directory.mkdir()
+    (directory / "checkpoint.json").write_text(json.dumps({"version": 1, "claims": {}}))
+    client, loop, clock = FakeClient([_slice("a")]), Loop(), FakeClock()
+    client.fail = 10**6
+    pool = _pool(tmp_path, client, loop, clock)
+    pool.look()
+    assert pool.pending()
+    assert wait_until(lambda: pool.failures >= 1, 10)
+    pool.keep()
+    client.fail = 0
+    assert pool.status() is not None and pool.status()["state"] == "kept"  # type: ignore[index]
+    assert pool.pending() == ""
+    pool.stop()
+    assert pool._thread is not None and not pool._thread.is_alive()
+    assert client.deleted == [] and directory.exists() and loop.drain() == 0

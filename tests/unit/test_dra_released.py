@@ -69,17 +69,48 @@ def test_while_the_checkpoint_lists_it_nothing_is_asked_of_the_api_server(tmp_pa
 
 
 def test_a_counted_resource_is_left_and_a_zero_one_removed_with_tests(tmp_path: Path) -> None:
-    """Capacity above 0 (a plugin serves it): left, looked at again. At 0 and off the checkpoint:
-    one patch that tests both values before removing them; then nothing more to do."""
+    """Allocatable above 0 (a plugin serves it): left, looked at again. At 0 and off the
+    checkpoint: one patch that tests both values before removing them; then nothing more to do."""
     _checkpoint(tmp_path, {})
-    client = FakeClient({GPU: "2"}, {GPU: "0"})
+    client = FakeClient({GPU: "2"}, {GPU: "2"})
     released = _released(tmp_path, client)
     assert released._pass(frozenset({GPU})) == released.check_s and client.patches == []
     client.status = {"capacity": {GPU: "0"}, "allocatable": {GPU: "0"}}
     assert released._pass(frozenset({GPU})) is None
     assert [op["op"] for op in client.patches[0]] == ["test", "remove", "test", "remove"]
+    assert [op.get("value") for op in client.patches[0]] == ["0", None, "0", None]
     assert client.status == {"capacity": {}, "allocatable": {}}
     assert released._pass(frozenset({GPU})) is None and len(client.patches) == 1
+
+
+def test_a_lost_zero_update_is_removed_only_where_the_checkpoint_says_the_kubelet_forgot(
+    tmp_path: Path,
+) -> None:
+    """The kubelet writes a forgotten resource's 0 once; where that update was lost the Node keeps
+    the grace period's 8 with allocatable 0. With the checkpoint not listing it, the patch tests 8
+    as read and allocatable 0; without a checkpoint to go by, capacity must read 0."""
+    client = FakeClient({GPU: "8"}, {GPU: "0"})
+    released = _released(tmp_path, client)
+    assert released._pass(frozenset({GPU})) == released.check_s and client.patches == []
+    _checkpoint(tmp_path, {})
+    assert released._pass(frozenset({GPU})) is None
+    assert [op.get("value") for op in client.patches[0]] == ["8", None, "0", None]
+    assert client.status == {"capacity": {}, "allocatable": {}}
+
+
+def test_a_switch_back_and_forth_looks_again_at_what_was_removed(tmp_path: Path) -> None:
+    """Removed once; the node runs as a device plugin again and the kubelet writes the key back;
+    back in DRA mode the key is removed again (what the thread found is forgotten at a switch)."""
+    _checkpoint(tmp_path, {})
+    client = FakeClient({GPU: "0"}, {GPU: "0"})
+    released = _released(tmp_path, client)
+    released.want(frozenset({GPU}), False)
+    assert released.step() is None and len(client.patches) == 1
+    released.want(frozenset({GPU}), True)
+    assert released.step() is None
+    client.status = {"capacity": {GPU: "0"}, "allocatable": {GPU: "0"}}
+    released.want(frozenset({GPU}), False)
+    assert released.step() is None and len(client.patches) == 2 and client.status["capacity"] == {}
 
 
 def test_a_failed_test_leaves_the_key_and_looks_again(tmp_path: Path) -> None:
