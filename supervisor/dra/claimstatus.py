@@ -195,7 +195,7 @@ class ClaimStatusWriter(PassThread):
             generation = raw_generation if isinstance(raw_generation, int) else 0
             ours = self._entries(claim, health, generation) if claim is not None else []
             after = others + ours
-            if _same(before, after):
+            if _form(before) == _form(after):
                 self._note(uid, namespace, name, claim, ours)
                 return
             body = copy.deepcopy(current)
@@ -259,8 +259,8 @@ class ClaimStatusWriter(PassThread):
 
 
 def _form(entries: list[Any]) -> str:
-    """What a list of this driver's entries says, without the times and generations that a
-    rewrite would move: equal forms need no write."""
+    """What a list of entries says, in the order of their keys and without the times and
+    generations that a rewrite would move: equal forms need no write."""
     out = []
     for entry in entries:
         entry = copy.deepcopy(entry)
@@ -269,28 +269,5 @@ def _form(entries: list[Any]) -> str:
                 cond.pop("lastTransitionTime", None)
                 cond.pop("observedGeneration", None)
         out.append(entry)
+    out.sort(key=lambda e: tuple(str(e.get(k)) for k in ("driver", "pool", "device", "shareID")))
     return json.dumps(out, sort_keys=True)
-
-
-def _same(before: list[Any], after: list[Any]) -> bool:
-    """Equal entries, ignoring a condition's lastTransitionTime where its status did not change."""
-
-    def form(entries: list[Any]) -> list[Any]:
-        out = []
-        for entry in entries:
-            entry = copy.deepcopy(entry)
-            for cond in entry.get("conditions") or []:
-                if isinstance(cond, dict):
-                    cond.pop("lastTransitionTime", None)
-            out.append(entry)
-        return sorted(
-            out,
-            key=lambda e: (
-                str(e.get("driver")),
-                str(e.get("pool")),
-                str(e.get("device")),
-                str(e.get("shareID")),
-            ),
-        )
-
-    return form(before) == form(after)

@@ -89,13 +89,18 @@ class NodeHandler(ListWatch):
                 else {k: v for k, v in body.items() if k != "status"}
             )
             (strategic_merge if kind == STRATEGIC else merge_patch)(updated, part)
-            problems = condition_problems(updated)
-            if problems:
-                state.errors.extend(problems)
-                self._send(422, status(422, "Invalid", "; ".join(problems), name, "nodes"))
-                return
-            stored = state._store_node(name, updated, "MODIFIED")
-            self._send(200, copy.deepcopy(stored))
+            self._store_checked(name, updated)
+
+    def _store_checked(self, name: str, updated: dict[str, Any]) -> None:
+        """A patched Node checked as the server checks its conditions, then stored (under the lock)."""
+        state = self.state
+        problems = condition_problems(updated)
+        if problems:
+            state.errors.extend(problems)
+            self._send(422, status(422, "Invalid", "; ".join(problems), name, "nodes"))
+            return
+        stored = state._store_node(name, updated, "MODIFIED")
+        self._send(200, copy.deepcopy(stored))
 
     def _json_patch_node(self, name: str, sub: str | None, body: Any) -> None:
         """A JSON patch of a Node (or its status): applied to the whole object, then the status
@@ -117,13 +122,7 @@ class NodeHandler(ListWatch):
                 updated["status"] = patched.get("status") or {}
             else:
                 updated.update({k: v for k, v in patched.items() if k != "status"})
-            problems = condition_problems(updated)
-            if problems:
-                state.errors.extend(problems)
-                self._send(422, status(422, "Invalid", "; ".join(problems), name, "nodes"))
-                return
-            stored = state._store_node(name, updated, "MODIFIED")
-            self._send(200, copy.deepcopy(stored))
+            self._store_checked(name, updated)
 
     def _list_nodes(self, query: dict[str, str]) -> None:
         with self.state.lock:
