@@ -166,27 +166,16 @@ class EarlierPool:
         self._close()
 
     def _withdraw(self) -> None:
+        from supervisor.dra.publish import node_slices
         from supervisor.kube.errors import ApiError
         from supervisor.kube.watch import quote
 
         if self._client is None:
             self._client = self.connect()
         client = self._client
-        answer = client.get(
-            PATH,
-            what=f"list the ResourceSlices of Node {self.node_name}",
-            query={"fieldSelector": f"spec.nodeName={self.node_name},spec.driver={DRIVER}"},
-        )
-        items = answer.get("items") if isinstance(answer, dict) else None
-        for obj in items if isinstance(items, list) else []:
+        for obj in node_slices(client, self.node_name, DRIVER):
             if self._stop.is_set():
                 return
-            spec = obj.get("spec") if isinstance(obj, dict) else None
-            if not isinstance(spec, dict) or (spec.get("nodeName"), spec.get("driver")) != (
-                self.node_name,
-                DRIVER,
-            ):
-                continue  # not every server honours field selectors
             meta = obj.get("metadata") or {}
             name = str(meta.get("name", ""))
             body = {

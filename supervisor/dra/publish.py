@@ -99,6 +99,29 @@ def _tainted(devices: Sequence[Any]) -> bool:
     return any(isinstance(d, dict) and d.get("taints") for d in devices)
 
 
+def node_slices(client: KubeClient, node_name: str, driver: str) -> list[dict[str, Any]]:
+    """The ResourceSlices of one node and driver at the API server, by name."""
+    answer = client.get(
+        PATH,
+        what=f"list the ResourceSlices of Node {node_name}",
+        query={"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}"},
+    )
+    items = answer.get("items") if isinstance(answer, dict) else None
+    if not isinstance(items, list):
+        raise ApiError("list ResourceSlices", 200, "BadList", "the answer is not a list")
+    # The selector again: not every server (or proxy) honours field selectors.
+    return sorted(
+        (
+            o
+            for o in items
+            if isinstance(o, dict)
+            and (o.get("spec") or {}).get("nodeName") == node_name
+            and (o.get("spec") or {}).get("driver") == driver
+        ),
+        key=lambda o: str(_meta(o).get("name", "")),
+    )
+
+
 class SlicePublisher:
     def __init__(
         self,
@@ -271,25 +294,7 @@ class SlicePublisher:
 
     # ------------------------------------------------------------------ a pass's parts
     def _list(self) -> list[dict[str, Any]]:
-        answer = self.client.get(
-            PATH,
-            what=f"list the ResourceSlices of Node {self.node_name}",
-            query={"fieldSelector": self.selector},
-        )
-        items = answer.get("items") if isinstance(answer, dict) else None
-        if not isinstance(items, list):
-            raise ApiError("list ResourceSlices", 200, "BadList", "the answer is not a list")
-        # The selector again: not every server (or proxy) honours field selectors.
-        return sorted(
-            (
-                o
-                for o in items
-                if isinstance(o, dict)
-                and (o.get("spec") or {}).get("nodeName") == self.node_name
-                and (o.get("spec") or {}).get("driver") == self.driver
-            ),
-            key=lambda o: str(_meta(o).get("name", "")),
-        )
+        return node_slices(self.client, self.node_name, self.driver)
 
     def _withdraw(self) -> bool:
         """Delete every slice of this node and driver. A node that never published in this life

@@ -41,9 +41,7 @@ Every removal is logged and counted (`gpuvisor_dra_api_total{what="release"}`), 
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +51,7 @@ from supervisor.dra.background import PassThread
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import ApiError
 from supervisor.kube.watch import quote
-from supervisor.observe.allocations import CHECKPOINT_NAME
+from supervisor.observe.allocations import registered_resources as kubelet_registered
 
 log = logging.getLogger("gpuvisor.dra")
 
@@ -63,24 +61,6 @@ WAIT_MAX_S = 60.0  # the longest pause while waiting on the kubelet
 VERIFY_S = 60.0
 VERIFY_MAX_S = 600.0
 JSON_PATCH = "application/json-patch+json"
-MAX_CHECKPOINT_BYTES = 16 << 20
-
-
-def kubelet_registered(plugin_dir: str) -> frozenset[str] | None:
-    """The resources the kubelet's device manager still has (its checkpoint's `RegisteredDevices`),
-    or None when the checkpoint is missing or cannot be read."""
-    path = os.path.join(plugin_dir, CHECKPOINT_NAME)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_CHECKPOINT_BYTES + 1)
-        doc = json.loads(raw) if len(raw) <= MAX_CHECKPOINT_BYTES else None
-    except (OSError, ValueError):
-        return None
-    data = doc.get("Data") if isinstance(doc, dict) else None
-    registered = data.get("RegisteredDevices") if isinstance(data, dict) else None
-    if not isinstance(registered, dict):
-        return None
-    return frozenset(str(name) for name in registered)
 
 
 def _pointer(*parts: str) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "parse_checkpoint",
     "read_checkpoint",
     "read_pod_resources",
+    "registered_resources",
 ]
 
 
@@ -175,6 +176,20 @@ def read_checkpoint(
     if raw is None:
         return [], [problem] if problem else []
     return parse_checkpoint(raw, resources, where=f"the kubelet checkpoint {path}")
+
+
+def registered_resources(plugin_dir: str) -> frozenset[str] | None:
+    """The resources the kubelet's device manager still has: its checkpoint's `RegisteredDevices`
+    (one a plugin left is listed with no device until the manager forgets it), or None when the
+    checkpoint is missing or cannot be read."""
+    raw, _problem = _load(os.path.join(plugin_dir, CHECKPOINT_NAME))
+    try:
+        doc = json.loads(raw) if raw is not None else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    data = doc.get("Data") if isinstance(doc, dict) else None
+    registered = data.get("RegisteredDevices") if isinstance(data, dict) else None
+    return frozenset(str(name) for name in registered) if isinstance(registered, dict) else None
 
 
 # ---------------------------------------------------------------------- pod-resources API

@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from supervisor.dra.released import VERIFY_S, ReleasedResources, kubelet_registered
+from supervisor.dra.released import VERIFY_S, ReleasedResources
 from supervisor.kube.errors import ApiError
+from supervisor.observe.allocations import registered_resources as kubelet_registered
 
 GPU = "nvidia.com/gpu"
 
