@@ -69,7 +69,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from common.atomicfile import write_atomic
@@ -103,6 +103,54 @@ class CheckpointError(Exception):
     """The checkpoint cannot be written (or would be too big); the text says which and why."""
 
 
+TIME_SLICING = "TimeSlicing"  # NVIDIA's sharing strategies (resource.nvidia.com/v1beta1, sharing.go)
+MPS = "MPS"
+MAX_PER_DEVICE_LIMITS = 64
+
+
+@dataclass(frozen=True)
+class DeviceSharing:
+    """How a prepared device is shared, as its claim's configuration resolved
+    (worker.dra.config): what an unprepare undoes, after a restart too."""
+
+    strategy: str  # TIME_SLICING or MPS
+    uuid: str  # the device's own UUID (a GPU's or a MIG device's)
+    gpu_uuid: str  # the GPU it is on: the one whose compute-policy timeslice was set
+    interval: str = ""  # TimeSlicing: Default, Short, Medium or Long
+    active_thread_percentage: int | None = None  # MPS, each None when unset
+    pinned_memory_limit: int | None = None  # MPS: bytes, every device of the claim's daemon
+    per_device_pinned_memory_limit: tuple[tuple[str, int], ...] = ()  # MPS: (UUID, bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"strategy": self.strategy, "uuid": self.uuid, "gpuUUID": self.gpu_uuid}
+        if self.interval:
+            out["interval"] = self.interval
+        if self.active_thread_percentage is not None:
+            out["activeThreadPercentage"] = self.active_thread_percentage
+        if self.pinned_memory_limit is not None:
+            out["pinnedMemoryLimit"] = self.pinned_memory_limit
+        if self.per_device_pinned_memory_limit:
+            out["perDevicePinnedMemoryLimit"] = dict(self.per_device_pinned_memory_limit)
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any) -> DeviceSharing:
+        if not isinstance(raw, dict) or raw.get("strategy") not in (TIME_SLICING, MPS):
+            raise ValueError(f"a device's sharing is not an object of a known strategy: {raw!r:.80}")
+        limits = raw.get("perDevicePinnedMemoryLimit", {})
+        if not isinstance(limits, dict) or len(limits) > MAX_PER_DEVICE_LIMITS:
+            raise ValueError("a device's per-device pinned memory limits are not a small object")
+        return cls(
+            strategy=raw["strategy"],
+            uuid=_string(raw["uuid"]),
+            gpu_uuid=_string(raw["gpuUUID"]),
+            interval=_string(raw.get("interval", "")),
+            active_thread_percentage=_optional_int(raw.get("activeThreadPercentage")),
+            pinned_memory_limit=_optional_int(raw.get("pinnedMemoryLimit")),
+            per_device_pinned_memory_limit=tuple((_string(k), _int(v)) for k, v in sorted(limits.items())),
+        )
+
+
 @dataclass(frozen=True)
 class PreparedDevice:
     """One device of a prepared claim, as the kubelet was answered."""
@@ -113,6 +161,7 @@ class PreparedDevice:
     cdi_device_ids: tuple[str, ...]
     share_id: str | None = None
     admin_access: bool = False  # beside whoever uses the device (monitoring): holds it for no one
+    sharing: DeviceSharing | None = None  # None: the device is not shared by its claim's config
 
     @property
     def exclusive(self) -> bool:
@@ -127,12 +176,21 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...]
     prepared_at: float  # wall clock
+    # What the claim's sharing adds to its containers: CDI `containerEdits` JSON (an MPS claim's
+    # pipe directory and limits), for the claim's CDI spec; {} for a claim without sharing.
+    container_edits: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def shared(self) -> bool:
+        """Does any device carry sharing that an unprepare must undo?"""
+        return any(d.sharing is not None for d in self.devices)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "namespace": self.namespace,
             "name": self.name,
             "preparedAt": self.prepared_at,
+            **({"containerEdits": dict(self.container_edits)} if self.container_edits else {}),
             "devices": [
                 {
                     "requests": list(d.requests),
@@ -141,6 +199,7 @@ class PreparedClaim:
                     "cdiDeviceIDs": list(d.cdi_device_ids),
                     **({"shareID": d.share_id} if d.share_id is not None else {}),
                     **({"adminAccess": True} if d.admin_access else {}),
+                    **({"sharing": d.sharing.to_json()} if d.sharing is not None else {}),
                 }
                 for d in self.devices
             ],
@@ -164,14 +223,19 @@ class PreparedClaim:
                     cdi_device_ids=tuple(_strings(d["cdiDeviceIDs"])),
                     share_id=None if share is None else _string(share),
                     admin_access=d.get("adminAccess") is True,
+                    sharing=None if d.get("sharing") is None else DeviceSharing.from_json(d["sharing"]),
                 )
             )
+        edits = raw.get("containerEdits", {})
+        if not isinstance(edits, dict):
+            raise ValueError(f"claim {uid}'s container edits are not an object")
         return cls(
             uid=uid,
             namespace=_string(raw["namespace"]),
             name=_string(raw["name"]),
             devices=tuple(devices),
             prepared_at=_finite(raw["preparedAt"]),
+            container_edits=edits,
         )
 
 
@@ -179,6 +243,16 @@ def _string(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, not {type(value).__name__}")
     return value
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, not {value!r:.40}")
+    return value
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else _int(value)
 
 
 def _finite(value: Any) -> float:
@@ -350,6 +424,9 @@ class Checkpoint:
         new = {uid: c for uid, c in self._claims.items() if uid not in gone}
         if len(new) != len(self._claims):
             self._write(new)
+
+    def claims(self) -> list[PreparedClaim]:
+        return list(self._claims.values())
 
     def holders(self, device: str) -> list[PreparedClaim]:
         """The prepared claims that hold `device` for themselves (see `PreparedDevice.exclusive`)."""

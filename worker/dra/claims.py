@@ -68,6 +68,7 @@ class AllocatedDevice:
     device: str
     admin_access: bool = False
     share_id: str | None = None
+    result_request: str = ""  # the request as the result names it (`<request>/<subrequest>`)
 
 
 class ClaimSource(Protocol):
@@ -242,6 +243,7 @@ def allocated_devices(
                 device=device,
                 admin_access=result.get("adminAccess") is True,
                 share_id=share if isinstance(share, str) and share else None,
+                result_request=request,
             )
         )
     if not out:

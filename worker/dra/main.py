@@ -62,6 +62,7 @@ from common.model import ResourcePlan
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
+from worker.dra.sharing import TimeSlicer
 from worker.dra.sockets import RPC_THREADS, Endpoint, WatcherRegistration
 from worker.healthboard import Health, HealthBoard
 from worker.healthcopy import HealthApplier
@@ -108,6 +109,7 @@ class DraWorker:
             health=self.board.health_of,
             count=self.stats.count,
             on_change=self._beat_soon,  # the supervisor reads the claims again (their status)
+            timeslicer=TimeSlicer.on_node(plan.allocate.driver_root),
         )
         self.service = DraPluginService(self.preparer, observe=self.stats.observe)
         self.health = HealthService(self.board)

@@ -24,17 +24,30 @@ claim can be recorded: the supervisor then reads the checkpoint as final.
 Each device is answered with its CDI device ID from the spec the supervisor writes for the plan
 (`<vendor>/<class>=<uuid>`, or `=<i>` / `=<i:j>` under the index strategy: the device-plugin
 names). `unprepare(claims)` forgets them; a claim it never prepared is a success.
+
+Claim configuration (worker.dra.config: NVIDIA's `GpuConfig` and `MigDeviceConfig`) is resolved
+right after the fetch, outside the lock; a bad one is that claim's error. A claim whose devices
+are shared by it (TimeSlicing, MPS) is reserved under the lock (its devices count as held), its
+sharing applied outside it (`worker.dra.sharing.SharingSteps`: nvidia-smi runs, an MPS daemon
+start; one claim's steps at a time, under a lock of their own), then recorded; a step or a record
+that fails undoes what was applied. A claim without sharing never waits for that. Each device's
+sharing is in the checkpoint, so an unprepare after a restart undoes it: the claim's MPS daemon is
+stopped and a GPU no other prepared claim time-slices is set back to Default before the claim is
+forgotten (when that fails the claim stays, and the kubelet's retry tries again). The container
+edits a claim's sharing returns (`PrepareResult.edits`, kept in the checkpoint as
+`PreparedClaim.container_edits`) are for the claim's CDI spec.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from common.dracheckpoint import Checkpoint, CheckpointError, PreparedClaim, PreparedDevice
+from common.dracheckpoint import Checkpoint, CheckpointError, DeviceSharing, PreparedClaim, PreparedDevice
 from common.model import AllocatableDevice, ResourcePlan
 from worker.dra.claims import (
     AllocatedDevice,
@@ -44,6 +57,9 @@ from worker.dra.claims import (
     allocated_devices,
     check_ref,
 )
+from worker.dra.config import Result, resolve
+from worker.dra.edits import ClaimMps, ContainerEdits, SharingError
+from worker.dra.sharing import SharingSteps, TimeSlicer, edits_from_json
 from worker.healthboard import Health
 
 log = logging.getLogger("gpuvisor.worker")
@@ -54,12 +70,23 @@ DRAINING = (
     "this node serves its GPUs through the device plugin now (gpuvisor mode device-plugin): the DRA "
     "driver only finishes the claims it prepared before the switch"
 )
+BUSY = "is being prepared by another call (its sharing is being applied): the kubelet asks again"
 
 
 @dataclass(frozen=True)
 class PrepareResult:
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    edits: ContainerEdits = field(default_factory=ContainerEdits)  # the claim's sharing's, for its CDI spec
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A claim fetched and checked: its devices and the sharing its configuration gives each."""
+
+    ref: ClaimRef
+    allocated: list[AllocatedDevice]
+    sharing: list[DeviceSharing | None]
 
 
 def cdi_device_id(plan: ResourcePlan, device: AllocatableDevice) -> str:
@@ -67,6 +94,10 @@ def cdi_device_id(plan: ResourcePlan, device: AllocatableDevice) -> str:
     settings = plan.allocate
     name = device.index if settings.device_id_strategy == "index" else device.uuid
     return f"{settings.cdi_vendor}/{settings.cdi_class}={name}"
+
+
+def _answer(claim: PreparedClaim) -> PrepareResult:
+    return PrepareResult(claim.devices, edits=edits_from_json(claim.container_edits))
 
 
 class Preparer:
@@ -81,6 +112,8 @@ class Preparer:
         clock: Callable[[], float] = time.time,
         count: Callable[[str], None] = lambda name: None,
         on_change: Callable[[], None] = lambda: None,
+        mps: ClaimMps | None = None,
+        timeslicer: TimeSlicer | None = None,
     ) -> None:
         if plan.dra is None:
             raise ValueError(f"plan {plan.resource} is no DRA plan")
@@ -91,7 +124,11 @@ class Preparer:
         self._clock = clock
         self._count = count
         self._on_change = on_change  # the checkpoint changed (from the gRPC threads)
+        self._steps = SharingSteps(timeslicer, mps)
         self._lock = threading.Lock()
+        # Taken before `_lock`, never under it: one claim's sharing steps at a time.
+        self._sharing_lock = threading.Lock()
+        self._pending: dict[str, PreparedClaim] = {}  # reserved while their sharing is applied
         self.changes = 0  # checkpoint writes that added or dropped a claim, in this process
 
     def set_plan(self, plan: ResourcePlan) -> None:
@@ -122,13 +159,15 @@ class Preparer:
                     continue
                 done = self._checkpoint.get(ref.uid)
                 if done is not None:
-                    results[ref.uid] = PrepareResult(done.devices)
+                    results[ref.uid] = _answer(done)
+                elif ref.uid in self._pending:
+                    results[ref.uid] = PrepareResult(error=f"claim {ref} {BUSY}")
                 else:
                     wanted.append(ref)
-        fetched: list[tuple[ClaimRef, list[AllocatedDevice]]] = []
+        fetched: list[Fetched] = []
         for ref in wanted:  # the slow part, outside the lock
             try:
-                fetched.append((ref, self._fetch(ref)))
+                fetched.append(self._fetch(ref))
             except ClaimError as exc:
                 results[ref.uid] = PrepareResult(error=str(exc))
         if fetched:
@@ -139,7 +178,7 @@ class Preparer:
                 log.warning("claim %s not prepared: %s", uid, result.error)
         return results
 
-    def _fetch(self, ref: ClaimRef) -> list[AllocatedDevice]:
+    def _fetch(self, ref: ClaimRef) -> Fetched:
         check_ref(ref)
         if self.draining:
             raise ClaimError(f"claim {ref}: {DRAINING}")
@@ -148,55 +187,112 @@ class Preparer:
         claim = self._source.get(ref.namespace, ref.name)
         plan = self._plan
         assert plan.dra is not None
-        known = {d.id for d in plan.devices}
-        return allocated_devices(claim, ref, driver=plan.dra.driver, pool=plan.dra.pool, devices=known)
+        by_id = {d.id: d for d in plan.devices}
+        allocated = allocated_devices(claim, ref, driver=plan.dra.driver, pool=plan.dra.pool, devices=by_id)
+        results = [Result(a.result_request or a.request, by_id[a.device], a.admin_access) for a in allocated]
+        sharing = resolve(claim, ref, plan.dra.driver, results, skipped=log.info)
+        return Fetched(ref, allocated, sharing)
 
-    def _record(self, fetched: list[tuple[ClaimRef, list[AllocatedDevice]]]) -> dict[str, PrepareResult]:
+    def _record(self, fetched: list[Fetched]) -> dict[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
         new: list[PreparedClaim] = []
+        shared: list[PreparedClaim] = []
         with self._lock:
             plan = self._plan
             by_id = {d.id: d for d in plan.devices}
-            for ref, allocated in fetched:
+            for item in fetched:
+                ref = item.ref
                 done = self._checkpoint.get(ref.uid)  # another call prepared it meanwhile
                 if done is not None:
-                    results[ref.uid] = PrepareResult(done.devices)
+                    results[ref.uid] = _answer(done)
+                    continue
+                if ref.uid in self._pending:
+                    results[ref.uid] = PrepareResult(error=f"claim {ref} {BUSY}")
                     continue
                 if self.draining:  # the switch came while this claim was being fetched
                     results[ref.uid] = PrepareResult(error=f"claim {ref}: {DRAINING}")
                     continue
                 try:
-                    devices = tuple(self._device(ref, a, by_id, new) for a in allocated)
+                    devices = tuple(
+                        self._device(ref, a, s, by_id, new)
+                        for a, s in zip(item.allocated, item.sharing, strict=True)
+                    )
                 except ClaimError as exc:
                     results[ref.uid] = PrepareResult(error=str(exc))
                     continue
                 claim = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, self._clock())
-                new.append(claim)
+                if claim.shared:
+                    self._pending[claim.uid] = claim  # its devices are held while it is shared
+                    shared.append(claim)
+                else:
+                    new.append(claim)
             try:
                 self._checkpoint.put(new)
             except CheckpointError as exc:
                 for claim in new:
                     results[claim.uid] = PrepareResult(error=f"claim {claim.namespace}/{claim.name}: {exc}")
-                return results
+                new = []
             if new:
                 self.changes += 1
         if new:
             self._on_change()
         for claim in new:
             results[claim.uid] = PrepareResult(claim.devices)
-            log.info(
-                "prepared claim %s/%s (%s): %s",
-                claim.namespace,
-                claim.name,
-                claim.uid,
-                ", ".join(d.device for d in claim.devices),
-            )
+            self._log_prepared(claim)
+        for claim in shared:
+            results[claim.uid] = self._share(claim)
         return results
+
+    def _share(self, claim: PreparedClaim) -> PrepareResult:
+        """Apply a reserved claim's sharing, then record it; on any failure nothing stays applied."""
+        what = f"claim {claim.namespace}/{claim.name}"
+        with self._sharing_lock:
+            try:
+                with self._lock:
+                    others = self._checkpoint.claims()
+                edits = self._steps.apply(claim, others)
+            except SharingError as exc:
+                with self._lock:
+                    self._pending.pop(claim.uid, None)
+                return PrepareResult(error=f"{what}: {exc}")
+            claim = dataclasses.replace(claim, container_edits=edits.to_json())
+            error = ""
+            with self._lock:
+                self._pending.pop(claim.uid, None)
+                if self.draining:
+                    error = DRAINING
+                else:
+                    try:
+                        self._checkpoint.put([claim])
+                        self.changes += 1
+                    except CheckpointError as exc:
+                        error = str(exc)
+                others = self._checkpoint.claims()
+            if error:
+                try:
+                    self._steps.teardown(claim, others)
+                except SharingError as exc:
+                    log.error("%s: undoing its sharing after a failed record failed too: %s", what, exc)
+                return PrepareResult(error=f"{what}: {error}")
+        self._on_change()
+        self._log_prepared(claim)
+        return PrepareResult(claim.devices, edits=edits)
+
+    @staticmethod
+    def _log_prepared(claim: PreparedClaim) -> None:
+        log.info(
+            "prepared claim %s/%s (%s): %s",
+            claim.namespace,
+            claim.name,
+            claim.uid,
+            ", ".join(d.device + (f" ({d.sharing.strategy})" if d.sharing else "") for d in claim.devices),
+        )
 
     def _device(
         self,
         ref: ClaimRef,
         allocated: AllocatedDevice,
+        sharing: DeviceSharing | None,
         by_id: dict[str, AllocatableDevice],
         pending: list[PreparedClaim],
     ) -> PreparedDevice:
@@ -206,7 +302,9 @@ class Preparer:
             raise ClaimError(f"claim {ref}: device {name} is not on this node any more")
         if not (allocated.admin_access or allocated.share_id):
             holders = self._checkpoint.holders(name) + [
-                c for c in pending if any(d.device == name and d.exclusive for d in c.devices)
+                c
+                for c in (*pending, *self._pending.values())
+                if any(d.device == name and d.exclusive for d in c.devices)
             ]
             for holder in holders:
                 raise ClaimError(
@@ -225,25 +323,60 @@ class Preparer:
             cdi_device_ids=(cdi_device_id(self._plan, by_id[name]),),
             share_id=allocated.share_id,
             admin_access=allocated.admin_access,
+            sharing=sharing,
         )
 
     # ------------------------------------------------------------------ unprepare
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """The error per claim UID ("" when unprepared); a claim never prepared is unprepared."""
         uids = [ref.uid for ref in refs]
-        known: list[PreparedClaim] = []
+        errors = dict.fromkeys(uids, "")
         with self._lock:
             known = [c for uid in uids if (c := self._checkpoint.get(uid)) is not None]
+            shared = [c for c in known if c.shared]
+            plain = [c for c in known if not c.shared]
+            keep = {c.uid for c in shared}
             try:
-                self._checkpoint.drop(uids)
+                self._checkpoint.drop(uid for uid in uids if uid not in keep)
             except CheckpointError as exc:
                 self._count("unprepare_errors")
                 return {uid: f"claim {uid}: {exc}" for uid in uids}
-            if known:
+            if plain:
                 self.changes += 1
-        if known:
+        if plain:
             self._on_change()
-        for claim in known:
-            self._count("unprepared_claims")
-            log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
-        return dict.fromkeys(uids, "")
+        for claim in plain:
+            self._unprepared(claim)
+        for claim in shared:
+            errors[claim.uid] = self._unshare(claim)
+            if errors[claim.uid]:
+                self._count("unprepare_errors")
+                log.warning("claim %s not unprepared: %s", claim.uid, errors[claim.uid])
+        return errors
+
+    def _unshare(self, claim: PreparedClaim) -> str:
+        """Undo a claim's sharing, then forget it; the error ("" when done). A failed undo keeps it."""
+        what = f"claim {claim.namespace}/{claim.name}"
+        with self._sharing_lock:
+            with self._lock:
+                current = self._checkpoint.get(claim.uid)
+                others = [c for c in self._checkpoint.claims() if c.uid != claim.uid]
+            if current is None:
+                return ""  # another call unprepared it meanwhile
+            try:
+                self._steps.teardown(current, others)
+            except SharingError as exc:
+                return f"{what}: {exc}"
+            with self._lock:
+                try:
+                    self._checkpoint.drop([claim.uid])
+                except CheckpointError as exc:
+                    return f"{what}: {exc}"
+                self.changes += 1
+        self._on_change()
+        self._unprepared(claim)
+        return ""
+
+    def _unprepared(self, claim: PreparedClaim) -> None:
+        self._count("unprepared_claims")
+        log.info("unprepared claim %s/%s (%s)", claim.namespace, claim.name, claim.uid)
