@@ -75,7 +75,7 @@ MAX_PARAMETERS_BYTES = 10 * 1024  # OpaqueParametersMaxLength
 MIB = 1 << 20
 
 
-class ConfigError(ClaimError):
+class ClaimConfigError(ClaimError):
     """A claim's configuration that cannot be applied; the text names the entry, the field and why."""
 
 
@@ -256,9 +256,9 @@ def entries(claim: Mapping[str, Any], ref: ClaimRef, driver: str) -> list[Entry]
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise ConfigError(f"claim {ref}: status.allocation.devices.config is not a list")
+        raise ClaimConfigError(f"claim {ref}: status.allocation.devices.config is not a list")
     if len(raw) > MAX_CONFIGS:
-        raise ConfigError(
+        raise ClaimConfigError(
             f"claim {ref}: {len(raw)} configuration entries, the API allows at most {MAX_CONFIGS}"
         )
     by_source: dict[str, list[Entry]] = {source: [] for source in SOURCES}
@@ -266,31 +266,33 @@ def entries(claim: Mapping[str, Any], ref: ClaimRef, driver: str) -> list[Entry]
     for i, item in enumerate(raw):
         at = f"status.allocation.devices.config[{i}]"
         if not isinstance(item, dict):
-            raise ConfigError(f"claim {ref}: {at} is not an object")
+            raise ClaimConfigError(f"claim {ref}: {at} is not an object")
         source = item.get("source")
         if source not in SOURCES:
-            raise ConfigError(
+            raise ClaimConfigError(
                 f"claim {ref}: {at}.source: invalid config source {source!r} (FromClass or FromClaim)"
             )
         opaque = item.get("opaque")
         if not isinstance(opaque, dict):
-            raise ConfigError(f"claim {ref}: {at}: only opaque parameters are supported by this driver")
+            raise ClaimConfigError(f"claim {ref}: {at}: only opaque parameters are supported by this driver")
         if opaque.get("driver") != driver:
             continue  # a request may be met by several drivers: each skips the others' entries
         requests = item.get("requests") or []
         if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
-            raise ConfigError(f"claim {ref}: {at}.requests is not a list of request names")
+            raise ClaimConfigError(f"claim {ref}: {at}.requests is not a list of request names")
         if len(requests) > MAX_REQUESTS:
-            raise ConfigError(f"claim {ref}: {at}.requests: {len(requests)} names, at most {MAX_REQUESTS}")
+            raise ClaimConfigError(
+                f"claim {ref}: {at}.requests: {len(requests)} names, at most {MAX_REQUESTS}"
+            )
         for name in requests:
             if name not in known:
-                raise ConfigError(f"claim {ref}: {at}.requests: the claim has no request {name!r}")
+                raise ClaimConfigError(f"claim {ref}: {at}.requests: the claim has no request {name!r}")
         named = f" requests {', '.join(requests)}" if requests else " all requests"
         where = f"{at} ({source},{named})"
         try:
             entry = decode_parameters(opaque.get("parameters"), where, tuple(requests))
         except ValueError as exc:
-            raise ConfigError(f"claim {ref}: {at}.opaque.{exc}") from None
+            raise ClaimConfigError(f"claim {ref}: {at}.opaque.{exc}") from None
         by_source[source].append(entry)
     return [e for source in SOURCES for e in by_source[source]]
 
@@ -315,7 +317,7 @@ def assign(
             if request in entry.requests:
                 if not _fits(entry, device):
                     what = "a MIG device" if device.is_mig else "a full GPU"
-                    raise ConfigError(
+                    raise ClaimConfigError(
                         f"claim {ref}: {entry.where}: cannot apply {entry.kind} to device {device.id} "
                         f"of request {request}, {what}"
                     )
@@ -329,41 +331,41 @@ def assign(
 
 # --------------------------------------------------------------------------- defaults and checks
 def _checked(entry: Entry, ref: ClaimRef) -> Entry:
-    """The entry with NVIDIA's defaults, or ConfigError; only entries that apply are checked."""
+    """The entry with NVIDIA's defaults, or ClaimConfigError; only entries that apply are checked."""
     at = f"claim {ref}: {entry.where}"
     if entry.kind in OTHER_KINDS:
-        raise ConfigError(f"{at}: kind {entry.kind} configures no GPU or MIG device (runtime object is not a "
+        raise ClaimConfigError(f"{at}: kind {entry.kind} configures no GPU or MIG device (runtime object is not a "
                           "recognized configuration)")  # fmt: skip
     if entry.strategy is None:
         return entry
     field = "opaque.parameters.sharing"
     if entry.strategy not in (TIME_SLICING, MPS):
-        raise ConfigError(f"{at}: {field}.strategy: unknown GPU sharing strategy {entry.strategy!r}, "
+        raise ClaimConfigError(f"{at}: {field}.strategy: unknown GPU sharing strategy {entry.strategy!r}, "
                           f"supported GPU sharing strategies: {TIME_SLICING}, {MPS}")  # fmt: skip
     if entry.strategy == TIME_SLICING:
         if entry.kind == MIG_CONFIG:
             return entry  # NVIDIA sets no timeslice on a MIG device
         if entry.mps is not None:
-            raise ConfigError(
+            raise ClaimConfigError(
                 f"{at}: {field}.mpsConfig: cannot use MpsConfig with the '{TIME_SLICING}' strategy"
             )
         if entry.time_slicing_given and entry.interval is None:
-            raise ConfigError(
+            raise ClaimConfigError(
                 f"{at}: {field}.timeSlicingConfig.interval: missing; give one of {', '.join(INTERVALS)}"
             )
         interval = entry.interval or "Default"
         if interval not in INTERVALS:
-            raise ConfigError(f"{at}: {field}.timeSlicingConfig.interval: unknown time-slice interval "
+            raise ClaimConfigError(f"{at}: {field}.timeSlicingConfig.interval: unknown time-slice interval "
                               f"{interval!r}, supported time-slice intervals: {', '.join(INTERVALS)}")  # fmt: skip
         return Entry(entry.where, entry.kind, entry.requests, TIME_SLICING, interval, True)
     if entry.time_slicing_given:
-        raise ConfigError(
+        raise ClaimConfigError(
             f"{at}: {field}.timeSlicingConfig: cannot use TimeSlicingConfig with the '{MPS}' strategy"
         )
     mps = entry.mps or MpsSettings()
     pct = mps.active_thread_percentage
     if pct is not None and not 1 <= pct <= 100:
-        raise ConfigError(f"{at}: {field}.mpsConfig.defaultActiveThreadPercentage: {pct} is outside 1..100 "
+        raise ClaimConfigError(f"{at}: {field}.mpsConfig.defaultActiveThreadPercentage: {pct} is outside 1..100 "
                           "(the share of a GPU's threads each client gets)")  # fmt: skip
     return Entry(entry.where, entry.kind, entry.requests, MPS, mps=mps)
 
@@ -372,7 +374,9 @@ def _mib_floor(limit: int, at: str, what: str) -> int:
     """NVIDIA hands the daemon `<bytes / 1 MiB>M`: the bytes that stand for, refused under 1 MiB."""
     mib = int(limit / MIB) if limit < 0 else limit // MIB  # Go's division truncates toward zero
     if mib <= 0:
-        raise ConfigError(f"{at}: {what}: invalid limit: value set too low ({limit} bytes, at least 1Mi)")
+        raise ClaimConfigError(
+            f"{at}: {what}: invalid limit: value set too low ({limit} bytes, at least 1Mi)"
+        )
     return mib * MIB
 
 
@@ -392,10 +396,10 @@ def _mps_sharing(entry: Entry, devices: Sequence[AllocatableDevice], ref: ClaimR
             try:
                 index = int(key, 10)
             except ValueError:
-                raise ConfigError(f"{at}: {field}.defaultPerDevicePinnedMemoryLimit: invalid device: {key!r} is "
+                raise ClaimConfigError(f"{at}: {field}.defaultPerDevicePinnedMemoryLimit: invalid device: {key!r} is "
                                   f"neither the UUID of one of its devices ({', '.join(uuids)}) nor an index") from None  # fmt: skip
             if not 0 <= index < len(uuids):
-                raise ConfigError(f"{at}: {field}.defaultPerDevicePinnedMemoryLimit: invalid device index: {index} "
+                raise ClaimConfigError(f"{at}: {field}.defaultPerDevicePinnedMemoryLimit: invalid device index: {index} "
                                   f"(its devices are 0..{len(uuids) - 1}, by UUID sorted)")  # fmt: skip
             uuid = uuids[index]
         per_device[uuid] = _mib_floor(limit, at, f"{field}.defaultPerDevicePinnedMemoryLimit.{key}")
@@ -428,7 +432,7 @@ def resolve(
     results: Sequence[Result],
     skipped: Callable[[str], None] = lambda text: None,
 ) -> list[DeviceSharing | None]:
-    """The sharing of each result, in order (None: none). Raises ConfigError naming the entry,
+    """The sharing of each result, in order (None: none). Raises ClaimConfigError naming the entry,
     the field and why; `skipped` hears of sharing not applied to an adminAccess device."""
     assigned = assign(entries(claim, ref, driver), [(r.request, r.device) for r in results], ref)
     checked: dict[int, Entry] = {}
@@ -461,7 +465,7 @@ def resolve(
             continue
         mps_groups += 1
         if mps_groups > 1:
-            raise ConfigError(f"claim {ref}: {entry.where}: a second MPS configuration in one claim: gpuvisor "
+            raise ClaimConfigError(f"claim {ref}: {entry.where}: a second MPS configuration in one claim: gpuvisor "
                               "runs one MPS control daemon per claim, give its devices one MPS entry")  # fmt: skip
         for i, sharing in zip(
             members, _mps_sharing(entry, [results[i].device for i in members], ref), strict=True
