@@ -27,6 +27,7 @@ class Request:
     device_class: str = "gpu.nvidia.com"
     admin_access: bool = False
     subrequest: str = ""  # the firstAvailable entry the scheduler chose; "" for `exactly`
+    share_id: str = ""  # a device shared through consumable capacity: each result's shareID
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,10 @@ class Config:
     driver: str = DRIVER
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"source": self.source, "opaque": {"driver": self.driver, "parameters": self.parameters}}
+        out: dict[str, Any] = {
+            "source": self.source,
+            "opaque": {"driver": self.driver, "parameters": self.parameters},
+        }
         if self.requests:
             out["requests"] = list(self.requests)
         return out
@@ -68,6 +72,8 @@ class Claim:
                 result: dict[str, Any] = {"request": request, "driver": DRIVER, "pool": pool, "device": d}
                 if r.admin_access:
                     result["adminAccess"] = True
+                if r.share_id:
+                    result["shareID"] = r.share_id
                 results.append(result)
         claim_configs = [c for c in self.configs if c.source == "FromClaim"]
         allocation: dict[str, Any] = {"results": results}
@@ -77,7 +83,9 @@ class Claim:
         spec: dict[str, Any] = {"requests": specs}
         if claim_configs:
             spec["config"] = [
-                {"requests": list(c.requests), "opaque": c.to_json()["opaque"]} if c.requests else {"opaque": c.to_json()["opaque"]}
+                {"requests": list(c.requests), "opaque": c.to_json()["opaque"]}
+                if c.requests
+                else {"opaque": c.to_json()["opaque"]}
                 for c in claim_configs
             ]
         return {
@@ -130,7 +138,9 @@ def gpu_test1(devices: Sequence[str]) -> Claim:
 
 def gpu_test6(devices: Sequence[str]) -> Claim:
     """v1/gpu-test6.yaml: request `gpu` with a GpuConfig, TimeSlicing, interval Long."""
-    return Claim("gpu-test6", "a100", [Request("gpu", devices)], [Config(gpu_config(time_slicing("Long")), ["gpu"])])
+    return Claim(
+        "gpu-test6", "a100", [Request("gpu", devices)], [Config(gpu_config(time_slicing("Long")), ["gpu"])]
+    )
 
 
 def gpu_test5(ts_device: str, mps_device: str) -> Claim:
@@ -149,17 +159,28 @@ def gpu_test5(ts_device: str, mps_device: str) -> Claim:
 def gpu_test_mps(device: str) -> Claim:
     """v1/gpu-test-mps.yaml (v1beta1 the same): `mps-gpu` under MPS, 50 % of the threads, 10Gi pinned."""
     sharing = mps(defaultActiveThreadPercentage=50, defaultPinnedDeviceMemoryLimit="10Gi")
-    return Claim("gpu-test-mps", "shared-gpu", [Request("mps-gpu", [device])], [Config(gpu_config(sharing), ["mps-gpu"])])
+    return Claim(
+        "gpu-test-mps",
+        "shared-gpu",
+        [Request("mps-gpu", [device])],
+        [Config(gpu_config(sharing), ["mps-gpu"])],
+    )
 
 
 def gpu_test4(migs: Sequence[str]) -> Claim:
     """v1/gpu-test4.yaml: four `mig.nvidia.com` requests on one GPU, no configuration."""
     names = ("mig-1g-5gb-0", "mig-1g-5gb-1", "mig-2g-10gb", "mig-3g-20gb")
-    return Claim("gpu-test4", "mig-devices", [Request(n, [d], "mig.nvidia.com") for n, d in zip(names, migs, strict=False)])
+    return Claim(
+        "gpu-test4",
+        "mig-devices",
+        [Request(n, [d], "mig.nvidia.com") for n, d in zip(names, migs, strict=False)],
+    )
 
 
 def mig_mps(migs: Sequence[str]) -> Claim:
     """MIG devices under MPS: a MigDeviceConfig with the MPS strategy for all of the claim's requests
     (api/nvidia.com/resource/v1beta1 migconfig.go, sharing.go MigDeviceSharing)."""
     sharing = mps(defaultActiveThreadPercentage=25, defaultPerDevicePinnedMemoryLimit={"0": "1Gi"})
-    return Claim("mig-mps", "mig-mps", [Request("mig", migs, "mig.nvidia.com")], [Config(mig_config(sharing))])
+    return Claim(
+        "mig-mps", "mig-mps", [Request("mig", migs, "mig.nvidia.com")], [Config(mig_config(sharing))]
+    )

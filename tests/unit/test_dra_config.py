@@ -71,7 +71,11 @@ def test_the_demo_claims_resolve_as_nvidia_applies_them(plan: ResourcePlan) -> N
     [ts] = sharing_of(plan, dc.gpu_test6(["gpu-5"]))
     assert ts == DeviceSharing(TIME_SLICING, uuid(plan, "gpu-5"), uuid(plan, "gpu-5"), interval="Long")
     [m] = sharing_of(plan, dc.gpu_test_mps("gpu-6"))
-    assert m is not None and (m.strategy, m.active_thread_percentage, m.pinned_memory_limit) == (MPS, 50, 10 * GI)
+    assert m is not None and (m.strategy, m.active_thread_percentage, m.pinned_memory_limit) == (
+        MPS,
+        50,
+        10 * GI,
+    )
     ts5, mps5 = sharing_of(plan, dc.gpu_test5("gpu-4", "gpu-7"))
     assert ts5 is not None and ts5.strategy == TIME_SLICING and ts5.uuid == uuid(plan, "gpu-4")
     assert mps5 is not None and mps5.strategy == MPS and mps5.uuid == uuid(plan, "gpu-7")
@@ -154,14 +158,18 @@ def test_a_subrequest_result_is_matched_by_its_full_name(plan: ResourcePlan) -> 
 def test_another_drivers_entry_is_ignored_even_when_it_is_no_config_of_ours(plan: ResourcePlan) -> None:
     """An entry of another driver is skipped undecoded (GetOpaqueDeviceConfigs: `config.Opaque.Driver
     != driverName` ... continue)."""
-    claim = one([dc.Request("gpu", ["gpu-4"])], dc.Config({"anything": ["at", "all"]}, driver="other.example.com"))
+    claim = one(
+        [dc.Request("gpu", ["gpu-4"])], dc.Config({"anything": ["at", "all"]}, driver="other.example.com")
+    )
     assert sharing_of(plan, claim) == [None]
 
 
 # --------------------------------------------------------------------------- defaults
 def test_time_slicing_without_its_config_defaults_to_the_default_interval(plan: ResourcePlan) -> None:
     """GpuConfig.Normalize gives TimeSlicing without timeSlicingConfig the interval Default."""
-    [s] = sharing_of(plan, one([dc.Request("gpu", ["gpu-4"])], dc.Config(dc.gpu_config(dc.time_slicing(None)))))
+    [s] = sharing_of(
+        plan, one([dc.Request("gpu", ["gpu-4"])], dc.Config(dc.gpu_config(dc.time_slicing(None))))
+    )
     assert s is not None and s.interval == "Default"
 
 
@@ -214,14 +222,22 @@ REFUSED: list[tuple[str, Any, str]] = [
 
 
 @pytest.mark.parametrize(("case", "parameters", "words"), REFUSED, ids=[c for c, _, _ in REFUSED])
-def test_strict_decoding_refuses_with_the_field_and_why(plan: ResourcePlan, case: str, parameters: Any, words: str) -> None:
+def test_strict_decoding_refuses_with_the_field_and_why(
+    plan: ResourcePlan, case: str, parameters: Any, words: str
+) -> None:
     """configapi.StrictDecoder (api.go: Strict: true): an unknown kind or version, a missing kind or
     apiVersion, an unknown field (case-sensitive, as sigs.k8s.io/json), a value of the wrong type,
     a quantity that does not parse: the claim's error names the entry and the field. Decoding runs
     for every entry of this driver, applied or not (GetOpaqueDeviceConfigs decodes them all)."""
-    claim = one([dc.Request("gpu", ["gpu-4"])], dc.Config(parameters, ["gpu"]), dc.Config(dc.gpu_config(), ["gpu"]))
+    claim = one(
+        [dc.Request("gpu", ["gpu-4"])], dc.Config(parameters, ["gpu"]), dc.Config(dc.gpu_config(), ["gpu"])
+    )
     text = error_of(plan, claim)
-    assert words in text and "status.allocation.devices.config[0]" in text and text.startswith("claim default/c1: ")
+    assert (
+        words in text
+        and "status.allocation.devices.config[0]" in text
+        and text.startswith("claim default/c1: ")
+    )
 
 
 INVALID: list[tuple[str, Any, str]] = [
@@ -245,7 +261,9 @@ INVALID: list[tuple[str, Any, str]] = [
 
 
 @pytest.mark.parametrize(("case", "parameters", "words"), INVALID, ids=[c for c, _, _ in INVALID])
-def test_validation_of_the_entry_that_applies_refuses_with_why(plan: ResourcePlan, case: str, parameters: Any, words: str) -> None:
+def test_validation_of_the_entry_that_applies_refuses_with_why(
+    plan: ResourcePlan, case: str, parameters: Any, words: str
+) -> None:
     """validate.go and sharing.go: the strategy is TimeSlicing or MPS, the interval one of four, the
     other strategy's config is refused on a GPU, the thread share 1..100 (gpuvisor's bound; NVIDIA's
     Validate lets 0 through), a limit at least 1 MiB, a per-device key a device's UUID or index;
@@ -257,20 +275,32 @@ def test_validation_of_the_entry_that_applies_refuses_with_why(plan: ResourcePla
 def test_a_config_of_one_kind_for_a_device_of_the_other_is_refused(plan: ResourcePlan) -> None:
     """An entry naming a request whose device it does not fit is an error (prepareDevices: "cannot
     apply GpuConfig to device ..."), both ways, and a VfioDeviceConfig fits no device here."""
-    gpu_on_mig = one([dc.Request("mig", [MIG0], "mig.nvidia.com")], dc.Config(dc.gpu_config(dc.time_slicing()), ["mig"]))
+    gpu_on_mig = one(
+        [dc.Request("mig", [MIG0], "mig.nvidia.com")], dc.Config(dc.gpu_config(dc.time_slicing()), ["mig"])
+    )
     mig_on_gpu = one([dc.Request("gpu", ["gpu-4"])], dc.Config(dc.mig_config(dc.mps()), ["gpu"]))
-    vfio = one([dc.Request("gpu", ["gpu-4"])], dc.Config({"apiVersion": dc.API, "kind": "VfioDeviceConfig"}, ["gpu"]))
-    assert f"cannot apply GpuConfig to device {MIG0} of request mig, a MIG device" in error_of(plan, gpu_on_mig)
-    assert "cannot apply MigDeviceConfig to device gpu-4 of request gpu, a full GPU" in error_of(plan, mig_on_gpu)
+    vfio = one(
+        [dc.Request("gpu", ["gpu-4"])], dc.Config({"apiVersion": dc.API, "kind": "VfioDeviceConfig"}, ["gpu"])
+    )
+    assert f"cannot apply GpuConfig to device {MIG0} of request mig, a MIG device" in error_of(
+        plan, gpu_on_mig
+    )
+    assert "cannot apply MigDeviceConfig to device gpu-4 of request gpu, a full GPU" in error_of(
+        plan, mig_on_gpu
+    )
     assert "cannot apply VfioDeviceConfig to device gpu-4" in error_of(plan, vfio)
 
 
-def test_both_a_mig_and_a_gpu_config_for_one_device_refuse_when_the_wrong_one_wins(plan: ResourcePlan) -> None:
+def test_both_a_mig_and_a_gpu_config_for_one_device_refuse_when_the_wrong_one_wins(
+    plan: ResourcePlan,
+) -> None:
     """Two entries for one request, a GpuConfig and a MigDeviceConfig: the later decides, so on a
     full GPU a later MigDeviceConfig is an error, and an earlier one is shadowed."""
     gpu = dc.Config(dc.gpu_config(dc.time_slicing("Long")), ["gpu"])
     mig = dc.Config(dc.mig_config(dc.mps()), ["gpu"])
-    assert "cannot apply MigDeviceConfig to device gpu-4" in error_of(plan, one([dc.Request("gpu", ["gpu-4"])], gpu, mig))
+    assert "cannot apply MigDeviceConfig to device gpu-4" in error_of(
+        plan, one([dc.Request("gpu", ["gpu-4"])], gpu, mig)
+    )
     [s] = sharing_of(plan, one([dc.Request("gpu", ["gpu-4"])], mig, gpu))
     assert s is not None and s.interval == "Long"
 
@@ -310,7 +340,9 @@ def test_admin_access_devices_are_checked_but_not_shared(plan: ResourcePlan) -> 
     error), but no sharing is applied to it: it sits beside the claim that holds the device."""
     admin = [dc.Request("gpu", ["gpu-4"], admin_access=True)]
     assert sharing_of(plan, one(admin, dc.Config(dc.gpu_config(dc.time_slicing("Long"))))) == [None]
-    assert "unknown time-slice interval" in error_of(plan, one(admin, dc.Config(dc.gpu_config(dc.time_slicing("x")))))
+    assert "unknown time-slice interval" in error_of(
+        plan, one(admin, dc.Config(dc.gpu_config(dc.time_slicing("x"))))
+    )
 
 
 # --------------------------------------------------------------------------- quantities
@@ -325,7 +357,9 @@ def test_quantities_parse_as_apimachinery_parses_them(text: str, value: int) -> 
     assert parse_quantity(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "Gi", "1GB", "1 Gi", "1gi", "0x10", "1e", "1e400", "1.2.3", "ten", "1" * 65, "10E"])
+@pytest.mark.parametrize(
+    "text", ["", "Gi", "1GB", "1 Gi", "1gi", "0x10", "1e", "1e400", "1.2.3", "ten", "1" * 65, "10E"]
+)
 def test_what_is_no_quantity_is_refused(text: str) -> None:
     """Anything outside the grammar is refused, and so is what is beyond the bounds (an exponent
     over 30, 64 characters, more than an int64)."""
