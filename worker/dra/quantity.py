@@ -10,8 +10,8 @@ comment above `type Quantity` and `ParseQuantity`; `Quantity.UnmarshalJSON` for 
                   | ("e" | "E") <sign>? <digits>                     (a decimal exponent)
 
 A JSON string is parsed with the blanks around it trimmed, a JSON number as its own text, and
-`Value()` rounds a fraction up to the next integer. Bounded: at most `MAX_TEXT` characters, an
-exponent of at most `MAX_EXPONENT`, and a value that fits in an int64 (apimachinery's `Value()`
+`Quantity.Value` rounds a fraction up to the next integer. Bounded: at most `MAX_TEXT` characters, an
+exponent of at most `MAX_EXPONENT`, and a value that fits in an int64 (apimachinery's `Quantity.Value`
 is an int64; a limit beyond it names no memory a GPU has).
 """
 
@@ -38,7 +38,7 @@ class QuantityError(ValueError):
 
 
 def parse_quantity(text: str) -> int:
-    """The quantity's value, rounded up to an integer as apimachinery's `Value()` rounds it."""
+    """The quantity's value, rounded up to an integer as apimachinery's `Quantity.Value` rounds it."""
     if len(text) > MAX_TEXT:
         raise QuantityError(f"a quantity of {len(text)} characters, at most {MAX_TEXT}")
     stripped = text.strip()
