@@ -5,7 +5,11 @@ The DRA worker keeps it (`Checkpoint`); the supervisor only reads which devices 
 
 `<kubelet plugins dir>/<driver>/checkpoint.json` (a host path, so it outlives the pod and the
 worker) holds every prepared claim by UID with what the kubelet was answered: namespace, name
-and, per device, the request, pool, device name and CDI device IDs. A prepare of a claim already
+and, per device, the request, pool, device name and CDI device IDs, and how the claim's
+configuration shares the device (`DeviceSharing`: TimeSlicing with its interval, MPS with its
+limits, as worker.dra.config resolves them) with the claim's container edits, so an unprepare
+after a restart undoes the sharing (a file written before them reads as claims without
+sharing). A prepare of a claim already
 in it answers from it (no fetch: a kubelet that restarts re-prepares running pods' claims even
 while the API server is away), an unprepare drops the claim, and a claim not in it unprepares as
 a success (idempotent: the kubelet may ask twice, or ask another instance).
