@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import re
-from fractions import Fraction
 
 MAX_TEXT = 64
 MAX_EXPONENT = 30
@@ -39,6 +38,8 @@ class QuantityError(ValueError):
 
 def parse_quantity(text: str) -> int:
     """The quantity's value, rounded up to an integer as apimachinery's `Quantity.Value` rounds it."""
+    from fractions import Fraction  # here: a worker whose claims set no limit never loads it
+
     if len(text) > MAX_TEXT:
         raise QuantityError(f"a quantity of {len(text)} characters, at most {MAX_TEXT}")
     stripped = text.strip()
