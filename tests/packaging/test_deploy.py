@@ -43,7 +43,10 @@ KUSTOMIZATIONS = (
     "overlays/labels",
 )
 NAMESPACE = "gpuvisor"
-ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")  # base/node-restriction.yaml
+ADMISSION_KINDS = (
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)  # base/node-restriction.yaml
 METRICS_PORT = 9475
 CONFIG_MOUNT = "/etc/gpuvisor"
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"

@@ -786,7 +786,12 @@ def test_name_and_namespace_overrides() -> None:
     docs = _render({"fullnameOverride": "nvdp", "namespaceOverride": "other", "gfd": {"enabled": True}})
     names = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
     assert ("DaemonSet", "nvdp") in names and ("DaemonSet", "nvdp-gpu-feature-discovery") in names
-    cluster_scoped = ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    cluster_scoped = (
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    )
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in cluster_scoped} == {"other"}
     binding = manifests.find(docs, "ClusterRoleBinding", "nvdp")
     assert binding["subjects"][0]["namespace"] == "other" and ("ClusterRole", "nvdp") in names
