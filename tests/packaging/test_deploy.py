@@ -43,6 +43,10 @@ KUSTOMIZATIONS = (
     "overlays/labels",
 )
 NAMESPACE = "gpuvisor"
+ADMISSION_KINDS = (
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)  # base/node-restriction.yaml
 METRICS_PORT = 9475
 CONFIG_MOUNT = "/etc/gpuvisor"
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
@@ -141,7 +145,8 @@ def test_strict_validation_rejects_an_unknown_field(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_objects_live_in_their_own_namespace(kustomization: str) -> None:
-    """The Namespace gpuvisor exists and every namespaced object (SA, ConfigMap, DaemonSet) is in it."""
+    """The Namespace gpuvisor exists and every namespaced object (SA, ConfigMap, DaemonSet) is in it;
+    the admission policy and its binding are cluster-scoped, as the ClusterRole."""
     docs = _render(kustomization)
     assert _one(docs, "Namespace")["metadata"]["name"] == NAMESPACE
     kinds = sorted(doc["kind"] for doc in docs)
@@ -153,9 +158,12 @@ def test_objects_live_in_their_own_namespace(kustomization: str) -> None:
         *["DaemonSet"] * daemonsets,
         "Namespace",
         "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ]
+    cluster_scoped = ("Namespace", "ClusterRole", "ClusterRoleBinding", *ADMISSION_KINDS)
     for doc in docs:
-        if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+        if doc["kind"] not in cluster_scoped:
             assert doc["metadata"]["namespace"] == NAMESPACE, doc["kind"]
     assert manifests.daemonset(docs, "gpuvisor")["metadata"]["name"] == "gpuvisor"
     assert _one(docs, "ConfigMap")["metadata"]["name"] == "gpuvisor-config"

@@ -324,6 +324,8 @@ def test_default_install_is_the_kustomize_base() -> None:
         ("ClusterRoleBinding", "gpuvisor"),
         ("DaemonSet", "gpuvisor"),
         ("ServiceAccount", "gpuvisor"),
+        ("ValidatingAdmissionPolicy", "gpuvisor-node-restriction"),  # as base/node-restriction.yaml
+        ("ValidatingAdmissionPolicyBinding", "gpuvisor-node-restriction"),
     ]
     chart, kustomize = _plugin(docs), base
     for key in (
@@ -784,9 +786,20 @@ def test_name_and_namespace_overrides() -> None:
     docs = _render({"fullnameOverride": "nvdp", "namespaceOverride": "other", "gfd": {"enabled": True}})
     names = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
     assert ("DaemonSet", "nvdp") in names and ("DaemonSet", "nvdp-gpu-feature-discovery") in names
-    assert {d["metadata"].get("namespace") for d in docs if not d["kind"].startswith("Cluster")} == {"other"}
+    cluster_scoped = (
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    )
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in cluster_scoped} == {"other"}
     binding = manifests.find(docs, "ClusterRoleBinding", "nvdp")
     assert binding["subjects"][0]["namespace"] == "other" and ("ClusterRole", "nvdp") in names
+    policy = manifests.find(docs, "ValidatingAdmissionPolicy", "nvdp-node-restriction")
+    assert policy["spec"]["matchConditions"][0]["expression"] == (
+        'request.userInfo.username in ["system:serviceaccount:other:nvdp",'
+        '"system:serviceaccount:other:nvdp-gpu-feature-discovery"]'
+    )  # the policy follows the service accounts it holds
     docs = _render({"nameOverride": "nvidia-device-plugin"})
     plugin = manifests.find(docs, "DaemonSet", "gpuvisor-nvidia-device-plugin")
     assert plugin["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "nvidia-device-plugin"

@@ -8,7 +8,9 @@ and back), and the object templates only lay them out:
   gpuvisor.features       whether MIG, MPS, CDI, volume-mounts or DRA may be in use, which decides
                           capabilities, host paths and host namespaces (least privilege otherwise);
   gpuvisor.apiAccess      what the plugin asks of the API server (the node's label, health on the
-                          Node, the DRA driver's slices and claims), which decides its token and RBAC.
+                          Node, the DRA driver's slices and claims), which decides its token and RBAC;
+  gpuvisor.nodeRestriction  whose writes the admission policy holds to their own node, and whether
+                          it is rendered (the API server serves it, or the value says so).
 */ -}}
 
 {{- define "gpuvisor.name" -}}
@@ -259,6 +261,43 @@ DRA may be in use. None: no token, no RBAC, as the plugin then never calls the A
 {{- $choice := include "gpuvisor.configChoice" . | fromJson -}}
 {{- $f := include "gpuvisor.features" . | fromJson -}}
 {{- toJson (dict "nodes" (ne $choice.configMap "") "health" (eq (toString .Values.gpuvisor.nodeHealth) "true") "dra" $f.dra) -}}
+{{- end -}}
+
+{{- /*
+The node restriction (admission-policy.yaml), as JSON {"enabled": bool, "users": [USERNAME...]}: the
+usernames of this release's service accounts that get a token and write to the API server (the
+plugin's, the labeller's), and whether the ValidatingAdmissionPolicy that holds them to their own
+node is rendered. gpuvisor.nodeRestriction.enabled null: where the API server serves
+admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy. With a cluster to ask (helm install or
+upgrade, or --api-versions naming kinds) Helm's discovery lists every served kind as
+group/version/Kind, and the policy's kind is looked for there; offline (helm template, whose
+default list names group/versions only) the Kubernetes version decides: v1 is served from 1.30.
+*/ -}}
+{{- define "gpuvisor.nodeRestriction" -}}
+{{- $users := list -}}
+{{- $ns := include "gpuvisor.namespace" . -}}
+{{- if .Values.devicePlugin.enabled -}}
+  {{- $api := include "gpuvisor.apiAccess" . | fromJson -}}
+  {{- if or $api.nodes $api.health $api.dra -}}
+    {{- $users = append $users (printf "system:serviceaccount:%s:%s" $ns (include "gpuvisor.fullname" .)) -}}
+  {{- end -}}
+{{- end -}}
+{{- if .Values.gfd.enabled -}}
+  {{- $nodeFeatures := not (and (kindIs "bool" .Values.gfd.useNodeFeatureAPI) (not .Values.gfd.useNodeFeatureAPI)) -}}
+  {{- $choice := include "gpuvisor.configChoice" . | fromJson -}}
+  {{- if or $nodeFeatures (not (empty $choice.configMap)) -}}
+    {{- $users = append $users (printf "system:serviceaccount:%s:%s" $ns (include "gpuvisor.labellerName" .)) -}}
+  {{- end -}}
+{{- end -}}
+{{- $wanted := .Values.gpuvisor.nodeRestriction.enabled -}}
+{{- $served := false -}}
+{{- if .Capabilities.APIVersions.Has "apps/v1/DaemonSet" -}}
+  {{- $served = .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+{{- else -}}
+  {{- $served = or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- $enabled := ternary $wanted $served (kindIs "bool" $wanted) -}}
+{{- toJson (dict "enabled" (and $enabled (gt (len $users) 0)) "users" $users) -}}
 {{- end -}}
 
 {{- /* An env entry for a value NVIDIA's chart passes only when it has the right type. */ -}}
