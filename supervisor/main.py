@@ -38,7 +38,7 @@ from common.exitcodes import EXIT_CONFIG_ERROR, EXIT_FAILURE
 from common.mailbox import Mailbox
 from common.messages import Json
 from supervisor.cdi.sync import CdiSync
-from supervisor.cluster.side import ClusterSide, api_client
+from supervisor.cluster.side import ClusterSide, ProcessLimiter, api_client
 from supervisor.config import Config
 from supervisor.control.commands import CommandTarget, reply_to
 from supervisor.control.endpoint import ControlEndpoint
@@ -203,6 +203,7 @@ class Supervisor:
     def _build_outside(self, config: Config) -> None:
         """What reaches the supervisor from outside, or looks in: worker messages and CLI commands,
         the file watches, the cluster side (the node's label, health on the Node), the probes."""
+        limiter = ProcessLimiter(config.kube_api_qps, config.kube_api_burst)  # one for the process
         self.dra = DraSide(
             node_name=config.node_name,
             plugin_dir=self.plugin_dir,
@@ -212,7 +213,7 @@ class Supervisor:
             reply=lambda resource, reply: self.mailbox.post(partial(self.control.tell, resource, reply)),
             workers=self.workers,
             reconciler=self.reconciler,
-            connect=partial(api_client, config.kubeconfig, self.environ, self.metrics),
+            connect=partial(api_client, config.kubeconfig, self.environ, self.metrics, limiter),
             timers=self.timers,
             post=self.mailbox.post,
             rediscover=self.replan.rediscover,
@@ -254,6 +255,7 @@ class Supervisor:
             post=self.mailbox.post,
             on_label=self.replan.node_label,
             parts={"dra": self.dra},
+            limiter=limiter,
         )
         self.metrics.set_config(config.config_name, config.config_source)
         self.notifier = Notifier(self.environ)

@@ -48,6 +48,7 @@ from supervisor.scheduler import Retrying, Scheduler
 if TYPE_CHECKING:
     from supervisor.cluster.writer import NodeHealthWriter
     from supervisor.kube.client import KubeClient
+    from supervisor.kube.limiter import TokenBucket
     from supervisor.kube.watch import ObjectWatch
 
 log = logging.getLogger("gpuvisor.cluster")
@@ -56,9 +57,31 @@ TIMER = "cluster-start"
 MAX_EARLY_EVENTS = 50
 
 
-def api_client(kubeconfig: str, environ: Mapping[str, str], metrics: Metrics) -> KubeClient:
-    """The supervisor's client of the API server: the kubeconfig, else the pod's service account.
-    Loads the API-server layer (`ssl`, `http.client`): called only once a feature needs it."""
+class ProcessLimiter:
+    """The one token bucket of every API client of this process (`--kube-api-qps`,
+    `--kube-api-burst`): the cluster side's client and the DRA side's own share it, so the
+    process as a whole stays under the rate. Made at its first use: the API-server layer loads
+    late (the module docstring)."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps = qps
+        self.burst = burst
+        self._bucket: TokenBucket | None = None
+
+    def get(self) -> TokenBucket:
+        if self._bucket is None:
+            from supervisor.kube.limiter import TokenBucket
+
+            self._bucket = TokenBucket(self.qps, self.burst)
+        return self._bucket
+
+
+def api_client(
+    kubeconfig: str, environ: Mapping[str, str], metrics: Metrics, limiter: ProcessLimiter
+) -> KubeClient:
+    """A client of the API server: the kubeconfig, else the pod's service account, under the
+    process's limiter. Loads the API-server layer (`ssl`, `http.client`): called only once a
+    feature needs it."""
     from supervisor.kube.client import KubeClient
     from supervisor.kube.credentials import load_credentials
 
@@ -66,6 +89,7 @@ def api_client(kubeconfig: str, environ: Mapping[str, str], metrics: Metrics) ->
         load_credentials(kubeconfig, environ),
         component="supervisor",
         version=VERSION,
+        limiter=limiter.get(),
         on_request=metrics.api_request,
     )
 
@@ -101,8 +125,10 @@ class ClusterSide:
         post: Callable[[Callable[[], None]], None],
         on_label: Callable[[str], object],
         parts: Mapping[str, ClusterPart] | None = None,
+        limiter: ProcessLimiter | None = None,
     ) -> None:
         self.node = config.node_name
+        self.limiter = limiter or ProcessLimiter(config.kube_api_qps, config.kube_api_burst)
         self.label_key = config.node_label
         self.watch_label = bool(config.config_file_srcdir)
         self.node_health = config.node_health
@@ -162,7 +188,7 @@ class ClusterSide:
         from supervisor.kube.watch import ObjectWatch
 
         self._stop_parts()  # what a failed earlier try started, if anything
-        client = api_client(self.kubeconfig, self.environ, self.metrics)
+        client = api_client(self.kubeconfig, self.environ, self.metrics, self.limiter)
         self.client = client
         if self.watch_label:
             self.watch = ObjectWatch(

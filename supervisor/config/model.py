@@ -123,6 +123,8 @@ class Config:
     default_config: str
     fallback_strategies: tuple[str, ...]
     kubeconfig: str
+    kube_api_qps: float
+    kube_api_burst: int
     simulate: str | None
     run_dir: str
     metrics_address: str

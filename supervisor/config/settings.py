@@ -55,6 +55,21 @@ def any_string(value: str) -> str:
     return value
 
 
+def kube_api_qps(value: float) -> float:
+    # client-go's rest.Config.QPS: 0 is its default, a negative value no rate limit; NaN and
+    # infinities (which strconv.ParseFloat reads) mean nothing there and are refused.
+    if not math.isfinite(value):
+        raise Invalid(f"must be a finite number, not {value}")
+    return value
+
+
+def kube_api_burst(value: int) -> int:
+    # client-go's token bucket refuses every request with a negative burst: refused here at once.
+    if value < 0:
+        raise Invalid(f"must be an integer >= 0, not {value}")
+    return value
+
+
 def choice(*choices: str) -> Check:
     def check(value: str) -> str:
         if value not in choices:
@@ -326,6 +341,12 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "single (the only config), empty (no config file)."),
     _s("kubeconfig", ("--kubeconfig",), ("KUBECONFIG",), None, "string", "", any_string,
        "kubeconfig for the API server (one path); empty: the pod's service account."),
+    # NVIDIA's DRA driver v0.4.1 (pkg/flags/kubeclient.go:53-69), as GFD's: one limiter for every
+    # request of the process (supervisor/kube/limiter.py)
+    _s("kube_api_qps", ("--kube-api-qps",), ("KUBE_API_QPS",), None, "float", 5.0, kube_api_qps,
+       "Requests per second to the API server (0: the client default, 5; negative: no limit)."),
+    _s("kube_api_burst", ("--kube-api-burst",), ("KUBE_API_BURST",), None, "int", 10, kube_api_burst,
+       "Burst of requests to the API server (0: the client default, 10)."),
     # gpuvisor's own (the file section `gpuvisor:` is ignored by NVIDIA's plugin)
     _s("simulate", ("--simulate",), ("GPUVISOR_SIMULATE",), "gpuvisor.simulate", "string", None, own_optional,
        "Run on the NVML simulator: a built-in profile name or a node YAML path; absent uses real NVML.",

@@ -5,12 +5,13 @@ Everything that reads or writes API objects goes through this layer: the NodeFea
 `cluster` package inside `gpuvisor run`), the DRA driver's ResourceSlices and claims (`dra`). It owns, once each:
 
 - `credentials`  a kubeconfig or the pod's service account, with client-go's rules;
-- `client`       `KubeClient`: one bounded HTTPS call per connection over the standard library,
-                 gpuvisor's user agent and field manager, counted; `abort()` ends every call now;
-- `limiter`      client-go's token bucket (`--kube-api-qps`, `--kube-api-burst`);
+- `client`       `KubeClient`: bounded HTTPS calls over the standard library on kept-alive
+                 connections (a small pool; a watch has its own), gpuvisor's user agent and field
+                 manager, counted; a 429's `Retry-After` honoured; `abort()` ends every call now;
+- `limiter`      client-go's token bucket (`--kube-api-qps`, `--kube-api-burst`), one per process;
 - `watch`        `ListWatch` / `ObjectWatch`: list, then watch a collection by field selector
-                 (or one named object), resourceVersion kept, a new list on 410 Gone, capped
-                 backoff, each failure logged once and counted;
+                 (or one named object), resourceVersion kept, a new list on 410 Gone, client-go's
+                 watch timeout and jittered backoff, each failure logged once and counted;
 - `recorder`     Events correlated as client-go's recorder does (counts, combining, spam filter);
 - `failing`      `Failing`: a background caller's failures, counted, each distinct one said once,
                  the run's start kept, its end said and the backoff reset;

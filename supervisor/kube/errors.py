@@ -30,22 +30,34 @@ class ApiError(KubeError):
 
     `plain` is true when the answer was not the API server's JSON `Status` (its mux answers a path
     it does not serve with a plain-text 404): for a 404 that means the API itself, not the object,
-    is missing.
+    is missing. `retry_after` is the seconds a 429 or 5xx answer's `Retry-After` asked for (the
+    client's limiter holds every request that long already), None without one.
     """
 
-    def __init__(self, what: str, status: int, reason: str, message: str, *, plain: bool = False) -> None:
+    def __init__(
+        self,
+        what: str,
+        status: int,
+        reason: str,
+        message: str,
+        *,
+        plain: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
         self.what = what
         self.status = status
         self.reason = reason
         self.message = message
         self.plain = plain
+        self.retry_after = retry_after
         super().__init__(self.describe())
 
     def describe(self) -> str:
         if self.status == NO_ANSWER:
             return f"{self.what}: no answer from the API server: {self.message}"
         text = f"{self.what}: {self.status} {self.reason}"
-        return text + (f": {self.message}" if self.message and self.message != self.reason else "")
+        text += f": {self.message}" if self.message and self.message != self.reason else ""
+        return text + (f" (retry after {self.retry_after:g}s)" if self.retry_after is not None else "")
 
     @property
     def not_found(self) -> bool:
@@ -77,6 +89,6 @@ class ApiError(KubeError):
             return "unreachable"
         if self.no_such_api:
             return "no-such-api"
-        return {401: "unauthorized", 403: "forbidden", 404: "not-found", 409: "conflict", 410: "gone"}.get(
-            self.status, "server-error" if self.status >= 500 else f"http-{self.status}"
-        )
+        kinds = {401: "unauthorized", 403: "forbidden", 404: "not-found", 409: "conflict", 410: "gone"}
+        kinds[429] = "throttled"
+        return kinds.get(self.status, "server-error" if self.status >= 500 else f"http-{self.status}")

@@ -7,9 +7,12 @@ ResourceSlices) or one object by `metadata.name` (`ObjectWatch`: the supervisor'
 - the watch asks for bookmarks, so the kept resourceVersion moves even when the object does not;
 - a stream the server ends (its `timeoutSeconds`, 5 to 10 minutes) is watched again at once from
   the kept resourceVersion; `410 Gone` (a version the server no longer keeps) means a new list;
-- any other failure (no answer, 5xx, 403) is retried after the capped, jittered backoff, the watch
-  from the kept version first, as client-go does; each distinct failure is logged once and every
-  one counted, and the first success after failures logs that it works again.
+- any other failure (no answer, 5xx, 403, a 429) is retried after the capped, jittered backoff
+  (client-go's numbers: `ReflectorBackoff`; at least a 429's `Retry-After`), the watch from the
+  kept version first, as client-go does; each distinct failure is logged once and every one
+  counted, and the first success after failures logs that it works again;
+- every call has a timeout: the list the client's, a watch its `timeoutSeconds` at the server
+  and a read timeout a minute past it here (a stream that goes quiet without ending).
 
 It runs on its own thread and calls its callbacks only from there: the owner posts what it needs
 to its own loop. `stop()` ends it at once: it aborts the client, which cuts the stream's read short.
@@ -32,12 +35,43 @@ from supervisor.kube.failing import Failing
 
 log = logging.getLogger("gpuvisor.kube")
 
-MIN_WATCH_S = 300  # client-go's minWatchTimeout; each watch asks for a random time up to twice it
+# client-go's reflector (k8s.io/client-go tools/cache/reflector.go): each watch asks for a
+# timeoutSeconds drawn from [defaultMinWatchTimeout, 2 * defaultMinWatchTimeout] (5 to 10 min), and
+# a failure waits wait.Backoff{Duration: 800ms, Cap: 30s, Factor: 2.0, Jitter: 1.0}.
+MIN_WATCH_S = 300
+BACKOFF_START_S = 0.8
+BACKOFF_CAP_S = 30.0
+BACKOFF_FACTOR = 2.0
+BACKOFF_JITTER = 1.0
+
+
+def watch_seconds() -> int:
+    """A watch's timeoutSeconds: random in [MIN_WATCH_S, 2 * MIN_WATCH_S], so that a node's
+    watches (and a fleet's) do not all end and start again at the same moment."""
+    return random.randint(MIN_WATCH_S, 2 * MIN_WATCH_S)
+
+
+class ReflectorBackoff(Backoff):
+    """client-go's reflector backoff. apimachinery's wait.Backoff with Jitter 1.0 adds up to the
+    whole step on top (`wait.Jitter(d, 1.0)` is d + rand * d): the n-th delay is drawn from
+    [d, 2d) with d = min(0.8 s * 2**(n-1), 30 s), so [0.8, 1.6) s first and [30, 60) s at the
+    cap; a success starts it again. (common.backoff's jitter only shortens a delay.)"""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        super().__init__(BACKOFF_START_S, BACKOFF_CAP_S, factor=BACKOFF_FACTOR, rng=rng)
+        self.spread = BACKOFF_JITTER
+
+    def next(self) -> float:
+        self.attempts += 1
+        delay = self.step(self.attempts)
+        if self._random is None:
+            self._random = random.Random()
+        return delay * (1.0 + self.spread * self._random.random())
 
 
 def backoff() -> Backoff:
-    """client-go's reflector backoff: 800 ms doubling to 30 s, jittered."""
-    return Backoff(0.8, 30.0, jitter=0.5)
+    """client-go's reflector backoff: 800 ms doubling to 30 s, each delay jittered up to twice."""
+    return ReflectorBackoff()
 
 
 class ListWatch:
@@ -57,7 +91,7 @@ class ListWatch:
         on_event: Callable[[str, dict[str, Any]], None],
         on_count: Callable[[str], None] = lambda event: None,
         retry: Backoff | None = None,
-        watch_seconds: Callable[[], int] = lambda: random.randint(MIN_WATCH_S, 2 * MIN_WATCH_S),
+        watch_seconds: Callable[[], int] = watch_seconds,
     ) -> None:
         self.client = client
         self.path = path  # the collection, e.g. /api/v1/nodes
@@ -104,7 +138,8 @@ class ListWatch:
                     self.resource_version = ""
                     continue
                 self._failed(exc)
-                if self.client.stop_event.wait(self.failing.pause()):
+                # A 429's Retry-After holds the client's limiter already; the wait is at least it.
+                if self.client.stop_event.wait(max(self.failing.pause(), exc.retry_after or 0.0)):
                     break
             except Exception as exc:  # a bug here must not end the watch: count it, back off, go on
                 log.exception("%s: the watch failed unexpectedly", self.what)
@@ -204,7 +239,7 @@ class ObjectWatch(ListWatch):
         on_object: Callable[[dict[str, Any] | None], None],
         on_count: Callable[[str], None] = lambda event: None,
         retry: Backoff | None = None,
-        watch_seconds: Callable[[], int] = lambda: random.randint(MIN_WATCH_S, 2 * MIN_WATCH_S),
+        watch_seconds: Callable[[], int] = watch_seconds,
     ) -> None:
         super().__init__(
             client,

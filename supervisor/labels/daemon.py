@@ -39,6 +39,7 @@ from supervisor.labels.settings import LabelSettings, load_label_settings
 from supervisor.node.nvml import NvmlCallError
 
 if TYPE_CHECKING:
+    from supervisor.kube.limiter import TokenBucket
     from supervisor.labels.nodeconfig import Chosen, NodeConfig
 
 log = logging.getLogger("gpuvisor.labels")
@@ -82,6 +83,16 @@ class Labeller:
         self.chosen: Chosen | None = None  # what runs now
         self._label_changed = False  # set from the watch's thread: choose again
         self._choice_error = ""  # the last reason no config could be chosen, said once
+        self._bucket: TokenBucket | None = None  # the process's one API rate limiter, made at first use
+
+    def limiter(self) -> TokenBucket:
+        """The one token bucket of the labeller's API clients (the Node watch's, the NodeFeature
+        output's): `--kube-api-qps`/`--kube-api-burst` bound the process, not each client."""
+        if self._bucket is None:
+            from supervisor.kube.limiter import TokenBucket
+
+            self._bucket = TokenBucket(self.settings.kube_api_qps, self.settings.kube_api_burst)
+        return self._bucket
 
     # ------------------------------------------------------------ signals
 
@@ -152,6 +163,7 @@ class Labeller:
             on_change=self._on_label_change,
             qps=s.kube_api_qps,
             burst=s.kube_api_burst,
+            limiter=self.limiter,
         )
         try:
             self.node_config.start()
@@ -243,6 +255,7 @@ class Labeller:
                 kubeconfig=settings.kubeconfig,
                 qps=settings.kube_api_qps,
                 burst=settings.kube_api_burst,
+                limiter=self.limiter,
             )
         else:
             if self.publisher is not None:

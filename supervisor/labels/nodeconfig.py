@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from supervisor.config.fingerprint import fingerprint
 from supervisor.config.named import Choice, ChoiceError, choose_config
 from supervisor.config.version import VERSION
-from supervisor.kube.limiter import DEFAULT_BURST, DEFAULT_QPS
+from supervisor.kube.limiter import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 
 if TYPE_CHECKING:
     from supervisor.kube.client import KubeClient
@@ -69,6 +69,7 @@ class NodeConfig:
         on_change: Callable[[], None],
         qps: float = DEFAULT_QPS,
         burst: int = DEFAULT_BURST,
+        limiter: Callable[[], TokenBucket] | None = None,
     ) -> None:
         self.node_name = node_name
         self.node_label = node_label
@@ -80,6 +81,7 @@ class NodeConfig:
         self.on_change = on_change
         self.qps = qps  # --kube-api-qps / --kube-api-burst, as the NodeFeature output's client has
         self.burst = burst
+        self.limiter = limiter  # the process's one bucket (the daemon's), else one of the client's own
         self.label: str | None = None  # None until the Node was read once
         self.seen = threading.Event()
         self._watch: ObjectWatch | None = None  # once started
@@ -97,6 +99,7 @@ class NodeConfig:
             version=VERSION,
             qps=self.qps,
             burst=self.burst,
+            limiter=self.limiter() if self.limiter is not None else None,
         )
         self._watch = ObjectWatch(
             self._client,

@@ -23,11 +23,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from supervisor.config.version import VERSION as GPUVISOR_VERSION
-from supervisor.kube.limiter import DEFAULT_BURST, DEFAULT_QPS
+from supervisor.kube.limiter import DEFAULT_BURST, DEFAULT_QPS, TokenBucket
 
 if TYPE_CHECKING:
     from supervisor.kube.client import KubeClient
@@ -111,6 +111,7 @@ class NodeFeaturePublisher:
         kubeconfig: str = "",
         qps: float = DEFAULT_QPS,
         burst: int = DEFAULT_BURST,
+        limiter: Callable[[], TokenBucket] | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> None:
         if not node_name:
@@ -125,6 +126,7 @@ class NodeFeaturePublisher:
         self.kubeconfig = kubeconfig
         self.qps = qps
         self.burst = burst
+        self.limiter = limiter  # the process's one bucket (the daemon's), else one of the client's own
         self.environ = dict(os.environ) if environ is None else environ
         self.client: KubeClient | None = None  # built on first use
         self.owners: list[dict[str, Any]] | None = None  # resolved on first use, then kept
@@ -263,5 +265,6 @@ class NodeFeaturePublisher:
                 version=GPUVISOR_VERSION,
                 qps=self.qps,
                 burst=self.burst,
+                limiter=self.limiter() if self.limiter is not None else None,
             )
         return self.client

@@ -90,21 +90,6 @@ def sleep_interval(value: object) -> float | None:
     return nanoseconds / _NS
 
 
-def kube_api_qps(value: float) -> float:
-    # client-go's rest.Config.QPS: 0 is its default, a negative value no rate limit; NaN and
-    # infinities (which strconv.ParseFloat reads) mean nothing there and are refused.
-    if not math.isfinite(value):
-        raise Invalid(f"must be a finite number, not {value}")
-    return value
-
-
-def kube_api_burst(value: int) -> int:
-    # client-go's token bucket refuses every request with a negative burst: refused here at once.
-    if value < 0:
-        raise Invalid(f"must be an integer >= 0, not {value}")
-    return value
-
-
 LABEL_SETTINGS: Final[tuple[Setting, ...]] = (
     # GFD v0.20.0: cmd/gpu-feature-discovery/main.go:51-119 (names, env vars, Go flag types,
     # defaults), internal/flags/kubeclient.go:42-67 and node.go:30-52; file keys from
@@ -140,10 +125,8 @@ LABEL_SETTINGS: Final[tuple[Setting, ...]] = (
             "Where the driver root is mounted in the container (accepted for GFD compatibility)."),
     Setting("kubeconfig", ("--kubeconfig",), ("KUBECONFIG",), None, "string", "", any_string,
             "kubeconfig for the NodeFeature API; empty uses the pod's service account."),
-    Setting("kube_api_qps", ("--kube-api-qps",), ("KUBE_API_QPS",), None, "float", 5.0, kube_api_qps,
-            "Requests per second to the API server (0: the client default, 5; negative: no limit)."),
-    Setting("kube_api_burst", ("--kube-api-burst",), ("KUBE_API_BURST",), None, "int", 10, kube_api_burst,
-            "Burst of requests to the API server (0: the client default, 10)."),
+    SETTINGS_BY_NAME["kube_api_qps"],  # the very rows of `gpuvisor run` (and of NVIDIA's DRA driver)
+    SETTINGS_BY_NAME["kube_api_burst"],
     Setting("namespace", ("--namespace",), ("NAMESPACE",), None, "string", "default", any_string,
             "Namespace of the NodeFeature object."),
     Setting("node_name", ("--node-name",), ("NODE_NAME",), None, "string", "", any_string,

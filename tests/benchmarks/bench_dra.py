@@ -10,21 +10,30 @@ A real supervisor and DRA worker, the DRA kubelet stand-in (v1 client) and claim
 - ResourceSlice content after a health change: `build_slices` for the node with the book's
   conditions (mig-a100: 21 devices).
 
-Then the same node with the fake API server (tests/kubeapi/, in this process, TLS on loopback):
+Then the same node with the fake API server (tests/kubeapi/, in this process, TLS on loopback,
+connections kept alive as kube-apiserver keeps them):
 - claim prepare latency with the claim fetched from the API server: the DRA worker asks the
-  supervisor over the control channel, the supervisor GETs it with the node's one client;
-- the slice publication after a health change: `sim xid 48` until the pool's new generation with
-  gpu.nvidia.com/xid=48 on the device is stored at the API server, and `sim reset` until the
-  generation without it is; a kubelet wipe (DeleteCollection by spec.nodeName) until the pool is
-  complete again;
-- the claim-source choice (docs/dra.md): what a claim GET costs when made directly with the
-  kube layer's client from a process of its own (a worker holding a client), and what loading that
-  client costs a fresh interpreter that has the DRA worker's modules loaded already (time, RSS and
-  PSS, medians of 7): against the round trip through the supervisor above.
+  supervisor over the control channel, the supervisor GETs it with the node's one client on a
+  kept-alive connection; then the same claim prepared again and unprepared, and the API requests
+  the node made per claim (the fetch, and the claim status written and cleared in the background);
+- what a TLS connection costs: a claim GET on a kept-alive connection of the kube layer's client
+  against one that opens its own (the TCP connect and TLS handshake), as a worker holding a client
+  made in a process of its own would see them;
+- the slice publication after a health change: `sim xid 48` on a GPU until the pool's new
+  generation with gpu.nvidia.com/xid=48 on the device is stored at the API server, and
+  `sim reset` until the generation without it is; a kubelet wipe (DeleteCollection by
+  spec.nodeName) until the pool is complete again;
+- the claim-source choice (docs/dra.md): what loading that client costs a fresh interpreter that
+  has the DRA worker's modules loaded already (time, RSS and PSS, medians of 7), against the round
+  trip through the supervisor above.
 
-The supervisor's API client has client-go's limiter (5 requests a second, bursts of 10), which a
-loop of calls would measure instead of gpuvisor: the claims and health changes here are spaced
-(`SPACING_S`) so that each finds a token, as a pod's claim or one XID does on a real node.
+The reference for a new claim is NVIDIA's kubelet plugin v0.4.1 beside gpuvisor on one real
+kube-apiserver (issue 40: 8.9 ms p50 for a new claim, 4.8 ms for one prepared again). The API
+server here is the fake, in this very process, so its own time (Python, not Go) is in each figure.
+Every claim makes several requests (`requests/claim`), so the supervisor here runs with
+`--kube-api-qps 50 --kube-api-burst 100`: at client-go's 5/10 a loop of claims 0.3 s apart
+measures the limiter's waits instead of the prepare (what the limiter does is in the kube tests);
+the health changes are spaced (`EVENT_SPACING_S`) as one XID on a real node is.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from supervisor.dra.slices import build_slices
 from supervisor.health.book import ConditionView, Recovery
@@ -41,8 +51,14 @@ from supervisor.sim.nvml import load_simulator
 from tests.benchmarks.common import Row, Timer, import_cost, p50, p99
 from tests.dranode import DRIVER, POOL, DraNode
 
+if TYPE_CHECKING:
+    from tests.kubeapi import RunningApiServer
+
 CLAIMS, CLAIMS_QUICK = 500, 60
-SPACING_S = 0.3  # between two calls that reach the API server: under the 5/s of its limiter
+SPACING_S = 0.3  # between two claims
+NVIDIA_NEW_CLAIM_MS = 8.9  # NVIDIA's kubelet plugin v0.4.1, a new claim's prepare p50 (issue 40)
+NVIDIA_AGAIN_MS = 4.8  # ... a prepared claim prepared again
+API_ARGS = ("--mode", "dra", "--log-level", "warning", "--kube-api-qps", "50", "--kube-api-burst", "100")
 EVENT_SPACING_S = 1.0  # between two health changes (each is a list and a write, twice)
 EVENTS, EVENTS_QUICK = 100, 20
 WAIT_S = 10.0
@@ -74,7 +90,15 @@ def run(quick: bool) -> list[Row]:
     ]
 
 
-def _claims(node: DraNode, count: int, spacing: float = 0.0) -> tuple[Timer, Timer, Timer]:
+def _claims(
+    node: DraNode,
+    count: int,
+    spacing: float = 0.0,
+    settle: Callable[[DraNode, str, bool], None] = lambda node, name, prepared: None,
+) -> tuple[Timer, Timer, Timer]:
+    """`settle` waits for what a call leaves in the background (the claim status the supervisor
+    writes) before the next call is timed: the fake API server's checks of it run in this process
+    and would be counted in the kubelet stand-in's next call otherwise."""
     prepare, unprepare, again = Timer(), Timer(), Timer()
     for i in range(count + 10):
         time.sleep(spacing)
@@ -84,10 +108,12 @@ def _claims(node: DraNode, count: int, spacing: float = 0.0) -> tuple[Timer, Tim
             result = node.dra.prepare(DRIVER, [ref], timeout=WAIT_S)
         if result.claims[ref[2]].error:
             raise RuntimeError(f"prepare failed: {result.claims[ref[2]].error}")
+        settle(node, f"c{i}", True)
         with again:
             node.dra.prepare(DRIVER, [ref], timeout=WAIT_S)
         with unprepare:
             node.dra.unprepare(DRIVER, [ref], timeout=WAIT_S)
+        settle(node, f"c{i}", False)
         if warm:
             for timer in (prepare, again, unprepare):
                 timer.samples.pop()
@@ -178,44 +204,37 @@ def _complete_after(node: DraNode, generation: int) -> Callable[[], bool]:
 
 
 def _with_api_server(claims: int, events: int) -> list[Row]:
-    from supervisor.kube.client import KubeClient
-    from supervisor.kube.credentials import load_credentials
     from tests.kubeapi import RunningApiServer
 
     with tempfile.TemporaryDirectory(prefix="gvbd") as tmp:
         api = RunningApiServer(Path(tmp))
         try:
-            with DraNode("pcie-l4", args=("--mode", "dra", "--log-level", "warning"), api=api) as node:
+            with DraNode("pcie-l4", args=API_ARGS, api=api) as node:
                 node.wait_registered()
                 if not node.dra.wait_for(lambda: len(node.published()) == 4, 30):
                     raise RuntimeError("the pool was not published")
-                prepare, _, _ = _claims(node, claims, SPACING_S)
-                direct = Timer()
-                client = KubeClient(
-                    load_credentials(str(api.kubeconfig), {}), component="bench", version="test", qps=-1
-                )
-                try:
-                    api.state.add_claim("bench", "direct", POOL, ["gpu-0"])
-                    path = "/apis/resource.k8s.io/v1/namespaces/bench/resourceclaims/direct"
-                    for i in range(claims + 10):
-                        time.sleep(SPACING_S)
-                        with direct:
-                            client.get(path, what="get a claim")
-                        if i < 10:
-                            direct.samples.pop()
-                finally:
-                    client.close()
+                before = len(api.state.requests)
+                prepare, unprepare, again = _claims(node, claims, SPACING_S, settle=_status_settled)
+                per_claim = _node_requests(api, before) / (claims + 10)
+                kept, fresh = _claim_gets(api, claims)
                 tainted, cleared = _publication(node, events)
                 wipes = _wipes(node, max(3, events // 2))
         finally:
             api.close()
     load_ms, load_rss, load_pss = import_cost(CLIENT, before=WORKER)
-    note = f"{claims} claims; the worker asks the supervisor, which GETs it"
+    note = f"{claims} claims, {SPACING_S:g} s apart; the worker asks the supervisor, which GETs it (kept-alive TLS)"
+    tls = p50(fresh.ms()) - p50(kept.ms())
     return [
-        Row("prepare (API server) p50", p50(prepare.ms()), "ms", "", note + f", {SPACING_S:g} s apart"),
+        Row("prepare (API server) p50", p50(prepare.ms()), "ms", f"<= {NVIDIA_NEW_CLAIM_MS:g} (NVIDIA's)", note),
         Row("prepare (API server) p99", p99(prepare.ms()), "ms"),
-        Row("claim GET, own client p50", p50(direct.ms()), "ms", "", "a process's own kube client (TLS, a connection each)"),
-        Row("claim GET, own client p99", p99(direct.ms()), "ms"),
+        Row("re-prepare (API server) p50", p50(again.ms()), "ms", f"<= {NVIDIA_AGAIN_MS:g} (NVIDIA's)", "a prepared claim again: from the checkpoint, no API call"),
+        Row("unprepare (API server) p50", p50(unprepare.ms()), "ms", "", "checkpoint rewritten and fsync'd"),
+        Row("unprepare (API server) p99", p99(unprepare.ms()), "ms"),
+        Row("API requests/claim", per_claim, "", "", "the node's requests per claim: its GET, the claim status written and cleared"),
+        Row("claim GET, kept connection p50", p50(kept.ms()), "ms", "", "the kube layer's client, a connection kept alive"),
+        Row("claim GET, kept connection p99", p99(kept.ms()), "ms"),
+        Row("claim GET, new connection p50", p50(fresh.ms()), "ms", "", "a client of its own each time: TCP connect + TLS handshake + GET"),
+        Row("TLS connection cost p50", tls, "ms", "", "new connection minus kept, p50s: what each claim paid before connections were kept"),
         Row("kube client load time", load_ms, "ms", "", "into a fresh process with the DRA worker's modules (ssl left out, as a worker has it)"),
         Row("kube client load RSS", load_rss, "MiB", "", "the same, RSS added"),
         Row("kube client load PSS", load_pss, "MiB", "", "the same, PSS added"),
@@ -224,6 +243,54 @@ def _with_api_server(claims: int, events: int) -> list[Row]:
         Row("reset->taint gone p50", p50(cleared), "ms"),
         Row("wipe->republished p50", p50(wipes), "ms", "", "the kubelet's DeleteCollection until the pool is complete"),
     ]  # fmt: skip
+
+
+def _status_settled(node: DraNode, name: str, prepared: bool) -> None:
+    """The claim's status shows this driver's devices (prepared) or none of them (unprepared)."""
+    assert node.api is not None
+    claims = node.api.state.resource_claims
+
+    def settled() -> bool:
+        claim = claims.get(("bench", name))
+        devices = ((claim or {}).get("status") or {}).get("devices") or []
+        return any(d.get("driver") == DRIVER for d in devices) == prepared
+
+    _wait_at_api(node, settled)
+
+
+def _node_requests(api: RunningApiServer, since: int) -> int:
+    """The supervisor's requests since `since` (the kubelet stand-in's own are not the node's)."""
+    with api.state.lock:
+        return sum(1 for r in api.state.requests[since:] if " supervisor" in r.user_agent)
+
+
+def _claim_gets(api: RunningApiServer, count: int) -> tuple[Timer, Timer]:
+    """A claim GET with the kube layer's client: on a kept connection, and on a new one each time."""
+    from supervisor.kube.client import KubeClient
+    from supervisor.kube.credentials import load_credentials
+
+    credentials = load_credentials(str(api.kubeconfig), {})
+    api.state.add_claim("bench", "direct", POOL, ["gpu-0"])
+    path = "/apis/resource.k8s.io/v1/namespaces/bench/resourceclaims/direct"
+    kept, fresh = Timer(), Timer()
+    client = KubeClient(credentials, component="bench", version="test", qps=-1)
+    try:
+        for i in range(count + 10):
+            time.sleep(SPACING_S / 3)
+            with kept:
+                client.get(path, what="get a claim")
+            own = KubeClient(credentials, component="bench", version="test", qps=-1)
+            try:
+                with fresh:
+                    own.get(path, what="get a claim")
+            finally:
+                own.close()
+            if i < 10:
+                kept.samples.pop()
+                fresh.samples.pop()
+    finally:
+        client.close()
+    return kept, fresh
 
 
 def _publication(node: DraNode, events: int) -> tuple[list[float], list[float]]:

@@ -3,7 +3,10 @@
 A JSON body, or the plain-text `404 page not found` the real server's mux gives a path nothing
 serves; RBAC refusals (`allow`) with the authorizer's 403 text; NotFound and Invalid as a
 resource's registry words them (every refusal of what gpuvisor sent is kept in `errors`); and the
-connection as the real (Go) server sets it up, with no Nagle delay.
+connection as the real (Go) server sets it up: no Nagle delay, and kept alive as Go's HTTP/1.1
+server keeps one (every answer has a Content-Length or is chunked; a client's `Connection: close`
+ends it after the answer; one idle for `idle_timeout_s` is closed: kube-apiserver's `IdleTimeout`,
+90 s, k8s.io/apiserver pkg/server/secure_serving.go).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ class HandlerBase(BaseHTTPRequestHandler):
         # headers, waits for the client's delayed ACK (~200 ms a call on loopback).
         with contextlib.suppress(OSError):
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The wait for a request on a kept connection (and for its parts): an idle connection is
+        # closed after it, as Go's server does after its IdleTimeout.
+        self.connection.settimeout(self.state.idle_timeout_s)
         self.live.add(self.connection)
 
     def finish(self) -> None:
@@ -46,6 +52,17 @@ class HandlerBase(BaseHTTPRequestHandler):
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _too_many(self, retry_after: str) -> None:
+        """Priority and fairness's refusal: 429, `Retry-After`, Go's http.Error text."""
+        data = b"Too many requests, please try again later.\n"
+        self.send_response(429)
+        self.send_header("Retry-After", retry_after)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

@@ -3,7 +3,8 @@
 Each request is recorded (user agent, and field manager: the `fieldManager` parameter, else the
 user agent up to its first "/", as the real server derives it); a frozen server (`freeze()`) hangs
 it; then, as the real server's filters do before a resource sees it: a wrong bearer token is 401,
-an injected failure (`fail_next`) answers, a POST or PUT that is not JSON is 415 and a body that is
+a throttled one (`throttle()`) priority and fairness's 429 with `Retry-After`, an injected
+failure (`fail_next`) answers, a POST or PUT that is not JSON is 415 and a body that is
 not an object 400. The path picks the part (one class per resource in this package, joined here):
 pods (read only), nodes, events, ResourceSlices and ResourceClaims (while `dra`), NodeFeatures
 (while the CRD is installed); any other path gets the mux's plain `404 page not found`.
@@ -39,7 +40,6 @@ class ApiHandler(NodeHandler, EventHandler, SliceHandler, ClaimHandler, NodeFeat
 
     def _handle(self, method: str) -> None:
         state = self.state
-        self.close_connection = True
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         split = urllib.parse.urlsplit(self.path)
@@ -61,6 +61,13 @@ class ApiHandler(NodeHandler, EventHandler, SliceHandler, ClaimHandler, NodeFeat
             self._send(401, status(401, "Unauthorized", "Unauthorized"))
             return
         with state.lock:
+            key = method if method in state.throttled else "*"
+            if key in state.throttled:
+                left, retry_after = state.throttled.pop(key)
+                if left > 1:
+                    state.throttled[key] = (left - 1, retry_after)
+                self._too_many(retry_after)
+                return
             if method in state.fail_next:
                 code, reason = state.fail_next.pop(method)
                 self._send(code, status(code, reason, f"injected {reason}"))

@@ -58,6 +58,9 @@ class FakeApiServer:
     requests: list[Request] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     fail_next: dict[str, tuple[int, str]] = field(default_factory=dict)  # method -> (code, reason)
+    # method ("*": any) -> (answers left, Retry-After): APF's 429 (throttle())
+    throttled: dict[str, tuple[int, str]] = field(default_factory=dict)
+    idle_timeout_s: float = 90.0  # kube-apiserver's IdleTimeout: an idle kept-alive connection is closed
     crds: set[str] = field(default_factory=lambda: {NFD_GROUP})  # API groups of installed CRDs
     allow: set[tuple[str, str]] | None = None  # (verb, resource[/subresource]); None allows all
     bookmark_s: float = 1.0
@@ -302,6 +305,14 @@ class FakeApiServer:
             self.compact()
             self.watch_epoch += 1
             self.changed.notify_all()
+
+    def throttle(self, count: int = 1, retry_after: str = "1", method: str = "*") -> None:
+        """The next `count` requests (of `method`, "*" for any) are refused as the API server's
+        priority and fairness filter refuses one it has no seat for: 429, `Retry-After` and its
+        plain-text words (k8s.io/apiserver pkg/server/filters/priority-and-fairness.go,
+        `tooManyRequests`, through Go's http.Error)."""
+        with self.lock:
+            self.throttled[method] = (count, retry_after)
 
     def freeze(self) -> None:
         """Requests hang (accepted, never answered) until thaw()."""
