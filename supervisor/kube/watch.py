@@ -9,7 +9,12 @@ ResourceSlices) or one object by `metadata.name` (`ObjectWatch`: the supervisor'
   the kept resourceVersion; `410 Gone` (a version the server no longer keeps) means a new list;
 - any other failure (no answer, 5xx, 403) is retried after the capped, jittered backoff, the watch
   from the kept version first, as client-go does; each distinct failure is logged once and every
-  one counted, and the first success after failures logs that it works again.
+  one counted, and the first success after failures logs that it works again;
+- once a working watch broke (a failure, or a 410 Gone that ends it), each retry until it works
+  again waits a random time up to `RECONNECT_SPREAD_S` (the first instead of the backoff, the
+  later ones on top of it): an API server that restarts sees its nodes come back spread over that
+  window after it is back, however long it was away, not in the same second (client-go's first
+  retry is 0.8-1.6 s, which a fleet of 5,000 turns into thousands of lists a second).
 
 It runs on its own thread and calls its callbacks only from there: the owner posts what it needs
 to its own loop. `stop()` ends it at once: it aborts the client, which cuts the stream's read short.
@@ -33,6 +38,11 @@ from supervisor.kube.failing import Failing
 log = logging.getLogger("gpuvisor.kube")
 
 MIN_WATCH_S = 300  # client-go's minWatchTimeout; each watch asks for a random time up to twice it
+RECONNECT_SPREAD_S = 15.0  # the first retry after a working watch broke: uniform in [0, this]
+
+
+def spread() -> float:
+    return random.uniform(0.0, RECONNECT_SPREAD_S)
 
 
 def backoff() -> Backoff:
@@ -58,6 +68,7 @@ class ListWatch:
         on_count: Callable[[str], None] = lambda event: None,
         retry: Backoff | None = None,
         watch_seconds: Callable[[], int] = lambda: random.randint(MIN_WATCH_S, 2 * MIN_WATCH_S),
+        reconnect: Callable[[], float] = spread,
     ) -> None:
         self.client = client
         self.path = path  # the collection, e.g. /api/v1/nodes
@@ -68,6 +79,9 @@ class ListWatch:
         self.on_count = on_count  # "list", "watch", "gone", "failure": what the metrics count
         self.failing = Failing(retry or backoff())
         self.watch_seconds = watch_seconds
+        self.reconnect = reconnect  # the wait before the first retry after a working watch broke
+        self._working = False  # listed or watching since the last failure
+        self._broken = False  # a working watch broke, and it has not worked since
         self.resource_version = ""
         self.state = "starting"  # listing, watching, failing, stopped
         self.relists = 0
@@ -93,6 +107,10 @@ class ListWatch:
             except Stopped:
                 break
             except ApiError as exc:
+                was_working, self._working = self._working, False
+                self._broken = self._broken or was_working
+                if was_working and self.client.stop_event.wait(self.reconnect()):
+                    break
                 if exc.gone:
                     self.on_count("gone")
                     self.relists += 1
@@ -104,7 +122,10 @@ class ListWatch:
                     self.resource_version = ""
                     continue
                 self._failed(exc)
-                if self.client.stop_event.wait(self.failing.pause()):
+                pause = (
+                    0.0 if was_working else self.failing.pause() + (self.reconnect() if self._broken else 0.0)
+                )
+                if self.client.stop_event.wait(pause):
                     break
             except Exception as exc:  # a bug here must not end the watch: count it, back off, go on
                 log.exception("%s: the watch failed unexpectedly", self.what)
@@ -177,6 +198,7 @@ class ListWatch:
             )
 
     def _works(self) -> None:
+        self._working, self._broken = True, False
         lasted = self.failing.works()
         if lasted is not None:
             log.info("%s works again after %.0fs", self.what, lasted)
@@ -205,6 +227,7 @@ class ObjectWatch(ListWatch):
         on_count: Callable[[str], None] = lambda event: None,
         retry: Backoff | None = None,
         watch_seconds: Callable[[], int] = lambda: random.randint(MIN_WATCH_S, 2 * MIN_WATCH_S),
+        reconnect: Callable[[], float] = spread,
     ) -> None:
         super().__init__(
             client,
@@ -216,6 +239,7 @@ class ObjectWatch(ListWatch):
             on_count=on_count,
             retry=retry,
             watch_seconds=watch_seconds,
+            reconnect=reconnect,
         )
         self.name = name
         self.on_object = on_object
