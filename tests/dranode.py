@@ -2,10 +2,11 @@
 
 Beside the device-plugin kubelet stand-in (kept: a mode switch moves a node between the two),
 a `DraNode` has the DRA kubelet stand-in watching its registry dir, its own CDI spec dir, and the
-supervisor started with `--node-name node-a` and those dirs. Claims come from a claim store
-standing in for the API server (read through `--dra-claims-dir`), or, given the fake API server
-(`api`), from it: the supervisor then publishes the node's ResourceSlices there and fetches
-claims from it, the DRA kubelet stand-in wipes the node's slices when it restarts, and the
+supervisor started with `--node-name node-a` (or `node_name`, for a fleet of nodes) and those
+dirs. Claims come from a claim store standing in for the API server (read through
+`--dra-claims-dir`), or, given the fake API server (`api`), from it (a `KUBECONFIG` in `env` gives
+the supervisor credentials of its own, e.g. a node's token): the supervisor then publishes the
+node's ResourceSlices there and fetches claims from it, the DRA kubelet stand-in wipes the node's slices when it restarts, and the
 device-plugin kubelet stand-in serves the pod-resources API. All in the node's short temp dir,
 removed on close; only processes started here are signalled, by PID.
 """
@@ -35,14 +36,17 @@ class DraNode(SimNode):
         args: Sequence[str] = ("--mode", "dra"),
         env: dict[str, str] | None = None,
         api: RunningApiServer | None = None,
+        node_name: str = POOL,
+        scan_interval: float = 0.02,
         **kw: Any,
     ) -> None:
         self.api = api
+        self.node_name = node_name
         self.client: KubeClient | None = None
         if api is not None:
-            env = {**(env or {}), "KUBECONFIG": str(api.kubeconfig)}
-            if POOL not in api.state.nodes:
-                api.state.add_node(POOL)
+            env = {"KUBECONFIG": str(api.kubeconfig), **(env or {})}
+            if node_name not in api.state.nodes:
+                api.state.add_node(node_name)
             self.client = KubeClient(
                 load_credentials(str(api.kubeconfig), {}), component="kubelet", version="test"
             )
@@ -52,7 +56,9 @@ class DraNode(SimNode):
         self.claims_dir = os.path.join(self.base, "claims")
         self.cdi_dir = os.path.join(self.base, "cdi")
         self.pod_resources = os.path.join(self.base, "pr", "kubelet.sock")
-        self.dra = DraKubeletStandin(self.registry_dir, scan_interval=0.02, api=self.client, node_name=POOL)
+        self.dra = DraKubeletStandin(
+            self.registry_dir, scan_interval=scan_interval, api=self.client, node_name=node_name
+        )
         self.claims = ClaimStore(self.claims_dir)
 
     def __enter__(self) -> DraNode:
@@ -65,7 +71,7 @@ class DraNode(SimNode):
     def supervisor_argv(self) -> list[str]:
         return [
             *super().supervisor_argv(),
-            "--node-name", POOL,
+            "--node-name", self.node_name,
             "--kubelet-plugins-dir", self.plugins_dir,
             "--kubelet-registry-dir", self.registry_dir,
             *(["--dra-claims-dir", self.claims_dir] if self.api is None else []),
@@ -82,12 +88,12 @@ class DraNode(SimNode):
     def claim(self, name: str, devices: Sequence[str], namespace: str = "default") -> tuple[str, str, str]:
         """An allocated claim, where this node's supervisor reads claims: (namespace, name, uid)."""
         if self.api is not None:
-            return self.api.state.add_claim(namespace, name, POOL, list(devices))
-        return self.claims.allocate(namespace, name, POOL, list(devices))
+            return self.api.state.add_claim(namespace, name, self.node_name, list(devices))
+        return self.claims.allocate(namespace, name, self.node_name, list(devices))
 
     def slices(self) -> list[dict[str, Any]]:
         assert self.api is not None
-        return self.api.state.slices(POOL, DRIVER)
+        return self.api.state.slices(self.node_name, DRIVER)
 
     def published(self) -> dict[str, list[dict[str, Any]]]:
         """Device name -> its taints, of the pool's newest generation as the API server has it."""

@@ -37,7 +37,7 @@ from supervisor.kube.recorder import EventRecorder, rfc3339
 
 log = logging.getLogger("gpuvisor.cluster")
 
-MIN_INTERVAL_S = 1.0
+MIN_INTERVAL_S = 5.0  # a storm on a fleet: at most 12 condition patches a minute per node
 RESYNC_S = 300.0
 MAX_QUEUED = 100
 
@@ -116,7 +116,8 @@ class NodeHealthWriter:
             else:
                 self._works()
                 # After a pass that called the server, new work waits this long: a storm is one
-                # write a second. A pass that had nothing to do leaves the next one free.
+                # pass every 5 s (the newest condition wins). A pass that had nothing to do leaves
+                # the next one free, so the first change after a quiet spell is written at once.
                 pause = MIN_INTERVAL_S if wrote else 0.0
             if self.client.stop_event.wait(pause):
                 break

@@ -8,13 +8,16 @@ API server. This thread does what the Go controller of k8s.io/dynamic-resource-a
 - the slices are driver `gpu.nvidia.com`, pool and `spec.nodeName` the node's name, owned by the
   Node (an ownerReference with `controller: true`, so they go when the Node goes), created with
   `generateName: <node>-gpu.nvidia.com-`;
-- each pass lists the node's slices of the driver (`fieldSelector` `spec.nodeName`, `spec.driver`)
-  and compares them with what `supervisor.dra.slices.build_slices` makes of the wanted state.
+- a pass compares the node's slices of the driver with what `supervisor.dra.slices.build_slices` makes of the wanted state.
   Nothing differs: nothing is written. Anything differs (a MIG layout, health, a device held
   or released, a slice edited or deleted by someone else): the pool gets a new generation on
   every slice; slices of another pool or an older generation are deleted first (with the UID
   and resourceVersion as preconditions), then the slices are updated (optimistic concurrency)
-  or created, and any left over deleted;
+  or created, and any left over deleted. The slices compared are listed (`fieldSelector`
+  `spec.nodeName`, `spec.driver`) at the first pass, after a failure, after a change by someone
+  else and at each resync; otherwise they are what the last list and this thread's own writes'
+  answers left (as the Go controller reads its informer's cache and its own mutations): a health
+  storm is updates only, no list per generation, and a stale view is a 409 Conflict, then a list;
 - the kubelet deletes a node's slices when it starts (and a driver's 30 s after its plugin went):
   a `ListWatch` of the same selection sees every change, and a change this thread did not make
   (an object version it did not write, a deletion it did not do) starts a pass at once, so the
@@ -158,8 +161,11 @@ class SlicePublisher:
         # What this thread wrote, to tell its own watch events from someone else's.
         self._written: deque[tuple[str, str]] = deque(maxlen=MAX_REMEMBERED)
         self._deleted: deque[str] = deque(maxlen=MAX_REMEMBERED)
-        self._foreign = 0  # changes by others since the last pass (a kubelet wiping the slices)
+        # Changes not known as this thread's when the watch saw them, (name, version; "" a deletion):
+        # looked at again at the next pass, as a write's answer can come after its watch event.
+        self._foreign: list[tuple[str, str]] = []
         self._forms: dict[str, str] = {}  # what was sent -> what the server stored, where they differ
+        self._known: dict[str, dict[str, Any]] | None = None  # name -> slice: the last list + own writes
         self._owner_uid = ""
         self._held: dict[str, tuple[str, ...]] = {}
         self._held_read_at: float | None = None
@@ -212,7 +218,7 @@ class SlicePublisher:
                     return
             elif (name, version) in self._written:
                 return
-            self._foreign += 1
+            self._foreign.append((name, "" if kind == "DELETED" else version))
             if kind == "DELETED":
                 self._owner_uid = ""  # the Node may be gone and back (the garbage collector's doing)
         self._poke()
@@ -234,6 +240,7 @@ class SlicePublisher:
             except Stopped:
                 break
             except ApiError as exc:
+                self._known = None  # what failed may have left the view stale: list next time
                 self._failed(exc)
                 quick = (exc.conflict or exc.not_found) and self._quick < QUICK_RETRIES
                 self._quick = self._quick + 1 if quick else 0
@@ -241,6 +248,7 @@ class SlicePublisher:
                 self._poke()  # whatever failed is still to do
             except Exception as exc:  # a bug must not end the thread: count it, back off, go on
                 log.exception("publishing the ResourceSlices of Node %s failed unexpectedly", self.node_name)
+                self._known = None
                 self._failed(ApiError("ResourceSlices", NO_ANSWER, type(exc).__name__, str(exc)))
                 pause = self.failing.pause()
                 self._poke()
@@ -264,10 +272,13 @@ class SlicePublisher:
         now = time.monotonic()
         with self._lock:
             want, self._dirty = self._want, False
-            foreign, self._foreign = self._foreign, 0
+            seen, self._foreign = self._foreign, []
+            foreign = sum(1 for name, version in seen if not version or (name, version) not in self._written)
             resync = now >= self._next_resync
         if want is None:
             return False
+        if foreign or resync:
+            self._known = None
         self.passes += 1
         if resync and self.taints is False:
             self.taints = None  # ask again: the API server may have been upgraded
@@ -294,12 +305,19 @@ class SlicePublisher:
 
     # ------------------------------------------------------------------ a pass's parts
     def _list(self) -> list[dict[str, Any]]:
-        return node_slices(self.client, self.node_name, self.driver)
+        """The node's slices: listed when the view is unknown, else the view (copies, by name)."""
+        if self._known is None:
+            self._known = {
+                str(_meta(o).get("name", "")): o
+                for o in node_slices(self.client, self.node_name, self.driver)
+            }
+        return [copy.deepcopy(self._known[name]) for name in sorted(self._known)]
 
     def _withdraw(self) -> bool:
         """Delete every slice of this node and driver. A node that never published in this life
         only looks (a slice an earlier life left): an API server that does not serve the API, or
         RBAC without it (a chart in device-plugin mode), is then no failure to retry forever."""
+        self._known = None  # a withdrawal always looks at the server
         try:
             existing = self._list()
         except ApiError as exc:
@@ -494,6 +512,8 @@ class SlicePublisher:
         except ApiError as exc:
             if not exc.not_found:  # gone already (the kubelet's doing): that is what was wanted
                 raise
+        if self._known is not None:
+            self._known.pop(name, None)
 
     def _write(self, verb: str, method: str, path: str, body: Any, what: str) -> Any:
         try:
@@ -509,10 +529,13 @@ class SlicePublisher:
         """What the server stored for a create or update: remembered as this thread's own write;
         dropped taints, or any other difference, taken into account from now on."""
         if not isinstance(answer, dict):
+            self._known = None  # what the server stored is not known: list next time
             return
         meta = _meta(answer)
         with self._lock:
             self._written.append((str(meta.get("name", "")), str(meta.get("resourceVersion", ""))))
+        if self._known is not None:
+            self._known[str(meta.get("name", ""))] = copy.deepcopy(answer)
         ours, theirs = _devices(sent), _devices(answer)
         if _form(ours) == _form(theirs):
             return

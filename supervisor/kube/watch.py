@@ -11,6 +11,11 @@ ResourceSlices) or one object by `metadata.name` (`ObjectWatch`: the supervisor'
   (client-go's numbers: `ReflectorBackoff`; at least a 429's `Retry-After`), the watch from the
   kept version first, as client-go does; each distinct failure is logged once and every one
   counted, and the first success after failures logs that it works again;
+- once a working watch broke (a failure, or a 410 Gone that ends it), each retry until it works
+  again waits a random time up to `RECONNECT_SPREAD_S` (the first instead of the backoff, the
+  later ones on top of it): an API server that restarts sees its nodes come back spread over that
+  window after it is back, however long it was away, not in the same second (client-go's first
+  retry is 0.8-1.6 s, which a fleet of 5,000 turns into thousands of lists a second);
 - every call has a timeout: the list the client's, a watch its `timeoutSeconds` at the server
   and a read timeout a minute past it here (a stream that goes quiet without ending).
 
@@ -69,6 +74,14 @@ class ReflectorBackoff(Backoff):
         return delay * (1.0 + self.spread * self._random.random())
 
 
+RECONNECT_SPREAD_S = 15.0  # the first retry after a working watch broke: uniform in [0, this]
+
+
+def spread() -> float:
+    """The wait before a broken watch's retry: uniform in [0, RECONNECT_SPREAD_S]."""
+    return random.uniform(0.0, RECONNECT_SPREAD_S)
+
+
 def backoff() -> Backoff:
     """client-go's reflector backoff: 800 ms doubling to 30 s, each delay jittered up to twice."""
     return ReflectorBackoff()
@@ -92,6 +105,7 @@ class ListWatch:
         on_count: Callable[[str], None] = lambda event: None,
         retry: Backoff | None = None,
         watch_seconds: Callable[[], int] = watch_seconds,
+        reconnect: Callable[[], float] = spread,
     ) -> None:
         self.client = client
         self.path = path  # the collection, e.g. /api/v1/nodes
@@ -102,6 +116,9 @@ class ListWatch:
         self.on_count = on_count  # "list", "watch", "gone", "failure": what the metrics count
         self.failing = Failing(retry or backoff())
         self.watch_seconds = watch_seconds
+        self.reconnect = reconnect  # the wait before the first retry after a working watch broke
+        self._working = False  # listed or watching since the last failure
+        self._broken = False  # a working watch broke, and it has not worked since
         self.resource_version = ""
         self.state = "starting"  # listing, watching, failing, stopped
         self.relists = 0
@@ -127,6 +144,10 @@ class ListWatch:
             except Stopped:
                 break
             except ApiError as exc:
+                was_working, self._working = self._working, False
+                self._broken = self._broken or was_working
+                if was_working and self.client.stop_event.wait(self.reconnect()):
+                    break
                 if exc.gone:
                     self.on_count("gone")
                     self.relists += 1
@@ -138,8 +159,11 @@ class ListWatch:
                     self.resource_version = ""
                     continue
                 self._failed(exc)
+                pause = (
+                    0.0 if was_working else self.failing.pause() + (self.reconnect() if self._broken else 0.0)
+                )
                 # A 429's Retry-After holds the client's limiter already; the wait is at least it.
-                if self.client.stop_event.wait(max(self.failing.pause(), exc.retry_after or 0.0)):
+                if self.client.stop_event.wait(max(pause, exc.retry_after or 0.0)):
                     break
             except Exception as exc:  # a bug here must not end the watch: count it, back off, go on
                 log.exception("%s: the watch failed unexpectedly", self.what)
@@ -212,6 +236,7 @@ class ListWatch:
             )
 
     def _works(self) -> None:
+        self._working, self._broken = True, False
         lasted = self.failing.works()
         if lasted is not None:
             log.info("%s works again after %.0fs", self.what, lasted)
@@ -240,6 +265,7 @@ class ObjectWatch(ListWatch):
         on_count: Callable[[str], None] = lambda event: None,
         retry: Backoff | None = None,
         watch_seconds: Callable[[], int] = watch_seconds,
+        reconnect: Callable[[], float] = spread,
     ) -> None:
         super().__init__(
             client,
@@ -251,6 +277,7 @@ class ObjectWatch(ListWatch):
             on_count=on_count,
             retry=retry,
             watch_seconds=watch_seconds,
+            reconnect=reconnect,
         )
         self.name = name
         self.on_object = on_object

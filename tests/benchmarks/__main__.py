@@ -1,4 +1,5 @@
-"""The benchmark runner: `python -m tests.benchmarks [--quick] [--json PATH] [--only NAME,...] [--real-gpu]`.
+"""The benchmark runner: `python -m tests.benchmarks [--quick] [--json PATH] [--only NAME,...] [--real-gpu]
+[--fleet-nodes N]`.
 
 Runs every module in `BENCHES` (in order), prints one aligned table and then a JSON document
 (rows plus machine info) to stdout, and writes the JSON to `--json PATH` too. First it compiles
@@ -46,6 +47,7 @@ BENCHES = [
     "bench_huge_config",
     "bench_kube",
     "bench_dra",
+    "bench_fleet",
 ]
 PACKAGE = "tests.benchmarks"
 
@@ -66,6 +68,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--real-gpu",
         action="store_true",
         help="run the one-resource node on this node's own libnvidia-ml and GPUs (a GPU node), not the fake library",
+    )
+    p.add_argument(
+        "--fleet-nodes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="nodes in bench_fleet's fleet (default 50, 3 with --quick)",
     )
     args = p.parse_args(argv)
     if args.only:
@@ -116,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.real_gpu:
         os.environ[node.REAL_GPU_ENV] = "1"  # read by tests/benchmarks/node.py, here and in the rerun
+    if args.fleet_nodes:
+        os.environ["GPUVISOR_BENCH_FLEET_NODES"] = str(args.fleet_nodes)  # read by bench_fleet.py
     if not args.with_import_hooks and os.environ.get(interpreter.PLAIN_ENV) != "1":
         import site
 

@@ -31,7 +31,9 @@ CA data and token, is exercised), with the real server's rules for them:
 - NFD's NodeFeature (checked against NFD v0.19.0's CRD schema, `tests/data/`, as the structural
   schema it is, so unknown fields fail too) and pods (read only);
 - every request is recorded with its user agent and field manager (the `fieldManager` parameter,
-  else the user agent up to its first "/", as the real server derives it).
+  else the user agent up to its first "/", as the real server derives it) and the user its bearer
+  token names (`add_user`, `RunningApiServer.kubeconfig_for`: one token per node of a fleet), and
+  counted by verb, resource and user, with the watches open now (`tally`).
 
 And the failures a real server shows: a frozen server (`freeze()`: requests hang until `thaw()`),
 dropped watch connections (`drop_connections()`), an outage (`stop()` then `start()` on the same
@@ -43,8 +45,8 @@ call), `validation.py` (what the server refuses in an object), `patch.py` (strat
 merge and JSON patch), `resources.py` (groups, kinds, the token, the Status of an error),
 `handler.py` (the checks every request passes and the dispatch by path) over one part per resource
 (`nodes.py`, `events.py`, `slices.py`, `claims.py`, `nodefeatures.py`), `listwatch.py` (field
-selectors, lists, watches) and `base.py` (answers, RBAC), and `server.py` (RunningApiServer, its
-certificates, the kubeconfig). The names tests use are imported here.
+selectors, lists, watches), `base.py` (answers, RBAC), `tally.py` (the counts), and `server.py`
+(RunningApiServer, its certificates, the kubeconfig). The names tests use are imported here.
 """
 
 from __future__ import annotations

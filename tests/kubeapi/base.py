@@ -28,6 +28,7 @@ class HandlerBase(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     state: FakeApiServer  # set on the subclass made per server
     live: set[socket.socket]  # the connections being served, for drop_connections()
+    user = ""  # the user the request's bearer token names (set by the handler)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

@@ -1,8 +1,9 @@
 """The fake API server's HTTP handler: the checks every request passes, then its resource's part.
 
 Each request is recorded (user agent, and field manager: the `fieldManager` parameter, else the
-user agent up to its first "/", as the real server derives it); a frozen server (`freeze()`) hangs
-it; then, as the real server's filters do before a resource sees it: a wrong bearer token is 401,
+user agent up to its first "/", as the real server derives it; the user its token names) and
+counted (`state.tally`, tally.py); a frozen server (`freeze()`) hangs it; then, as the real
+server's filters do before a resource sees it: a bearer token the server does not know is 401,
 a throttled one (`throttle()`) priority and fairness's 429 with `Retry-After`, an injected
 failure (`fail_next`) answers, a POST or PUT that is not JSON is 415 and a body that is
 not an object 400. The path picks the part (one class per resource in this package, joined here):
@@ -21,7 +22,7 @@ from tests.kubeapi.events import EventHandler
 from tests.kubeapi.nodefeatures import NodeFeatureHandler
 from tests.kubeapi.nodes import NodeHandler
 from tests.kubeapi.patch import JSON_PATCH
-from tests.kubeapi.resources import NFD_GROUP, TOKEN, status
+from tests.kubeapi.resources import NFD_GROUP, status
 from tests.kubeapi.slices import SliceHandler
 from tests.kubeapi.state import Request
 
@@ -51,13 +52,16 @@ class ApiHandler(NodeHandler, EventHandler, SliceHandler, ClaimHandler, NodeFeat
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode(errors="replace")
+        auth = self.headers.get("Authorization", "")
+        self.user = state.users.get(auth.removeprefix("Bearer "), "") if auth.startswith("Bearer ") else ""
         with state.lock:
             state.requests.append(
-                Request(method, path, body, self.headers.get("Content-Type"), query, ua, manager)
+                Request(method, path, body, self.headers.get("Content-Type"), query, ua, manager, self.user)
             )
+        state.tally.count(method, path, query, self.user)
         while state.frozen.is_set():  # a hung server: the request waits, unanswered
             state.thawed.wait(0.2)
-        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+        if not self.user:
             self._send(401, status(401, "Unauthorized", "Unauthorized"))
             return
         with state.lock:

@@ -88,7 +88,7 @@ class ListWatch(HandlerBase):
         start = query.get("resourceVersion", "")
         timeout = float(query.get("timeoutSeconds") or 1800)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
-        api_version, kind_name = KINDS[resource]
+        pending: list[tuple[str, dict[str, Any]]]
         with state.lock:
             if start not in ("", "0") and (not start.isdigit() or int(start) < state.compacted):
                 self._send(
@@ -107,6 +107,25 @@ class ListWatch(HandlerBase):
                 seen = state.version
             else:
                 pending, seen = [], int(start)
+        state.tally.opened(resource, self.user)
+        try:
+            self._stream(resource, terms, pending, seen, epoch, timeout, bookmarks)
+        finally:
+            state.tally.closed(resource, self.user)
+
+    def _stream(
+        self,
+        resource: str,
+        terms: list[tuple[str, str, bool]],
+        pending: list[tuple[str, dict[str, Any]]],
+        seen: int,
+        epoch: int,
+        timeout: float,
+        bookmarks: bool,
+    ) -> None:
+        """The watch's stream: `pending` first, then the history after `seen`, until `timeout`."""
+        state = self.state
+        api_version, kind_name = KINDS[resource]
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")

@@ -125,6 +125,11 @@ class RunningApiServer:
             with contextlib.suppress(OSError):
                 socket.socket.shutdown(conn, socket.SHUT_RDWR)
 
+    def kubeconfig_for(self, user: str, path: Path) -> Path:
+        """A kubeconfig at `path` whose token the server takes as `user` (a node of a fleet)."""
+        path.write_text(self.kubeconfig_text(self.ca_data, self.state.add_user(user)))
+        return path
+
     def kubeconfig_text(self, ca_data: str, token: str = TOKEN) -> str:
         return yaml.safe_dump({
             "apiVersion": "v1",

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.kubeapi.resources import NFD_GROUP
+from tests.kubeapi.resources import NFD_GROUP, TOKEN, USER
+from tests.kubeapi.tally import Tally
 from tests.kubeapi.validation import resource_claim_problems, resource_slice_problems
 
 HISTORY = 1000  # watch events kept; older versions are compacted away
@@ -44,6 +45,7 @@ class Request:
     query: dict[str, str] = field(default_factory=dict)
     user_agent: str = ""
     manager: str = ""  # the field manager the server would record for a write
+    user: str = ""  # the user its bearer token names ("" for a token the server does not know)
     at: float = field(default_factory=time.monotonic)  # when it came in (this process's clock)
 
 
@@ -80,6 +82,10 @@ class FakeApiServer:
     watch_epoch: int = 0  # expire_watches() moves it: streams of an older epoch end with 410
     frozen: threading.Event = field(default_factory=threading.Event)
     thawed: threading.Event = field(default_factory=threading.Event)
+    # bearer token -> user: TOKEN is USER; a fleet adds one token per node (add_user) so that the
+    # tally tells the nodes apart
+    users: dict[str, str] = field(default_factory=lambda: {TOKEN: USER})
+    tally: Tally = field(default_factory=Tally)  # every request by verb, resource, user; open watches
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)
@@ -284,6 +290,13 @@ class FakeApiServer:
             self.version += 1
             obj["metadata"]["resourceVersion"] = str(self.version)
             self._record("resourceclaims", "DELETED", obj)
+
+    def add_user(self, user: str) -> str:
+        """A bearer token the server accepts as `user` (a node's own service account in a fleet)."""
+        token = f"token-{uuid.uuid4().hex}"
+        with self.lock:
+            self.users[token] = user
+        return token
 
     def calls(self, method: str | None = None, path: str | None = None) -> list[Request]:
         with self.lock:

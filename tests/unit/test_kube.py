@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import gc
+import itertools
 import json
 import logging
 import platform
@@ -399,7 +400,7 @@ def watch(api: RunningApiServer, seen: Seen, **kw: Any) -> ObjectWatch:
         on_object=seen,
         on_count=seen.counts.append,
         watch_seconds=lambda: 30,
-        **kw,
+        **{"reconnect": lambda: 0.0, **kw},
     )
     w.start()
     return w
@@ -451,6 +452,61 @@ def test_a_dropped_watch_resumes_from_the_kept_version(node_api: RunningApiServe
         assert seen.counts.count("list") == 1 and w.relists == 0
     finally:
         w.stop()
+
+
+def test_a_working_watch_that_breaks_waits_its_spread_before_the_first_retry(
+    node_api: RunningApiServer,
+) -> None:
+    """An API server restart must not bring every node back in the same second (issue 42): the
+    first failure after a working watch waits the reconnect spread (random, up to
+    RECONNECT_SPREAD_S) instead of the backoff, each later retry until it works again the backoff
+    and the spread; a 410 Gone ending a working watch waits it too before the new list. A watch
+    that never worked keeps the plain backoff."""
+    from common.backoff import Backoff
+
+    failures: list[float] = []
+    waits: list[float] = []
+
+    def reconnect() -> float:
+        waits.append(time.monotonic())
+        return 0.8
+
+    w = ObjectWatch(
+        kube(node_api), path="/api/v1/nodes", name=NODE, what=f"Node {NODE}", on_object=Seen(),
+        on_count=lambda event: failures.append(time.monotonic()) if event == "failure" else None,
+        retry=Backoff(0.05, 0.1), watch_seconds=lambda: 30, reconnect=reconnect,
+    )  # fmt: skip
+    w.start()
+    try:
+        assert wait_until(lambda: w.state == "watching")
+        node_api.stop()
+        assert wait_until(lambda: len(failures) >= 4, 15)
+        # the break is counted, then the spread, then the first retry; each later one after
+        # backoff + spread
+        assert failures[1] - waits[0] >= 0.75
+        assert all(b - a >= 0.75 for a, b in itertools.pairwise(failures[1:]))
+        assert len(waits) >= len(failures)
+        node_api.start()
+        started = time.monotonic()
+        assert wait_until(lambda: w.state == "watching", 15)
+        spread = len(waits)
+        node_api.state.expire_watches()
+        ok = wait_until(lambda: w.relists == 1, 15)
+        assert ok, (w.status(), len(waits), spread, [(r.method, r.query, round(r.at - started, 2)) for r in node_api.state.requests][-6:], round(time.monotonic() - started, 2))
+        assert len(waits) == spread + 1
+    finally:
+        w.stop()
+    never = ObjectWatch(
+        kube(node_api), path="/api/v1/nodes", name="absent", what="Node absent", on_object=Seen(),
+        retry=Backoff(0.05, 0.1), reconnect=reconnect,
+    )  # fmt: skip
+    node_api.stop()
+    never.start()
+    try:
+        assert wait_until(lambda: never.failing.count >= 3, 15)
+        assert len(waits) == spread + 1
+    finally:
+        never.stop()
 
 
 def test_410_gone_lists_again(node_api: RunningApiServer) -> None:
