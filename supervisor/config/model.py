@@ -124,6 +124,7 @@ class Config:
     fallback_strategies: tuple[str, ...]
     kubeconfig: str
     simulate: str | None
+    sysfs_root: str | None
     run_dir: str
     metrics_address: str
     log_format: str
