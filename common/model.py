@@ -70,6 +70,13 @@ class Gpu:
     # As go-nvlib names NVML's enums ("Nvidia", "Hopper"); "" where NVML would not tell.
     brand: str = ""
     architecture: str = ""
+    # What NVIDIA's DRA driver reads beside NVML, "" / None where it would find none: the PCIe
+    # root complex ("pci0000:00") and the NUMA node of the PCI device in sysfs (which may differ
+    # from NVML's `numa_node` where the GPU's memory is a NUMA node of its own), and NVML's
+    # addressing mode on coherent-memory systems ("ATS", "HMM", "None").
+    pcie_root: str = ""
+    pci_numa_node: int | None = None
+    addressing_mode: str = ""
 
 
 @dataclass(frozen=True)

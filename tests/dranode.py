@@ -2,11 +2,12 @@
 
 Beside the device-plugin kubelet stand-in (kept: a mode switch moves a node between the two),
 a `DraNode` has the DRA kubelet stand-in watching its registry dir, its own CDI spec dir, and the
-supervisor started with `--node-name node-a` (or `node_name`, for a fleet of nodes) and those
-dirs. Claims come from a claim store standing in for the API server (read through
-`--dra-claims-dir`), or, given the fake API server (`api`), from it (a `KUBECONFIG` in `env` gives
-the supervisor credentials of its own, e.g. a node's token): the supervisor then publishes the
-node's ResourceSlices there and fetches claims from it, the DRA kubelet stand-in wipes the node's slices when it restarts, and the
+supervisor started with `--node-name node-a` (or `node_name`, for a fleet of nodes), those dirs
+and `--sysfs-root` at the simulator's PCIe tree, written there. Claims come from a claim store
+standing in for the API server (read through `--dra-claims-dir`), or, given the fake API server
+(`api`), from it (a `KUBECONFIG` in `env` gives the supervisor credentials of its own, e.g. a
+node's token): the supervisor then publishes the node's ResourceSlices there and fetches claims
+from it, the DRA kubelet stand-in wipes the node's slices when it restarts, and the
 device-plugin kubelet stand-in serves the pod-resources API. All in the node's short temp dir,
 removed on close; only processes started here are signalled, by PID.
 """
@@ -21,6 +22,7 @@ from typing import Any
 from supervisor.kube.client import KubeClient
 from supervisor.kube.credentials import load_credentials
 from supervisor.sim.drakubelet import ClaimStore, DraKubeletStandin
+from supervisor.sim.nvml import load_simulator
 from tests.harness import SimNode
 from tests.helpers import wait_until
 from tests.kubeapi import RunningApiServer
@@ -60,6 +62,10 @@ class DraNode(SimNode):
             self.registry_dir, scan_interval=scan_interval, api=self.client, node_name=node_name
         )
         self.claims = ClaimStore(self.claims_dir)
+        # The simulated node's PCIe tree, so its slices carry the PCIe roots and NUMA nodes.
+        self.sysfs = (
+            str(load_simulator(profile).write_sysfs(os.path.join(self.base, "sys"))) if profile else ""
+        )
 
     def __enter__(self) -> DraNode:
         self.dra.start()
@@ -77,6 +83,7 @@ class DraNode(SimNode):
             *(["--dra-claims-dir", self.claims_dir] if self.api is None else []),
             "--pod-resources-socket", self.pod_resources,
             "--cdi-spec-dir", self.cdi_dir,
+            *(["--sysfs-root", self.sysfs] if self.sysfs else []),
         ]  # fmt: skip
 
     def close(self) -> None:

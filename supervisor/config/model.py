@@ -126,6 +126,7 @@ class Config:
     kube_api_qps: float
     kube_api_burst: int
     simulate: str | None
+    sysfs_root: str | None
     run_dir: str
     metrics_address: str
     log_format: str

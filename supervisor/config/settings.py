@@ -351,6 +351,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     _s("simulate", ("--simulate",), ("GPUVISOR_SIMULATE",), "gpuvisor.simulate", "string", None, own_optional,
        "Run on the NVML simulator: a built-in profile name or a node YAML path; absent uses real NVML.",
        default_doc="(real NVML)", gpuvisor=True),
+    _s("sysfs_root", ("--sysfs-root",), ("GPUVISOR_SYSFS_ROOT",), "gpuvisor.sysfsRoot", "string", None, own_optional,
+       "The sysfs the GPUs' PCIe root complex and NUMA node are read from (the DRA attributes "
+       "resource.kubernetes.io/pcieRoot and numaNode); a simulated node's tree is written by the simulator.",
+       default_doc="/sys (none with --simulate)", gpuvisor=True),
     _s("run_dir", ("--run-dir",), ("GPUVISOR_RUN_DIR",), "gpuvisor.runDir", "string", "/run/gpuvisor", own_nonempty,
        "Directory for plans, the control socket and other runtime state.", gpuvisor=True),
     _s("metrics_address", ("--metrics-address",), ("GPUVISOR_METRICS_ADDRESS",), "gpuvisor.metricsAddress", "string",

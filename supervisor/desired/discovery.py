@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuvisor.supervisor")
 
+HOST_SYSFS = "/sys"
 NVML_RETRY_START_S = 1.0
 NVML_RETRY_MAX_S = 60.0
 
@@ -111,7 +112,10 @@ class NvmlSession:
         on_error: Callable[[str, int], None] | None = None,
     ) -> None:
         self.module, self.simulator = open_nvml(config, dict(os.environ) if environ is None else environ)
-        self.nvml = Nvml(self.module)  # one for the process's life: it remembers what it reported
+        # One for the process's life: it remembers what it reported. A simulated node has no sysfs
+        # of its own unless one is given (the simulator writes its PCIe tree: `write_sysfs`).
+        sysfs = config.sysfs_root or (None if self.simulator is not None else HOST_SYSFS)
+        self.nvml = Nvml(self.module, sysfs_root=sysfs)
         self.on_error = on_error or (lambda function, code: None)
         self.up = False
         self.error = ""

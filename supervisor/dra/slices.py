@@ -3,21 +3,25 @@
 `build_slices(node, health, ...)` gives the slice objects for the node's pool of driver
 `gpu.nvidia.com`: one pool named after the node, its devices named by `supervisor.node.draplan`
 (the names the DRA worker prepares) and described with the attribute names, types and
-capacities of NVIDIA's kubelet plugin (kubernetes-sigs/dra-driver-nvidia-gpu v25.12.0,
-`deviceinfo.go` and `partitions.go`), so DeviceClasses and CEL selectors written for that
+capacities of NVIDIA's kubelet plugin (kubernetes-sigs/dra-driver-nvidia-gpu v0.4.1 and its
+main branch after it, `cmd/gpu-kubelet-plugin/deviceinfo.go` `GpuInfo.Attributes`, `mig.go`
+`CommonAttributesMig` / `CommonCapacitiesMig`; the list, line by line, is the test data
+tests/data/nvidia_dra_attributes.json), so DeviceClasses and CEL selectors written for that
 driver select the same devices:
 
 - a GPU: `type` "gpu", `uuid`, `productName`, `brand`, `architecture` (strings),
   `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion` (versions, semver),
-  `resource.kubernetes.io/pciBusID` (string); capacity `memory` (bytes, binary quantity);
+  `resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/pcieRoot` (strings),
+  `resource.kubernetes.io/numaNode` (int), `addressingMode` (string); capacity `memory`
+  (bytes, binary quantity);
 - a MIG device: `type` "mig", `uuid`, `parentUUID`, `profile`, and its parent's `productName`,
-  `brand`, `architecture`, versions and `pciBusID`; capacities `multiprocessors`,
-  `copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines` (its GPU instance
-  profile's), `memory`, and `memorySlice<i>` = 1 for each memory slice of its placement.
+  `brand`, `architecture`, versions, `pciBusID`, `pcieRoot`, `numaNode` and `addressingMode`;
+  capacities `multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines`,
+  `ofaEngines` (its GPU instance profile's), `memory`, and `memorySlice<i>` = 1 for each memory
+  slice of its placement.
 
-What NVML did not tell (a brand, an architecture, a placement) is left out rather than guessed;
-NVIDIA's `resource.kubernetes.io/pcieRoot` and `addressingMode` (read from sysfs and coherent-memory
-systems) are not published.
+What NVML or sysfs did not tell (a brand, an architecture, a placement, a PCIe root, a NUMA node,
+an addressing mode) is left out rather than guessed, as NVIDIA leaves out the last three.
 
 Health (the book's conditions, `supervisor.health.book.ConditionView`) becomes device taints
 (KEP-5055) with NVIDIA's keys, effect NoSchedule for every condition gpuvisor counts as
@@ -47,10 +51,13 @@ from typing import Any
 from common.model import Gpu, MigDevice, Node
 from supervisor.health.book import SEVERITY, ConditionView, overlaps
 from supervisor.node.draplan import DRIVER, dra_devices
+from supervisor.node.pcie import nvlib_bus_id
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"  # deviceattribute.StandardDeviceAttributePCIeRoot
+NUMA_NODE = "resource.kubernetes.io/numaNode"  # NVIDIA's standardNumaNodeAttribute (deviceinfo.go)
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_WITH_TAINTS = 64  # 1.35: a slice whose devices carry taints or consume counters
 MAX_TAINTS = 4  # DeviceTaintsMaxLength in 1.34 (16 from 1.35)
@@ -69,7 +76,6 @@ _SEMVER = re.compile(
     r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
     r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?"
 )
-_LONG_DOMAIN = re.compile(r"0{4}[0-9a-f]{4}:")
 _BINARY_SUFFIXES = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
 
 
@@ -102,26 +108,26 @@ def binary_quantity(value: int) -> str:
     return str(value)
 
 
-def pci_bus_id(nvml_bus_id: str) -> str:
-    """NVML's bus id as go-nvlib's GetPCIBusID gives it: lower case, an 8-digit domain cut to 4
-    ("00000000:BD:00.0" -> "0000:bd:00.0")."""
-    text = nvml_bus_id.strip().lower()
-    return text[4:] if _LONG_DOMAIN.match(text) else text
+pci_bus_id = nvlib_bus_id  # NVML's bus id as go-nvlib's GetPCIBusID gives it: "0000:bd:00.0"
 
 
-def _string(value: str) -> dict[str, str]:
+Attribute = dict[str, str | int]
+
+
+def _string(value: str) -> Attribute:
     return {"string": value}
 
 
-def _version(value: str) -> dict[str, str]:
+def _version(value: str) -> Attribute:
     return {"version": value}
 
 
 def _count(value: int) -> dict[str, str]:
-    return {"value": str(value)}
+    """A count as NVIDIA's `intcap` makes it: a BinarySI quantity (1024 would read "1Ki")."""
+    return {"value": binary_quantity(value)}
 
 
-def _common_attributes(gpu: Gpu, node: Node) -> dict[str, dict[str, str]]:
+def _common_attributes(gpu: Gpu, node: Node) -> dict[str, Attribute]:
     """The attributes a MIG device shares with its parent GPU."""
     attrs = {"productName": _string(gpu.name)}
     if gpu.brand:
@@ -136,6 +142,12 @@ def _common_attributes(gpu: Gpu, node: Node) -> dict[str, dict[str, str]]:
         if version is not None:
             attrs[name] = _version(version)
     attrs[PCI_BUS_ID] = _string(pci_bus_id(gpu.pci_bus_id))
+    if gpu.pcie_root:
+        attrs[PCIE_ROOT] = _string(gpu.pcie_root)
+    if gpu.pci_numa_node is not None and gpu.pci_numa_node >= 0:
+        attrs[NUMA_NODE] = {"int": gpu.pci_numa_node}
+    if gpu.addressing_mode:
+        attrs["addressingMode"] = _string(gpu.addressing_mode)
     return attrs
 
 

@@ -23,8 +23,10 @@ Choices worth knowing:
   `/sys/bus/pci/devices/<bus id>/numa_node`.
 - A GPU that is lost at discovery is left out of the `Node` (with a warning): it cannot be
   described, and the health pipeline learns of it through probes and XID 79.
-- `sysfs_root=None` says the GPUs have no sysfs here (a simulated node): the NUMA node and the
-  PCI class (for the labels) then come from NVML alone.
+- `sysfs_root=None` says the GPUs have no sysfs here (a simulated node without a simulated PCIe
+  tree): the NUMA node and the PCI class (for the labels) then come from NVML alone, and the
+  PCIe root and sysfs NUMA node that NVIDIA's DRA driver publishes are unknown
+  (`supervisor.node.pcie` reads them where there is a sysfs).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
 from common.model import TOPOLOGY_SYSTEM, Gpu, GpuPair, MigDevice, Node
+from supervisor.node.pcie import nvlib_bus_id, pci_numa_node, pcie_root
 
 log = logging.getLogger("gpuvisor.nvml")
 
@@ -117,6 +120,10 @@ ARCHITECTURES = {
     2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada Lovelace",
     9: "Hopper", 10: "Blackwell", 13: "Rubin", 0xFFFFFFFF: "Unknown",
 }  # fmt: skip
+
+
+# nvmlDeviceAddressingModeType_t, named as go-nvlib's GetAddressingModeAsString names it.
+ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
 
 
 def architecture_of(compute_capability: tuple[int, int]) -> str:
@@ -252,6 +259,7 @@ class Nvml:
         _capable, mig_enabled = self.mig_mode(h)
         brand = self.try_call("nvmlDeviceGetBrand", h)
         arch = self.try_call("nvmlDeviceGetArchitecture", h)
+        nvlib_bus = nvlib_bus_id(bus_id)
         return Gpu(
             index=index,
             uuid=uuid,
@@ -267,7 +275,29 @@ class Nvml:
             architecture=ARCHITECTURES.get(int(arch), "")
             if arch is not None
             else architecture_of((int(major), int(minor_cc))),
+            pcie_root=(pcie_root(self.sysfs, nvlib_bus) or "") if self.sysfs is not None else "",
+            pci_numa_node=pci_numa_node(self.sysfs, nvlib_bus) if self.sysfs is not None else None,
+            addressing_mode=self._addressing_mode(index, h),
         )
+
+    def _addressing_mode(self, index: int, h: Any) -> str:
+        """NVML's addressing mode as go-nvlib's GetAddressingModeAsString names it ("ATS", "HMM",
+        "None"); "" where NVML lacks the call or the platform does not support it (NotSupported).
+        NVIDIA's driver fails discovery on any other answer; gpuvisor leaves the attribute out
+        with a warning instead (a lost GPU still fails discovery of that GPU)."""
+        try:
+            mode = self.try_call("nvmlDeviceGetAddressingMode", h)
+        except NvmlCallError as exc:
+            if exc.gpu_lost:
+                raise
+            log.warning("GPU %d: %s; publishing no addressing mode", index, exc, extra={"device": str(index)})
+            return ""
+        if mode is None:
+            return ""
+        name = ADDRESSING_MODES.get(int(getattr(mode, "value", mode)), "")
+        if not name:
+            log.warning("GPU %d: unknown NVML addressing mode %s", index, mode, extra={"device": str(index)})
+        return name
 
     def _numa(self, h: Any, bus_id: str) -> int | None:
         node = self.try_call("nvmlDeviceGetNumaNodeId", h)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from supervisor.sim.nvml import load_simulator
 from tests import fakenvml
 from tests.fakenvml import Driver, FakeNode
 
@@ -124,6 +125,33 @@ def test_versioned_structs_are_checked_and_filled_as_the_driver_lays_them_out(
             assert d.eval(fabric.format(s=struct, v=version, f=function)) == want, struct
         bad = fabric.format(s="c_nvmlGpuFabricInfo_v3_t", v="7", f="nvmlDeviceGetGpuFabricInfoV")
         assert d.code(bad) == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+
+def test_addressing_mode_answers_as_the_simulator(fake_nvml_libdir: Path, tmp_path: Path) -> None:
+    """nvmlDeviceGetAddressingMode: ATS on the coherent-memory node (gh200) as the simulator answers,
+    NOT_SUPPORTED where the description gives none (as NVML on a PCIe x86 node), and a struct of
+    another `version` refused with ARGUMENT_VERSION_MISMATCH, as the driver checks it."""
+    sim = load_simulator("gh200")
+    sim.nvmlInit()
+    want = sim.nvmlDeviceGetAddressingMode(sim.nvmlDeviceGetHandleByIndex(0))
+    assert want == pynvml.NVML_DEVICE_ADDRESSING_MODE_ATS
+    (tmp_path / "gh200").mkdir()
+    (tmp_path / "h100").mkdir()
+    node = FakeNode(tmp_path / "gh200", "gh200")
+    raw = (
+        "[m := pynvml.c_nvmlDeviceAddressingMode_t(), setattr(m, 'version', {v}),"
+        " pynvml._nvmlCheckReturn(pynvml._nvmlGetFunctionPointer('nvmlDeviceGetAddressingMode')"
+        "(gpu(0), ctypes.byref(m))), m.value][-1]"
+    )
+    with Driver(node.environ(fake_nvml_libdir)) as d:
+        d.eval("pynvml.nvmlInit()")
+        assert d.eval("pynvml.nvmlDeviceGetAddressingMode(gpu(0))") == want
+        assert d.eval(raw.format(v="pynvml.nvmlDeviceAddressingMode_v1")) == want
+        assert d.code(raw.format(v="1")) == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    plain = FakeNode(tmp_path / "h100", "dgx-h100")
+    with Driver(plain.environ(fake_nvml_libdir)) as d:
+        d.eval("pynvml.nvmlInit()")
+        assert d.code("pynvml.nvmlDeviceGetAddressingMode(gpu(0))") == pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
 def test_mig_devices_gpu_and_compute_instances_are_complete(

@@ -40,6 +40,7 @@ from common.model import node_to_json
 from supervisor.node.facts import facts_from_nvml
 from supervisor.node.nvml import Nvml, sysfs_bus_id
 from supervisor.sim.nvml import Simulator, list_profiles
+from supervisor.sim.nvml.pcitree import write_sysfs
 from tests import fakenvml
 from tests.helpers import short_tmpdir
 
@@ -52,9 +53,9 @@ WANTED = (
 )
 
 
-def simulator_report(profile: str) -> dict[str, Any]:
+def simulator_report(profile: str, sysfs: str | None = None) -> dict[str, Any]:
     """What the adapter finds over the Python simulator of the same node, as the child reports it."""
-    nvml = Nvml(Simulator(fakenvml.spec_for(profile)), sysfs_root=None)
+    nvml = Nvml(Simulator(fakenvml.spec_for(profile)), sysfs_root=sysfs)
     nvml.init()
     node = nvml.discover()
     uuids = [g.uuid for g in node.gpus] + [m.uuid for g in node.gpus for m in g.mig_devices]
@@ -131,6 +132,14 @@ def test_the_node_is_the_description(reports: dict[str, dict[str, Any]], profile
     ]
 
 
+def test_addressing_mode_crosses_the_real_binding(reports: dict[str, dict[str, Any]]) -> None:
+    """nvmlDeviceGetAddressingMode through nvidia-ml-py's versioned struct: the coherent-memory node
+    (gh200) reads ATS, as NVIDIA's DRA driver would publish it; a node whose NVML answers
+    NotSupported (dgx-h100) reads none."""
+    assert [g["addressing_mode"] for g in reports["gh200"]["node"]["gpus"]] == ["ATS"]
+    assert {g["addressing_mode"] for g in reports["dgx-h100"]["node"]["gpus"]} == {""}
+
+
 def test_event_set_registers_what_each_gpu_supports(reports: dict[str, dict[str, Any]], profile: str) -> None:
     """Every GPU is registered for the XID and ECC events it supports (ECC where the description
     says so), none skipped."""
@@ -170,12 +179,9 @@ def test_idle_health_loop_does_not_spin(fake_nvml_libdir: Path) -> None:
 
 
 def render_sysfs(profile: str, root: str) -> str:
-    """`<root>/bus/pci/devices/<bdf>/numa_node` for every GPU of the profile, as a node's sysfs has it."""
-    for gpu in fakenvml.spec_for(profile).gpus:
-        path = os.path.join(root, "bus", "pci", "devices", sysfs_bus_id(gpu.pci_bus_id))
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "numa_node"), "w", encoding="utf-8") as fh:
-            fh.write(f"{-1 if gpu.numa_node is None else gpu.numa_node}\n")
+    """The profile's PCIe tree as a node's sysfs has it (the simulator's `write_sysfs`): each GPU's
+    `numa_node` under its root complex."""
+    write_sysfs(fakenvml.spec_for(profile).gpus, root)
     return root
 
 
@@ -183,14 +189,17 @@ def render_sysfs(profile: str, root: str) -> str:
 def test_oldest_binding_discovers_the_same_node_with_numa_from_sysfs(
     fake_nvml_libdir: Path, oldest_binding: str, profile: str
 ) -> None:
-    """The oldest nvidia-ml-py pyproject.toml accepts lacks nvmlDeviceGetNumaNodeId: the adapter reads
-    NUMA from sysfs instead, and the whole discovered node, MIG included, is still the simulator's."""
+    """The oldest nvidia-ml-py pyproject.toml accepts lacks nvmlDeviceGetNumaNodeId (and
+    nvmlDeviceGetAddressingMode): the adapter reads NUMA from sysfs instead, and the whole discovered
+    node, MIG, PCIe root and sysfs NUMA node included, is still the simulator's over the same tree."""
     if profile not in PROFILES:
         pytest.skip(f"profile {profile} is not here (NVIDIA's mock profiles are read from ../shared)")
     with short_tmpdir() as tmp:
         node = fakenvml.FakeNode(_mkdir(os.path.join(tmp, "n")), profile)
         env = node.environ(fake_nvml_libdir, pythonpath=[oldest_binding])
-        report = fakenvml.child_report(env, "--sysfs", render_sysfs(profile, os.path.join(tmp, "sys")))
-    assert report["binding"].startswith(oldest_binding)
-    assert report["has_numa_function"] is False
-    assert report["node"] == simulator_report(profile)["node"]
+        sysfs = render_sysfs(profile, os.path.join(tmp, "sys"))
+        report = fakenvml.child_report(env, "--sysfs", sysfs)
+        assert report["binding"].startswith(oldest_binding)
+        assert report["has_numa_function"] is False
+        assert report["node"] == simulator_report(profile, sysfs)["node"]
+        assert all(g["pcie_root"] and g["pci_numa_node"] is not None for g in report["node"]["gpus"])

@@ -238,6 +238,9 @@ def _gpu_lines(sim: Simulator, spec: NodeSpec, i: int, h: Any) -> list[str]:
     numa = _ignore(sim.nvmlDeviceGetNumaNodeId, h)
     if numa is not None:
         out.append(f"numa {numa}")
+    addressing = _ignore(sim.nvmlDeviceGetAddressingMode, h)
+    if addressing is not None:
+        out.append(f"addressing {addressing}")
     out.append(
         f"retired-pages-supported {int(_ignore(sim.nvmlDeviceGetRetiredPagesPendingStatus, h) is not None)}"
     )

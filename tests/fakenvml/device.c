@@ -1,7 +1,7 @@
 /*
  * Init and shutdown, error strings, system versions, and the queries of a GPU: identity, PCI in
  * every variant, memory in both struct versions, compute capability, architecture, brand, NUMA,
- * topology, NVLinks, attributes, fabric (IMEX), retired pages, remapped rows, compute mode.
+ * addressing mode, topology, NVLinks, attributes, fabric (IMEX), retired pages, remapped rows, compute mode.
  *
  * What each call answers on a MIG device, a lost GPU or a GPU without the feature follows the
  * Python simulator (supervisor/sim/nvml), which the differential test holds the two to.
@@ -255,6 +255,23 @@ nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
         rc = NVML_ERROR_NOT_SUPPORTED;
     if (rc == NVML_SUCCESS)
         *node = (unsigned int)g->numa;
+    LEAVE(rc);
+}
+
+/* Coherent-memory systems only: NOT_SUPPORTED elsewhere, and on a MIG device. */
+nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddressingMode_t *mode)
+{
+    ENTER("nvmlDeviceGetAddressingMode", 1);
+    FakeGpu *g;
+    nvmlReturn_t rc = fake_full_gpu(device, &g);
+    if (rc == NVML_SUCCESS && mode == NULL)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && mode->version != nvmlDeviceAddressingMode_v1)
+        rc = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (rc == NVML_SUCCESS && g->addressing < 0)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS)
+        mode->value = (unsigned int)g->addressing;
     LEAVE(rc);
 }
 

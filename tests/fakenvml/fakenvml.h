@@ -90,6 +90,7 @@ typedef struct {
     unsigned int pciBaseClass, pciSubClass;
     nvmlMemory_v2_t memory;
     int numa; /* -1: NOT_SUPPORTED */
+    int addressing; /* nvmlDeviceAddressingModeType_t; -1: NOT_SUPPORTED */
     int ccMajor, ccMinor;
     nvmlDeviceAttributes_t attrs;
     unsigned long long supportedEvents;

@@ -9,6 +9,7 @@
  *   fakenvml 1 | driver <text> | nvml <text> | cuda <int>
  *   gpu <index>                       (GPUs in index order; the lines below belong to the last one)
  *   uuid <text> | name <text> | brand <int> | arch <int> | minor <int> | numa <int> | cc <maj> <min>
+ *   addressing <nvmlDeviceAddressingModeType_t>   (absent: nvmlDeviceGetAddressingMode is NOT_SUPPORTED)
  *   pci <domain> <bus> <device> <deviceId> <subsystemId> <baseClass> <subClass> <busId> <legacyBusId>
  *   memory <total> <reserved> <free> <used> | events <mask> | computemode <int> | rows <corr> <unc>
  *   attrs <sms> <ce> <dec> <enc> <jpeg> <ofa> <giSlices> <ciSlices> <memMiB>
@@ -276,6 +277,15 @@ static int gpu_line(Line *l, FakeGpu *g)
         g->numa = (int)v;
         return 0;
     }
+    if (!strcmp(key, "addressing")) {
+        unsigned int v;
+        if (uint_at(l, 1, &v))
+            return -1;
+        if (v > NVML_DEVICE_ADDRESSING_MODE_ATS)
+            return bad(l, "an addressing mode is 0 (none), 1 (HMM) or 2 (ATS)");
+        g->addressing = (int)v;
+        return 0;
+    }
     if (!strcmp(key, "cc")) {
         unsigned int a, b;
         if (uint_at(l, 1, &a) || uint_at(l, 2, &b))
@@ -439,6 +449,7 @@ static int node_line(Line *l, FakeGpu **current)
             return bad(l, "more GPUs than this library holds (64)");
         FakeGpu *g = &fake.gpus[fake.nGpus++];
         g->numa = -1;
+        g->addressing = -1;
         *current = g;
         return 0;
     }

@@ -39,12 +39,26 @@ def plan_of(node: DraNode) -> ResourcePlan:
 
 def test_the_pool_is_published_and_a_claim_prepares_from_the_api_server(api: RunningApiServer) -> None:
     """After the DRA worker registers, the node's pool is at the API server (every device, owned by
-    the Node, valid against resource.k8s.io/v1); a claim allocated there prepares through the
-    worker, which asked the supervisor for it (one GET by gpuvisor's supervisor), and unprepares."""
+    the Node, valid against resource.k8s.io/v1, each GPU with the PCIe root and NUMA node of the
+    simulated sysfs given by --sysfs-root); a claim allocated there prepares through the worker,
+    which asked the supervisor for it (one GET by gpuvisor's supervisor), and unprepares."""
     with DraNode("pcie-l4", api=api) as node:
         node.wait_registered()
         assert wait_until(lambda: sorted(node.published()) == ALL, 30), node.log()[-4000:]
         (obj,) = node.slices()
+        where = {
+            d["name"]: (
+                d["attributes"]["resource.kubernetes.io/pcieRoot"]["string"],
+                d["attributes"]["resource.kubernetes.io/numaNode"]["int"],
+            )
+            for d in obj["spec"]["devices"]
+        }
+        assert where == {
+            "gpu-0": ("pci0000:10", 0),
+            "gpu-1": ("pci0000:10", 0),
+            "gpu-2": ("pci0000:b0", 1),
+            "gpu-3": ("pci0000:b0", 1),
+        }
         owner = obj["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
             "Node",

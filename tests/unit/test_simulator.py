@@ -84,8 +84,8 @@ class Waiter:
 
 
 def test_builtin_profile_names() -> None:
-    """The four built-in profiles exist under exactly their documented names."""
-    assert list_profiles() == ["dgx-a100", "dgx-h100", "mig-a100", "pcie-l4"]
+    """The five built-in profiles exist under exactly their documented names."""
+    assert list_profiles() == ["dgx-a100", "dgx-h100", "gh200", "mig-a100", "pcie-l4"]
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ injection: `inject_xid`, `inject_ecc`, `lose`, `restore`, `reset`, `set_pending_
 Its modules: `core` (the `Simulator` object), `base` (handles, per-GPU state, the decorator every
 NVML function wears), `devices`, `migfuncs` and `events` (the NVML functions by area), `faults`
 (fault injection), `mig` (MIG profile catalogues and placement), `config` (loading and checking
-a node description), `mockprofile` (NVIDIA's mock NVML profiles read as descriptions) and
+a node description), `pcitree` (the node's PCIe tree written out as a sysfs directory:
+`Simulator.write_sysfs(root)`, then `Nvml(sim, sysfs_root=root)` or `--sysfs-root`), `mockprofile` (NVIDIA's mock NVML profiles read as descriptions) and
 `profiles` (the built-in descriptions, as package data).
 
 The same descriptions drive the project's fake libnvidia-ml (`tests/fakenvml/`), so the real
@@ -16,7 +17,8 @@ The same descriptions drive the project's fake libnvidia-ml (`tests/fakenvml/`),
 NVIDIA's mock NVML (`mock-nvml-config-<p>.yaml`, recognised by its `system` and `device_defaults`
 sections) is accepted wherever a description is, translated as `mockprofile` says.
 
-Built-in profiles (`list_profiles()`): `dgx-h100`, `dgx-a100`, `pcie-l4`, `mig-a100`, stored as
+Built-in profiles (`list_profiles()`): `dgx-h100`, `dgx-a100`, `pcie-l4`, `mig-a100`, `gh200`
+(a coherent-memory node: NVML reports ATS addressing), stored as
 YAML files in `supervisor/sim/nvml/profiles/`.
 
 Node description format (YAML; unknown keys are errors, so typos are caught)::
@@ -42,6 +44,10 @@ Node description format (YAML; unknown keys are errors, so typos are caught)::
                                      # without one gets profiles derived from its memory
         pci_class: 0x030200          # optional: 0x030200 3D controller (compute mode, the default) or
                                      # 0x030000 VGA controller (graphics mode); nvmlDeviceGetPciInfoExt
+        pcie_root: pci0000:00        # optional: its PCIe root complex in the simulated sysfs (pcitree);
+                                     # default: its domain and its bus rounded down to 16 (pci0000:00)
+        addressing_mode: ats         # optional: nvmlDeviceGetAddressingMode (none | hmm | ats), as on
+                                     # coherent-memory systems; absent: NotSupported
         fabric:                      # optional: NVLink fabric registration (IMEX), nvmlDeviceGetGpuFabricInfo;
           cluster_uuid: 7b968a6d-c8aa-45e1-9e07-e1e51be99c31   # absent: NotSupported, as on PCIe GPUs
           clique_id: 1

@@ -20,7 +20,7 @@ import yaml
 from supervisor.node.facts import PCI_CLASS_3D
 from supervisor.node.nvml import ARCHITECTURES as NVML_ARCHITECTURES
 from supervisor.node.nvml import architecture_of
-from supervisor.sim.nvml import mig, mockprofile
+from supervisor.sim.nvml import mig, mockprofile, pcitree
 from supervisor.sim.nvml.mig import MigProfile
 
 GPU_UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.IGNORECASE)
@@ -118,6 +118,8 @@ class GpuSpec:
     architecture: int = 0xFFFFFFFF  # nvmlDeviceGetArchitecture
     mig_capable: bool = False  # nvmlDeviceGetMigMode answers (see `catalogue`)
     pci_subsystem_id: int = 0
+    pcie_root: str = ""  # the root complex in the simulated sysfs (pcitree), "pci0000:00"
+    addressing_mode: int | None = None  # nvmlDeviceGetAddressingMode; None: NotSupported
 
     @property
     def catalogue(self) -> dict[str, MigProfile] | None:
@@ -282,7 +284,7 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
     allowed = {
         "index", "name", "uuid", "minor", "pci_bus_id", "memory_mib", "numa_node",
         "compute_capability", "pci_device_id", "supports", "mig", "pci_class", "fabric",
-        "brand", "architecture", "mig_capable", "pci_subsystem_id",
+        "brand", "architecture", "mig_capable", "pci_subsystem_id", "pcie_root", "addressing_mode",
     }  # fmt: skip
     raw = r.mapping(raw_any, key, allowed)
     if "index" in raw and r.integer(raw["index"], f"{key}.index") != i:
@@ -322,6 +324,10 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
     pci_class = r.integer(raw.get("pci_class", PCI_CLASS_3D), f"{key}.pci_class", 0)
     if pci_class > 0xFFFFFF:
         raise r.fail(f"{key}.pci_class", f"a PCI class is 24 bits (e.g. 0x030200), got {pci_class:#x}")
+    pcie_root = r.string(raw.get("pcie_root", pcitree.default_pcie_root(bus)), f"{key}.pcie_root")
+    if not pcitree.PCIE_ROOT_RE.fullmatch(pcie_root):
+        raise r.fail(f"{key}.pcie_root", f"{pcie_root!r} is not a root complex like pci0000:00 (lower case)")
+    mode = raw.get("addressing_mode")
     return GpuSpec(
         index=i,
         name=name,
@@ -344,6 +350,10 @@ def _parse_gpu(r: _Reader, raw_any: Any, i: int) -> GpuSpec:
         ),
         mig_capable=mig_capable,
         pci_subsystem_id=r.integer(raw.get("pci_subsystem_id", 0), f"{key}.pci_subsystem_id", 0),
+        pcie_root=pcie_root,
+        addressing_mode=None
+        if mode is None
+        else _named(r, mode, f"{key}.addressing_mode", pcitree.ADDRESSING_MODES),
         **support,
     )
 

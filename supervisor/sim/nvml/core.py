@@ -19,12 +19,15 @@ the binding's constants.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pynvml
 
 from supervisor.sim.nvml.devices import DeviceFunctions
 from supervisor.sim.nvml.events import EventFunctions
 from supervisor.sim.nvml.faults import FaultInjection
 from supervisor.sim.nvml.migfuncs import MigFunctions
+from supervisor.sim.nvml.pcitree import write_sysfs
 
 
 class Simulator(DeviceFunctions, MigFunctions, EventFunctions, FaultInjection):
@@ -71,3 +74,7 @@ class Simulator(DeviceFunctions, MigFunctions, EventFunctions, FaultInjection):
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
     nvmlEventTypeSingleBitEccError = pynvml.nvmlEventTypeSingleBitEccError
     nvmlEventTypeDoubleBitEccError = pynvml.nvmlEventTypeDoubleBitEccError
+
+    def write_sysfs(self, root: str | Path) -> Path:
+        """Write this node's PCIe tree under `root` (`pcitree`): the sysfs its GPUs hang in."""
+        return write_sysfs(self.spec.gpus, root)

@@ -214,6 +214,14 @@ class DeviceFunctions(SimulatorBase):
         return numa
 
     @nvml_function()
+    def nvmlDeviceGetAddressingMode(self, device: object) -> int:
+        """nvmlDeviceAddressingModeType_t on a coherent-memory system; NotSupported elsewhere."""
+        mode = self._full_gpu(device).spec.addressing_mode
+        if mode is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return mode
+
+    @nvml_function()
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: object, device2: object) -> int:
         a = self._full_gpu(device1).spec.index
         b = self._full_gpu(device2).spec.index

@@ -8,7 +8,7 @@ goes through the same validation and yields the same `NodeSpec`: one node descri
 simulator and for the project's fake libnvidia-ml, whichever format it was written in.
 
 What the translation decides, since NVIDIA's format is richer in some places and silent in others:
-- A GPU's NUMA node is its root complex's; the common PCI ancestor of two GPUs is the host bridge
+- A GPU's NUMA node and PCIe root complex (`pcie_root`) are its root complex's; the common PCI ancestor of two GPUs is the host bridge
   when they share a root complex, the NUMA node when only the node is shared, else the system.
 - NVLinks: `links_per_gpu` links from every GPU to the declared NVSwitches (the mock's own
   expansion when no per-device links are listed; a profile that lists per-device links is refused).
@@ -100,6 +100,7 @@ def translate(raw: Mapping[str, Any], source: str, fail: Callable[[str, str], Ex
             "pci_bus_id": bus,
             "memory_mib": int(section(dev.get("memory"), f"{key}.memory").get("total_bytes", 0)) // MIB,
             "numa_node": rc_of[bus.lower()][1] if bus.lower() in rc_of else None,
+            **({"pcie_root": rc_of[bus.lower()][0].lower()} if bus.lower() in rc_of else {}),
             "compute_capability": [cc.get("major"), cc.get("minor")],
             "pci_device_id": pci.get("device_id", 0x000010DE),
             "pci_subsystem_id": pci.get("subsystem_id", 0),
