@@ -60,6 +60,7 @@ from common.messages import (
 )
 from common.model import ResourcePlan
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
+from worker.dra.claimspec import ClaimSpecs
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
 from worker.dra.sockets import RPC_THREADS, Endpoint, WatcherRegistration
@@ -108,6 +109,7 @@ class DraWorker:
             health=self.board.health_of,
             count=self.stats.count,
             on_change=self._beat_soon,  # the supervisor reads the claims again (their status)
+            specs=ClaimSpecs(plan, dra.cdi_spec_dir) if dra.cdi_spec_dir else None,
         )
         self.service = DraPluginService(self.preparer, observe=self.stats.observe)
         self.health = HealthService(self.board)

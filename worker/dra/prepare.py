@@ -21,13 +21,17 @@ claims of the checkpoint as before and refuses every other with why; the drain i
 under the lock before a claim is recorded, so once `set_plan` has taken a draining plan no new
 claim can be recorded: the supervisor then reads the checkpoint as final.
 
-Each device is answered with its CDI device ID from the spec the supervisor writes for the plan
-(`<vendor>/<class>=<uuid>`, or `=<i>` / `=<i:j>` under the index strategy: the device-plugin
-names). `unprepare(claims)` forgets them; a claim it never prepared is a success.
+Each device is answered with its CDI device ID in the claim's own CDI spec
+(`k8s.gpu.nvidia.com/claim=<claim UID>-<device>`, worker.dra.claimspec), written before the claim
+is recorded; without a spec dir (a plan made without one), with its ID in the spec the supervisor
+writes for the plan (`<vendor>/<class>=<uuid>`, or `=<i>` / `=<i:j>` under the index strategy), as
+claims recorded before per-claim specs keep being answered. `unprepare(claims)` forgets them and
+removes their specs; a claim it never prepared is a success.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -44,6 +48,8 @@ from worker.dra.claims import (
     allocated_devices,
     check_ref,
 )
+from worker.dra.claimspec import ClaimSpecError, ClaimSpecs, claim_device_id
+from worker.dra.edits import ContainerEdits
 from worker.healthboard import Health
 
 log = logging.getLogger("gpuvisor.worker")
@@ -81,6 +87,7 @@ class Preparer:
         clock: Callable[[], float] = time.time,
         count: Callable[[str], None] = lambda name: None,
         on_change: Callable[[], None] = lambda: None,
+        specs: ClaimSpecs | None = None,
     ) -> None:
         if plan.dra is None:
             raise ValueError(f"plan {plan.resource} is no DRA plan")
@@ -91,6 +98,7 @@ class Preparer:
         self._clock = clock
         self._count = count
         self._on_change = on_change  # the checkpoint changed (from the gRPC threads)
+        self._specs = specs  # each claim's own CDI spec; None: the node-wide spec's IDs
         self._lock = threading.Lock()
         self.changes = 0  # checkpoint writes that added or dropped a claim, in this process
 
@@ -100,6 +108,8 @@ class Preparer:
         no claim fetched under the old plan is recorded under it any more."""
         with self._lock:
             self._plan = plan
+            if self._specs is not None:
+                self._specs.set_plan(plan)
 
     @property
     def draining(self) -> bool:
@@ -167,6 +177,7 @@ class Preparer:
                     continue
                 try:
                     devices = tuple(self._device(ref, a, by_id, new) for a in allocated)
+                    devices = self._write_spec(ref, devices, by_id)
                 except ClaimError as exc:
                     results[ref.uid] = PrepareResult(error=str(exc))
                     continue
@@ -176,6 +187,7 @@ class Preparer:
                 self._checkpoint.put(new)
             except CheckpointError as exc:
                 for claim in new:
+                    self._remove_spec(claim.uid)
                     results[claim.uid] = PrepareResult(error=f"claim {claim.namespace}/{claim.name}: {exc}")
                 return results
             if new:
@@ -227,6 +239,25 @@ class Preparer:
             admin_access=allocated.admin_access,
         )
 
+    def _write_spec(
+        self, ref: ClaimRef, devices: tuple[PreparedDevice, ...], by_id: dict[str, AllocatableDevice]
+    ) -> tuple[PreparedDevice, ...]:
+        """Write the claim's CDI spec; its devices answered with the spec's IDs (under the lock)."""
+        if self._specs is None:
+            return devices
+        # A claim's sharing edits (MPS, say) join its devices' edits here; none yet.
+        try:
+            self._specs.write(ref.uid, [(by_id[d.device], ContainerEdits()) for d in devices])
+        except ClaimSpecError as exc:
+            raise ClaimError(f"claim {ref}: {exc}") from None
+        return tuple(
+            dataclasses.replace(d, cdi_device_ids=(claim_device_id(ref.uid, d.device),)) for d in devices
+        )
+
+    def _remove_spec(self, uid: str) -> None:
+        if self._specs is not None:
+            self._specs.remove(uid)
+
     # ------------------------------------------------------------------ unprepare
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """The error per claim UID ("" when unprepared); a claim never prepared is unprepared."""
@@ -241,6 +272,8 @@ class Preparer:
                 return {uid: f"claim {uid}: {exc}" for uid in uids}
             if known:
                 self.changes += 1
+        for uid in uids:  # a spec left by a prepare that never reached the checkpoint goes too
+            self._remove_spec(uid)
         if known:
             self._on_change()
         for claim in known:
