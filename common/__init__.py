@@ -8,8 +8,9 @@ worker's checkpoint of prepared claims (`dracheckpoint`: the worker keeps it, th
 reads which devices it holds), process
 helpers (`procutil`), the main loops' mailbox (`mailbox`), the cache of the code `@dataclass` compiles at each start (`methodcache`:
 both roles' starts read it), logging (`logs`), a worker's command line (`workerargs`: the spawner
-parses it for the zygote, a worker for itself), device nodes (`devnodes`), IMEX channels (`imex`) and UUIDs
-as text (`uuidtext`).
+parses it for the zygote, a worker for itself), device nodes (`devnodes`), IMEX channels (`imex`), the driver's files a container needs
+(`driverfiles`), the CDI spec rules (`cdispec`: the supervisor's node-wide spec and the DRA
+worker's per-claim ones are checked by them) and UUIDs as text (`uuidtext`).
 Every module here is imported by both roles (tests/unit/test_structure.py checks it); what only
 one role needs lives with that role. Imports nothing of `supervisor/` or `worker/`.
 """

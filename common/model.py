@@ -171,6 +171,11 @@ class DraSettings:
     # The node runs as a device plugin now: this worker only finishes what it prepared (answers
     # re-prepares from its checkpoint, unprepares) and refuses new claims.
     drain: bool = False
+    # Each claim's own CDI spec is written here ("": none; claims are answered with the node-wide
+    # spec's IDs, as before); where this process reads the driver root, and NVML's driver version.
+    cdi_spec_dir: str = ""
+    driver_root_ctr_path: str = ""
+    driver_version: str = ""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
+
 from supervisor.kube.client import KubeClient
 from supervisor.kube.credentials import load_credentials
 from supervisor.sim.drakubelet import ClaimStore, DraKubeletStandin
@@ -153,6 +155,20 @@ class DraNode(SimNode):
             os.path.join(self.cdi_dir, "k8s.device-plugin.nvidia.com-gpu.json"), encoding="utf-8"
         ) as fh:
             spec = json.load(fh)
+        return {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+
+    def claim_spec_path(self, uid: str) -> str:
+        """Where the DRA worker writes claim `uid`'s own CDI spec."""
+        return os.path.join(self.cdi_dir, f"k8s.gpu.nvidia.com-claim_{uid}.yaml")
+
+    def claim_spec(self, uid: str) -> dict[str, Any]:
+        with open(self.claim_spec_path(uid), encoding="utf-8") as fh:
+            spec: dict[str, Any] = yaml.safe_load(fh)  # the CDI registry reads it as YAML
+        return spec
+
+    def claim_cdi_names(self, uid: str) -> set[str]:
+        """The qualified device names of claim `uid`'s own CDI spec."""
+        spec = self.claim_spec(uid)
         return {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
 
     def dra_worker_pid(self) -> int:

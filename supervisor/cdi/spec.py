@@ -5,14 +5,14 @@ container runtime looks them up in a CDI spec file; this module writes that file
 per device ID the workers hand out: the backing UUID (replica suffix dropped) under the uuid
 strategy, `i` / `i:j` under the index strategy, so all replicas of a GPU collapse into one CDI
 device. Each device's edits hold its device nodes (the GPU node, plus the GI and CI capability
-nodes for a MIG device); the spec-wide edits hold the control nodes that exist under the dev root
+nodes for a MIG device); the spec-wide edits hold what NVIDIA's plugin puts there: the control
+nodes that exist under the dev root, the driver's files, env and hooks (common/driverfiles.py),
 and `NVIDIA_VISIBLE_DEVICES=void`, which keeps a legacy-mode NVIDIA runtime hook from adding GPUs
 of its own when the image sets `NVIDIA_VISIBLE_DEVICES=all` (as CUDA images do).
 
-This own spec carries device nodes only, no driver libraries: that is enough where the runtime
-mounts the driver some other way. For a self-contained spec (libraries, hooks), `nvidia-ctk cdi
-generate` can produce the whole file with the same vendor, class and naming; its output is checked
-with the same validator and must name every device ID we hand out, else we fall back to our own.
+`--cdi-nvidia-ctk` delegates the whole file to `nvidia-ctk cdi generate` with the same vendor,
+class and naming; its output is checked with the same validator and must name every device ID we
+hand out, else we fall back to our own.
 
 The file is written atomically (a temp file in the same directory, then rename), replaced on
 reload, and deliberately never deleted: a container that restarts while gpuvisor is down still
@@ -27,14 +27,23 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from common.devnodes import CONTROL_DEVICES, host_path, read_mig_minors
+from common.cdispec import spec_problems as spec_problems  # the rules, shared with the DRA worker
+from common.devnodes import host_path, read_mig_minors
+from common.driverfiles import (
+    DriverFiles,
+    cdi_version,
+    common_edits,
+    control_nodes,
+    device_node,
+    discover,
+    readable_root,
+)
 from common.imex import IMEX_CLASS, ImexChannel, char_device_problem, select_channels
 from common.model import AllocatableDevice, ResourcePlan
 from supervisor.cdi.strategy import CDI_STRATEGIES, cdi_plans
@@ -51,21 +60,6 @@ MIG_CAPS_DIR = "/dev/nvidia-caps"
 DEVICE_PERMISSIONS = "rw"
 VOID_ENV = "NVIDIA_VISIBLE_DEVICES=void"
 
-# CDI's name rules (the reference parser of the container-device-interface project):
-# vendor and class start with a letter, end with a letter or digit, and hold letters, digits,
-# '_', '-' and '.' between; a device name starts and ends with a letter or digit and may also
-# hold ':' between.
-_VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
-_DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
-_SEMVER = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
-_KNOWN_VERSIONS = ((0, 3, 0), (0, 8, 0))  # oldest and newest CDI spec versions this validator knows
-_HOST_PATH_SINCE = (0, 5, 0)
-_DEVICE_NODE_TYPES = frozenset({"", "b", "c", "u", "p"})
-_HOOK_NAMES = frozenset(
-    {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
-)
-_MAX_CLASS_LENGTH = 63
-
 
 # --- what the spec holds ------------------------------------------------------------------------
 
@@ -75,7 +69,11 @@ def cdi_device_id(device: AllocatableDevice, id_strategy: str) -> str:
     return device.index if id_strategy == "index" else device.uuid
 
 
-def _node(container_path: str, dev_root: str) -> dict[str, str]:
+def _node(container_path: str, dev_root: str) -> dict[str, Any]:
+    """The node as the toolkit writes it where it is a device, else path, hostPath and `rw`."""
+    found = device_node(container_path, dev_root)
+    if found is not None:
+        return found
     return {
         "path": container_path,
         "hostPath": host_path(dev_root, container_path),
@@ -83,13 +81,29 @@ def _node(container_path: str, dev_root: str) -> dict[str, str]:
     }
 
 
+def plan_driver_files(plan: ResourcePlan, ctr_root: str = "") -> DriverFiles:
+    """The driver's files for a plan's spec: read where this process sees the driver root
+    (`ctr_root` when it is mounted there), host paths under the plan's driver root, the plan's
+    hook binary."""
+    settings = plan.allocate
+    root = readable_root(settings.driver_root, ctr_root)
+    files = discover(root, host_root=settings.driver_root, hook_path=settings.nvidia_ctk_path)
+    if files.missing:
+        log.warning("the CDI spec carries no driver files: %s", files.missing)
+    return files
+
+
 def build_spec(
     plans: Mapping[str, ResourcePlan],
     *,
-    exists: Callable[[str], bool] = os.path.exists,
+    driver_files: DriverFiles | None = None,
+    ctr_root: str = "",
     minors_reader: Callable[[str], dict[str, int]] = read_mig_minors,
 ) -> dict[str, Any]:
-    """The CDI spec (as a dict) for every device of the plans that use a CDI list strategy.
+    """The CDI spec (as a dict) for every device of the plans that use a CDI list strategy:
+    each device's nodes, and spec-wide the control nodes, the driver's files and hooks
+    (common/driverfiles.py; `driver_files`, else found under the first plan's driver root) and
+    `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's plugin writes them.
 
     Raises CdiError when no plan needs CDI, or when a MIG device's capability minors cannot be
     found (a MIG device without its capability nodes would not work in the container).
@@ -98,7 +112,7 @@ def build_spec(
     if not wanted:
         raise CdiError("no resource uses a CDI device list strategy (cdi-annotations or cdi-cri)")
     dev_root = wanted[0].allocate.dev_root
-    devices: dict[str, list[dict[str, str]]] = {}
+    devices: dict[str, list[dict[str, Any]]] = {}
     minors: dict[str, dict[str, int]] = {}  # per minors-file path, read once
     for plan in sorted(wanted, key=lambda p: p.resource):
         settings = plan.allocate
@@ -131,18 +145,17 @@ def build_spec(
                         )
                     nodes.append(_node(f"{MIG_CAPS_DIR}/nvidia-cap{minor}", settings.dev_root))
             devices[name] = nodes
-    control = [_node(p, dev_root) for p in CONTROL_DEVICES if exists(host_path(dev_root, p))]
-    edits: dict[str, Any] = {"env": [VOID_ENV]}
-    if control:
-        edits["deviceNodes"] = control
-    return {
+    files = plan_driver_files(wanted[0], ctr_root) if driver_files is None else driver_files
+    spec: dict[str, Any] = {
         "cdiVersion": CDI_VERSION,
         "kind": f"{CDI_VENDOR}/{CDI_CLASS}",
         "devices": [
             {"name": name, "containerEdits": {"deviceNodes": nodes}} for name, nodes in devices.items()
         ],
-        "containerEdits": edits,
+        "containerEdits": common_edits(files, control_nodes(dev_root), [VOID_ENV]),
     }
+    spec["cdiVersion"] = cdi_version(spec)
+    return spec
 
 
 def build_imex_spec(
@@ -186,139 +199,6 @@ def expected_device_names(plans: Mapping[str, ResourcePlan]) -> set[str]:
 
 
 # --- validation -----------------------------------------------------------------------------------
-
-
-def _version(text: object) -> tuple[int, int, int] | None:
-    if not isinstance(text, str):
-        return None
-    match = _SEMVER.fullmatch(text)
-    if match is None:
-        return None
-    return (int(match.group(1)), int(match.group(2)), int(match.group(3)))
-
-
-def _check_env(env: object, where: str, problems: list[str]) -> None:
-    if env is None:
-        return
-    if not isinstance(env, list):
-        problems.append(f"{where}: must be a list of NAME=VALUE strings")
-        return
-    for i, item in enumerate(env):
-        if not isinstance(item, str) or item.find("=") <= 0:
-            problems.append(f"{where}[{i}] {item!r}: not of the form NAME=VALUE")
-
-
-def _check_path(value: object, where: str, problems: list[str], *, required: bool = True) -> None:
-    if value is None and not required:
-        return
-    if not isinstance(value, str) or not value:
-        problems.append(f"{where}: must be a non-empty path")
-    elif not value.startswith("/"):
-        problems.append(f"{where} {value!r}: must be an absolute path")
-
-
-def _check_edits(
-    edits: object, where: str, problems: list[str], version: tuple[int, int, int] | None, *, device: bool
-) -> None:
-    if edits is None:
-        if device:
-            problems.append(f"{where}: a device needs container edits")
-        return
-    if not isinstance(edits, dict):
-        problems.append(f"{where}: must be a mapping")
-        return
-    kinds = ("env", "deviceNodes", "mounts", "hooks", "additionalGids", "intelRdt", "netDevices")
-    if device and not any(edits.get(k) for k in kinds):
-        problems.append(f"{where}: a device's container edits must not be empty")
-    _check_env(edits.get("env"), f"{where}.env", problems)
-    nodes = edits.get("deviceNodes") or []
-    if not isinstance(nodes, list):
-        problems.append(f"{where}.deviceNodes: must be a list")
-        nodes = []
-    for i, node in enumerate(nodes):
-        at = f"{where}.deviceNodes[{i}]"
-        if not isinstance(node, dict):
-            problems.append(f"{at}: must be a mapping")
-            continue
-        _check_path(node.get("path"), f"{at}.path", problems)
-        _check_path(node.get("hostPath"), f"{at}.hostPath", problems, required=False)
-        if node.get("hostPath") is not None and version is not None and version < _HOST_PATH_SINCE:
-            problems.append(f"{at}.hostPath: needs cdiVersion 0.5.0 or later")
-        if node.get("type", "") not in _DEVICE_NODE_TYPES:
-            problems.append(f"{at}.type {node.get('type')!r}: must be one of b, c, u, p")
-        perms = node.get("permissions", "")
-        if not isinstance(perms, str) or (perms != "none" and perms.strip("rwm") != ""):
-            problems.append(f"{at}.permissions {perms!r}: must be made of r, w and m")
-        for number in ("major", "minor"):
-            value = node.get(number)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                problems.append(f"{at}.{number} {value!r}: must be a non-negative integer")
-    mounts = edits.get("mounts") or []
-    for i, mount in enumerate(mounts if isinstance(mounts, list) else []):
-        at = f"{where}.mounts[{i}]"
-        if not isinstance(mount, dict):
-            problems.append(f"{at}: must be a mapping")
-            continue
-        for key in ("hostPath", "containerPath"):
-            if not isinstance(mount.get(key), str) or not mount.get(key):
-                problems.append(f"{at}.{key}: must be a non-empty path")
-    hooks = edits.get("hooks") or []
-    for i, hook in enumerate(hooks if isinstance(hooks, list) else []):
-        at = f"{where}.hooks[{i}]"
-        if not isinstance(hook, dict):
-            problems.append(f"{at}: must be a mapping")
-            continue
-        if hook.get("hookName") not in _HOOK_NAMES:
-            problems.append(
-                f"{at}.hookName {hook.get('hookName')!r}: must be one of {', '.join(sorted(_HOOK_NAMES))}"
-            )
-        _check_path(hook.get("path"), f"{at}.path", problems)
-        _check_env(hook.get("env"), f"{at}.env", problems)
-
-
-def spec_problems(spec: object) -> list[str]:
-    """Every way `spec` breaks the CDI specification's rules (empty: valid)."""
-    if not isinstance(spec, dict):
-        return ["the spec must be a mapping"]
-    problems: list[str] = []
-    raw_version = spec.get("cdiVersion")
-    version = _version(raw_version)
-    if version is None:
-        problems.append(f"cdiVersion {raw_version!r}: must be a semantic version such as {CDI_VERSION!r}")
-    elif not _KNOWN_VERSIONS[0] <= version <= _KNOWN_VERSIONS[1]:
-        problems.append(f"cdiVersion {raw_version!r}: unknown CDI spec version (known: 0.3.0 to 0.8.0)")
-    kind = spec.get("kind")
-    vendor, slash, klass = kind.partition("/") if isinstance(kind, str) else ("", "", "")
-    if not slash or not _VENDOR_OR_CLASS.fullmatch(vendor) or not _VENDOR_OR_CLASS.fullmatch(klass):
-        problems.append(
-            f"kind {kind!r}: must be <vendor>/<class>, each starting with a letter, ending with a letter or "
-            "digit, with letters, digits, '_', '-' and '.' between"
-        )
-    elif len(klass) > _MAX_CLASS_LENGTH:
-        problems.append(f"kind {kind!r}: the class must be at most {_MAX_CLASS_LENGTH} characters")
-    devices = spec.get("devices")
-    if not isinstance(devices, list) or not devices:
-        problems.append("devices: must list at least one device")
-        devices = []
-    seen: set[str] = set()
-    for i, device in enumerate(devices):
-        at = f"devices[{i}]"
-        if not isinstance(device, dict):
-            problems.append(f"{at}: must be a mapping")
-            continue
-        name = device.get("name")
-        if not isinstance(name, str) or not _DEVICE_NAME.fullmatch(name):
-            problems.append(
-                f"{at}.name {name!r}: must start and end with a letter or digit, with letters, digits, "
-                "'_', '-', '.' and ':' between"
-            )
-        elif name in seen:
-            problems.append(f"{at}.name {name!r}: listed twice")
-        else:
-            seen.add(name)
-        _check_edits(device.get("containerEdits"), f"{at}.containerEdits", problems, version, device=True)
-    _check_edits(spec.get("containerEdits"), "containerEdits", problems, version, device=False)
-    return problems
 
 
 def validate_spec(spec: object, source: str = "CDI spec") -> None:
@@ -503,7 +383,7 @@ class CdiSpecWriter:
         fmt: str = "json",
         use_nvidia_ctk: bool = False,
         runner: Runner = subprocess.run,
-        exists: Callable[[str], bool] = os.path.exists,
+        ctr_root: str = "",
         minors_reader: Callable[[str], dict[str, int]] = read_mig_minors,
     ) -> None:
         if fmt not in FORMATS:
@@ -512,7 +392,7 @@ class CdiSpecWriter:
         self.fmt = fmt
         self.use_nvidia_ctk = use_nvidia_ctk
         self._runner = runner
-        self._exists = exists
+        self._ctr_root = ctr_root  # where the driver root is mounted in this container
         self._minors_reader = minors_reader
         self.last_text: str | None = None  # what we last wrote ourselves (to skip identical rewrites)
         self.imex_text: str | None = None  # likewise for the imex-channel spec
@@ -533,7 +413,7 @@ class CdiSpecWriter:
             ctk = find_nvidia_ctk(first.allocate.nvidia_ctk_path)
             if ctk is None:
                 log.warning(
-                    "nvidia-ctk not found at %s nor on PATH: writing gpuvisor's own CDI spec (device nodes only)",
+                    "nvidia-ctk not found at %s nor on PATH: writing gpuvisor's own CDI spec",
                     first.allocate.nvidia_ctk_path,
                 )
             else:
@@ -548,12 +428,12 @@ class CdiSpecWriter:
                         runner=self._runner,
                     )
                 except CdiError as exc:
-                    log.warning("%s; writing gpuvisor's own CDI spec (device nodes only) instead", exc)
+                    log.warning("%s; writing gpuvisor's own CDI spec instead", exc)
                 else:
                     self.source, self.last_text = "nvidia-ctk", None
                     log.info("CDI spec written by %s: %s", ctk, path)
                     return path
-        spec = build_spec(plans, exists=self._exists, minors_reader=self._minors_reader)
+        spec = build_spec(plans, ctr_root=self._ctr_root, minors_reader=self._minors_reader)
         path = spec_path(self.spec_dir, self.fmt)
         text = render_spec(spec, self.fmt)
         if text == self.last_text and self.source == "gpuvisor" and os.path.exists(path):

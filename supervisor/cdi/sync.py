@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpuvisor.supervisor")
 
-CDI_SETTINGS = ("cdi_spec_dir", "cdi_spec_format", "cdi_nvidia_ctk")
+CDI_SETTINGS = ("cdi_spec_dir", "cdi_spec_format", "cdi_nvidia_ctk", "driver_root_ctr_path")
 RETRY_START_S = 1.0
 RETRY_MAX_S = 30.0
 TIMER = "cdi-retry"
@@ -40,7 +40,10 @@ def make_writer(config: Config) -> CdiSpecWriter:
     from supervisor.cdi.spec import CdiSpecWriter
 
     return CdiSpecWriter(
-        config.cdi_spec_dir, fmt=config.cdi_spec_format, use_nvidia_ctk=config.cdi_nvidia_ctk
+        config.cdi_spec_dir,
+        fmt=config.cdi_spec_format,
+        use_nvidia_ctk=config.cdi_nvidia_ctk,
+        ctr_root=config.driver_root_ctr_path,
     )
 
 

@@ -235,8 +235,8 @@ def _notices(given: Given, values: Mapping[str, Any]) -> list[str]:
         if values[name]:
             flag = SETTINGS_BY_NAME[name].flags[0]
             notices.append(
-                f"{flag} {','.join(values[name])}: accepted, but gpuvisor writes its own CDI spec (device nodes only, "
-                "no hooks), which it does not change, and does not pass it to nvidia-ctk"
+                f"{flag} {','.join(values[name])}: accepted, but gpuvisor writes its own CDI spec, which it does not "
+                "change, and does not pass it to nvidia-ctk"
             )
     return notices
 

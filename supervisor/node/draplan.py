@@ -183,5 +183,8 @@ def dra_plan(
             registry_dir=config.kubelet_registry_dir,
             claims_dir=config.dra_claims_dir,
             drain=drain,
+            cdi_spec_dir=config.cdi_spec_dir,
+            driver_root_ctr_path=config.driver_root_ctr_path,
+            driver_version=node.driver_version,
         ),
     )

@@ -6,7 +6,8 @@ server on a real unix socket, used by the demo, the tests and the benchmarks), `
 (its node-side parts: the node-status setter, its checkpoint, the pod-resources API), `drakubelet` (the
 kubelet's DRA side: plugin-watcher registration, the v1 and v1beta1 DRAPlugin clients, the health
 stream, the kubelet's wipe of a node's ResourceSlices at its start, and a claim store standing in
-for the API server) and `demo` (`gpuvisor demo`). The only package that holds test doubles;
+for the API server) `drivertree` (a driver root laid out as a driver install lays it out, for CDI discovery) and
+`demo` (`gpuvisor demo`). The only package that holds test doubles;
 production code reaches it only when asked to simulate. May import: `common/`, `supervisor.node`,
 `supervisor.control`, `supervisor.observe` (the pod-resources API the kubelet stand-in serves),
 `supervisor.kube` (the DRA stand-in's API client).

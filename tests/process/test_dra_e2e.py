@@ -3,7 +3,7 @@ DRA worker, the DRA kubelet stand-in (plugin watcher, v1 and v1beta1 clients, he
 claims in a claims dir standing in for the API server.
 
 Each test pins one behaviour end to end: prepare and unprepare in both API versions with the CDI
-names of the spec the supervisor wrote; a worker killed, and the supervisor killed, between prepare
+names of the claim's own spec; a worker killed, and the supervisor killed, between prepare
 and unprepare; an XID reaching the kubelet's health stream; and the mode switch through SIGHUP.
 """
 
@@ -32,7 +32,8 @@ def gpu_uuid(node: DraNode, device: str) -> str:
 
 def test_claims_are_prepared_and_unprepared_through_v1_and_v1beta1() -> None:
     """The node registers as gpu.nvidia.com and is ready; a claim prepares through v1 with the CDI
-    names of the spec the supervisor wrote, unprepares; a v1beta1-only kubelet does the same."""
+    names of its own spec (written before the answer, gone after unprepare), unprepares; a
+    v1beta1-only kubelet does the same."""
     with DraNode("pcie-l4") as node:
         node.wait_registered()
         status = node.wait_ready()
@@ -46,10 +47,11 @@ def test_claims_are_prepared_and_unprepared_through_v1_and_v1beta1() -> None:
         assert prepared.error == ""
         assert [d.device_name for d in prepared.devices] == ["gpu-0", "gpu-2"]
         cdi = {i for d in prepared.devices for i in d.cdi_device_ids}
-        assert len(cdi) == 2 and cdi <= node.cdi_names()
+        assert len(cdi) == 2 and cdi == node.claim_cdi_names(ref[2])
         assert node.prepared_uids() == {ref[2]}
         assert node.dra.unprepare(DRIVER, [ref]).claims[ref[2]].error == ""
         assert node.prepared_uids() == set()
+        assert not os.path.exists(node.claim_spec_path(ref[2]))
 
         node.dra.stop()  # a kubelet that speaks v1beta1 only
         node.dra = DraKubeletStandin(node.registry_dir, versions=(V1BETA1_SERVICE,), scan_interval=0.02)

@@ -28,7 +28,13 @@ from worker.allocate import Allocator
 KIND = "k8s.device-plugin.nvidia.com/gpu"
 
 
+# A driver root with no driver: these tests pin the device nodes, wherever they run (a machine
+# with a driver at / would add its files); test_cdi_driver_files.py covers the driver's files.
+NO_DRIVER = "/nonexistent/gpuvisor-test-driver-root"
+
+
 def cfg(text: str = "", **flags: object) -> Config:
+    flags.setdefault("driver_root", NO_DRIVER)
     return config_from_data(parse_config_text(text, "test.yaml"), flags=flags, source="test.yaml")
 
 
@@ -78,8 +84,9 @@ def test_uuid_strategy_spec(tmp_path: Path) -> None:
     assert spec["containerEdits"] == {
         "env": ["NVIDIA_VISIBLE_DEVICES=void"],
         "deviceNodes": [
-            {"path": "/dev/nvidiactl", "hostPath": f"{root}/dev/nvidiactl", "permissions": "rw"},
+            # In the order of NVIDIA's spec (the toolkit's sorter: by path depth, then path).
             {"path": "/dev/nvidia-uvm", "hostPath": f"{root}/dev/nvidia-uvm", "permissions": "rw"},
+            {"path": "/dev/nvidiactl", "hostPath": f"{root}/dev/nvidiactl", "permissions": "rw"},
         ],
     }
     cdi.validate_spec(spec)

@@ -16,6 +16,7 @@ import pytest
 
 from common import dracheckpoint as checkpoint_module
 from common.dracheckpoint import BootIdSource, Checkpoint, CheckpointError, current_boot_id
+from common.driverfiles import DriverFiles
 from common.messages import ClaimReply, ClaimRequest
 from common.model import ResourcePlan
 from supervisor.cdi.spec import build_spec
@@ -99,7 +100,7 @@ def test_a_claim_is_prepared_with_the_cdi_ids_of_the_supervisors_spec(s: Setup) 
         (("gpu",), POOL, "gpu-1"),
         (("gpu",), POOL, "gpu-3"),
     ]
-    spec = build_spec({s.plan.resource: s.plan}, exists=lambda p: False)
+    spec = build_spec({s.plan.resource: s.plan}, driver_files=DriverFiles())
     in_spec = {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
     answered = {i for d in result.devices for i in d.cdi_device_ids}
     assert answered and answered <= in_spec

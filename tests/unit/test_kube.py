@@ -492,7 +492,13 @@ def test_a_working_watch_that_breaks_waits_its_spread_before_the_first_retry(
         spread = len(waits)
         node_api.state.expire_watches()
         ok = wait_until(lambda: w.relists == 1, 15)
-        assert ok, (w.status(), len(waits), spread, [(r.method, r.query, round(r.at - started, 2)) for r in node_api.state.requests][-6:], round(time.monotonic() - started, 2))
+        assert ok, (
+            w.status(),
+            len(waits),
+            spread,
+            [(r.method, r.query, round(r.at - started, 2)) for r in node_api.state.requests][-6:],
+            round(time.monotonic() - started, 2),
+        )
         assert len(waits) == spread + 1
     finally:
         w.stop()

@@ -60,6 +60,7 @@ from common.messages import (
 )
 from common.model import ResourcePlan
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
+from worker.dra.claimspec import ClaimSpecs
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
 from worker.dra.sharing import TimeSlicer
@@ -110,6 +111,7 @@ class DraWorker:
             count=self.stats.count,
             on_change=self._beat_soon,  # the supervisor reads the claims again (their status)
             timeslicer=TimeSlicer.on_node(plan.allocate.driver_root),
+            specs=ClaimSpecs(plan, dra.cdi_spec_dir) if dra.cdi_spec_dir else None,
         )
         self.service = DraPluginService(self.preparer, observe=self.stats.observe)
         self.health = HealthService(self.board)

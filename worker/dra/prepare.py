@@ -21,21 +21,24 @@ claims of the checkpoint as before and refuses every other with why; the drain i
 under the lock before a claim is recorded, so once `set_plan` has taken a draining plan no new
 claim can be recorded: the supervisor then reads the checkpoint as final.
 
-Each device is answered with its CDI device ID from the spec the supervisor writes for the plan
-(`<vendor>/<class>=<uuid>`, or `=<i>` / `=<i:j>` under the index strategy: the device-plugin
-names). `unprepare(claims)` forgets them; a claim it never prepared is a success.
+Each device is answered with its CDI device ID in the claim's own CDI spec
+(`k8s.gpu.nvidia.com/claim=<claim UID>-<device>`, worker.dra.claimspec), written before the claim
+is recorded; without a spec dir (a plan made without one), with its ID in the spec the supervisor
+writes for the plan (`<vendor>/<class>=<uuid>`, or `=<i>` / `=<i:j>` under the index strategy), as
+claims recorded before per-claim specs keep being answered. `unprepare(claims)` forgets them and
+removes their specs; a claim it never prepared is a success.
 
 Claim configuration (worker.dra.config: NVIDIA's `GpuConfig` and `MigDeviceConfig`) is resolved
 right after the fetch, outside the lock; a bad one is that claim's error. A claim whose devices
 are shared by it (TimeSlicing, MPS) is reserved under the lock (its devices count as held), its
 sharing applied outside it (`worker.dra.sharing.SharingSteps`: nvidia-smi runs, an MPS daemon
-start; one claim's steps at a time, under a lock of their own), then recorded; a step or a record
-that fails undoes what was applied. A claim without sharing never waits for that. Each device's
-sharing is in the checkpoint, so an unprepare after a restart undoes it: the claim's MPS daemon is
-stopped and a GPU no other prepared claim time-slices is set back to Default before the claim is
-forgotten (when that fails the claim stays, and the kubelet's retry tries again). The container
-edits a claim's sharing returns (`PrepareResult.edits`, kept in the checkpoint as
-`PreparedClaim.container_edits`) are for the claim's CDI spec.
+start; one claim's steps at a time, under a lock of their own), its spec written with the
+container edits the sharing returns (an MPS claim's pipe dir and limits), then recorded; a step,
+a spec or a record that fails undoes what was applied. A claim without sharing never waits for
+that. Each device's sharing is in the checkpoint, so an unprepare after a restart undoes it: the
+claim's MPS daemon is stopped and a GPU no other prepared claim time-slices is set back to
+Default before the claim is forgotten (when that fails the claim stays, and the kubelet's retry
+tries again). The edits are kept in the checkpoint too (`PreparedClaim.container_edits`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from worker.dra.claims import (
     allocated_devices,
     check_ref,
 )
+from worker.dra.claimspec import ClaimSpecError, ClaimSpecs, claim_device_id
 from worker.dra.config import Result, resolve
 from worker.dra.edits import ClaimMps, ContainerEdits, SharingError
 from worker.dra.sharing import SharingSteps, TimeSlicer, edits_from_json
@@ -114,6 +118,7 @@ class Preparer:
         on_change: Callable[[], None] = lambda: None,
         mps: ClaimMps | None = None,
         timeslicer: TimeSlicer | None = None,
+        specs: ClaimSpecs | None = None,
     ) -> None:
         if plan.dra is None:
             raise ValueError(f"plan {plan.resource} is no DRA plan")
@@ -125,6 +130,7 @@ class Preparer:
         self._count = count
         self._on_change = on_change  # the checkpoint changed (from the gRPC threads)
         self._steps = SharingSteps(timeslicer, mps)
+        self._specs = specs  # each claim's own CDI spec; None: the node-wide spec's IDs
         self._lock = threading.Lock()
         # Taken before `_lock`, never under it: one claim's sharing steps at a time.
         self._sharing_lock = threading.Lock()
@@ -137,6 +143,8 @@ class Preparer:
         no claim fetched under the old plan is recorded under it any more."""
         with self._lock:
             self._plan = plan
+            if self._specs is not None:
+                self._specs.set_plan(plan)
 
     @property
     def draining(self) -> bool:
@@ -217,8 +225,13 @@ class Preparer:
                         self._device(ref, a, s, by_id, new)
                         for a, s in zip(item.allocated, item.sharing, strict=True)
                     )
+                    if not any(d.sharing for d in devices):  # a shared claim's spec waits for its edits
+                        devices = self._write_spec(ref, devices, by_id, ContainerEdits())
                 except ClaimError as exc:
                     results[ref.uid] = PrepareResult(error=str(exc))
+                    continue
+                except ClaimSpecError as exc:
+                    results[ref.uid] = PrepareResult(error=f"claim {ref}: {exc}")
                     continue
                 claim = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, self._clock())
                 if claim.shared:
@@ -230,6 +243,7 @@ class Preparer:
                 self._checkpoint.put(new)
             except CheckpointError as exc:
                 for claim in new:
+                    self._remove_spec(claim.uid)
                     results[claim.uid] = PrepareResult(error=f"claim {claim.namespace}/{claim.name}: {exc}")
                 new = []
             if new:
@@ -255,13 +269,13 @@ class Preparer:
                 with self._lock:
                     self._pending.pop(claim.uid, None)
                 return PrepareResult(error=f"{what}: {exc}")
-            claim = dataclasses.replace(claim, container_edits=edits.to_json())
-            error = ""
+            devices, error = self._shared_spec(claim, edits)
+            claim = dataclasses.replace(claim, devices=devices, container_edits=edits.to_json())
             with self._lock:
                 self._pending.pop(claim.uid, None)
-                if self.draining:
+                if not error and self.draining:
                     error = DRAINING
-                else:
+                elif not error:
                     try:
                         self._checkpoint.put([claim])
                         self.changes += 1
@@ -269,6 +283,7 @@ class Preparer:
                         error = str(exc)
                 others = self._checkpoint.claims()
             if error:
+                self._remove_spec(claim.uid)
                 try:
                     self._steps.teardown(claim, others)
                 except SharingError as exc:
@@ -277,6 +292,20 @@ class Preparer:
         self._on_change()
         self._log_prepared(claim)
         return PrepareResult(claim.devices, edits=edits)
+
+    def _shared_spec(
+        self, claim: PreparedClaim, edits: ContainerEdits
+    ) -> tuple[tuple[PreparedDevice, ...], str]:
+        """A shared claim's spec, with its sharing's edits: its devices as answered, and the error."""
+        by_id = {d.id: d for d in self._plan.devices}
+        gone = [d.device for d in claim.devices if d.device not in by_id]
+        if gone:  # the plan changed (a MIG change) while the sharing was applied
+            return claim.devices, f"device {gone[0]} is not on this node any more"
+        ref = ClaimRef(claim.namespace, claim.name, claim.uid)
+        try:
+            return self._write_spec(ref, claim.devices, by_id, edits), ""
+        except ClaimSpecError as exc:
+            return claim.devices, str(exc)
 
     @staticmethod
     def _log_prepared(claim: PreparedClaim) -> None:
@@ -326,6 +355,26 @@ class Preparer:
             sharing=sharing,
         )
 
+    def _write_spec(
+        self,
+        ref: ClaimRef,
+        devices: tuple[PreparedDevice, ...],
+        by_id: dict[str, AllocatableDevice],
+        edits: ContainerEdits,
+    ) -> tuple[PreparedDevice, ...]:
+        """Write the claim's CDI spec, its sharing's edits on each of its devices; the devices
+        answered with the spec's IDs."""
+        if self._specs is None:
+            return devices
+        self._specs.write(ref.uid, [(by_id[d.device], edits) for d in devices])
+        return tuple(
+            dataclasses.replace(d, cdi_device_ids=(claim_device_id(ref.uid, d.device),)) for d in devices
+        )
+
+    def _remove_spec(self, uid: str) -> None:
+        if self._specs is not None:
+            self._specs.remove(uid)
+
     # ------------------------------------------------------------------ unprepare
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         """The error per claim UID ("" when unprepared); a claim never prepared is unprepared."""
@@ -343,6 +392,9 @@ class Preparer:
                 return {uid: f"claim {uid}: {exc}" for uid in uids}
             if plain:
                 self.changes += 1
+        for uid in uids:  # a spec left by a prepare that never reached the checkpoint goes too
+            if uid not in keep:
+                self._remove_spec(uid)
         if plain:
             self._on_change()
         for claim in plain:
@@ -373,6 +425,7 @@ class Preparer:
                 except CheckpointError as exc:
                     return f"{what}: {exc}"
                 self.changes += 1
+        self._remove_spec(claim.uid)
         self._on_change()
         self._unprepared(claim)
         return ""
