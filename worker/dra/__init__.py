@@ -6,7 +6,8 @@ watcher's socket; keep both up), `services` (the gRPC servicers: DRAPlugin v1 an
 DRAResourceHealth, Registration), `prepare` (what preparing and unpreparing a claim means, as
 data), `claims` (where claims come from, `ClaimSource`, and what is checked in one) and `health`
 (the devices' health as the kubelet's health stream shows it), `edits` (what a claim adds to its
-containers, and the sharing steps that add it). The
+containers, and the sharing steps that add it), `mps` (an MPS claim's daemon, asked of the
+supervisor, which runs it). The
 prepared claims on disk are `common.dracheckpoint`, which the supervisor reads too. May import:
 `common/` and the rest of `worker/`.
 """
