@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Self, TypeAlias
 
+CONTROL_TOPIC = b"control"  # common.messages' topic of the control socket (here for its kinds' modules)
+
 # What JSON can carry: the type of command arguments and replies (the status document).
 Json: TypeAlias = "dict[str, Json] | list[Json] | str | int | float | bool | None"
 

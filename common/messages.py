@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from common.messagefields import CONTROL_TOPIC as CONTROL_TOPIC
+
 # The readers live apart (common/messagefields.py); Json and MessageError are this module's to
 # every importer, as before.
 from common.messagefields import Json as Json
@@ -53,6 +55,7 @@ from common.messagefields import (
     _require,
     _str,
 )
+from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 
 PROTOCOL_VERSION = 1
 
@@ -61,7 +64,6 @@ PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 HEALTH_TOPIC = b"health"
-CONTROL_TOPIC = b"control"
 _TOPICS = (HEALTH_TOPIC, CONTROL_TOPIC)
 
 # Envelope keys, once.
@@ -439,6 +441,8 @@ Message = (
     | PlanUpdate
     | ClaimRequest
     | ClaimReply
+    | MpsClaimRequest
+    | MpsClaimReply
     | Command
     | Reply
 )
@@ -456,6 +460,8 @@ _ALL_KINDS = (
     PlanUpdate,
     ClaimRequest,
     ClaimReply,
+    MpsClaimRequest,
+    MpsClaimReply,
     Command,
     Reply,
 )

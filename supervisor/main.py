@@ -218,6 +218,7 @@ class Supervisor:
             post=self.mailbox.post,
             rediscover=self.replan.rediscover,
             kubelet_plugins_dir=config.kubelet_plugins_dir,
+            mps=self.mps,  # an MPS claim's daemon runs as the MPS resources' daemons do
         )
         self.events = WorkerEvents(
             workers=self.workers,
@@ -405,8 +406,7 @@ class Supervisor:
         )
 
     def on_health_decision(self, batch: ChangeBatch, line: str) -> None:
-        """The health hub decided a change of devices: the Node hears of it (when asked to), and
-        the DRA pool's taints follow."""
+        """The health hub decided a change of devices: the Node hears (when asked to), the taints follow."""
         self.cluster.health_changed(batch, line)
         self.dra.health_changed(self.hub.book)
 

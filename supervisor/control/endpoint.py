@@ -48,6 +48,7 @@ from common.messages import (
     encode,
     split_routed,
 )
+from common.mpsmessages import MpsClaimRequest
 
 log = logging.getLogger("gpuvisor.control")
 
@@ -82,8 +83,9 @@ class ControlHandlers(Protocol):
         """The health snapshot for a worker's request, or None (the resource is going away)."""
         ...
 
-    def on_claim_request(self, request: ClaimRequest) -> None:
-        """The DRA worker asks for a ResourceClaim; the answer goes back later (`tell`)."""
+    def on_claim_request(self, request: ClaimRequest | MpsClaimRequest) -> None:
+        """The DRA worker asks for a ResourceClaim, or for an MPS claim's daemon; the answer goes
+        back later (`tell`)."""
         ...
 
 
@@ -208,7 +210,9 @@ class ControlEndpoint:
             self._bind(route[0], binding)
             handlers.on_bound(binding)
             return
-        if not isinstance(message, Heartbeat | StatusReport | SnapshotRequest | ClaimRequest):
+        if not isinstance(
+            message, Heartbeat | StatusReport | SnapshotRequest | ClaimRequest | MpsClaimRequest
+        ):
             self._drop(f"{message.KIND} is not for the supervisor")
             return
         binding = self._routes.get(route[0]) if len(route) == 1 else None
@@ -231,7 +235,7 @@ class ControlEndpoint:
             handlers.on_heartbeat(message)
         elif isinstance(message, StatusReport):
             handlers.on_status_report(message)
-        elif isinstance(message, ClaimRequest):
+        elif isinstance(message, ClaimRequest | MpsClaimRequest):
             handlers.on_claim_request(message)
         else:
             snapshot = handlers.snapshot_for(message.resource)

@@ -26,5 +26,5 @@ DRA worker's claims, and its drain when the node turns device plugin.
 `publish` (and through it `supervisor.kube`) is imported only when the cluster side starts.
 May import: `common/`, `supervisor.scheduler`, `supervisor.kube`, `supervisor.config`,
 `supervisor.node`, `supervisor.health`, `supervisor.observe`, `supervisor.workers`,
-`supervisor.cluster`.
+`supervisor.cluster`, `supervisor.mps` (an MPS claim's daemon, `side` holds their wiring).
 """

@@ -13,6 +13,10 @@ after the first registration with the kubelet, on threads of its own:
   draining DRA plan, or none, after this life published);
 - the DRA worker's claims (`supervisor.dra.claims.ClaimFetcher`), fetched on its requests.
 
+The MPS control daemons of MPS claims (`supervisor.mps.claimwiring.ClaimMpsWiring`) are local:
+started and stopped on the DRA worker's requests, checked against its checkpoint when it changes,
+and adopted (or cleaned up) once the node plans DRA, whether or not the API server is reached.
+
 The main loop names what happened (`plans_applied`, `health_changed`, and each `turn`) and never
 waits on it; the side reads the plans in force from the reconciler and asks the workers whether a
 device-plugin worker still runs, and `refresh` takes those inputs (the plans, the node, the health
@@ -32,13 +36,16 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from common.messages import ClaimReply, ClaimRequest, DraBeat, Json
+from common.messages import ClaimRequest, DraBeat, Json, Message
 from common.model import Node, ResourcePlan
+from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 from supervisor.config import Config
 from supervisor.dra.claims import ClaimFetcher
 from supervisor.dra.drain import DraDrain
 from supervisor.dra.earlier import EarlierPool
 from supervisor.health.book import HealthBook
+from supervisor.mps.claimwiring import ClaimMpsWiring
+from supervisor.mps.wiring import MpsWiring
 from supervisor.node.draplan import DRIVER, DraHold
 from supervisor.node.planning import device_plugin_resources
 from supervisor.observe.metrics import Metrics
@@ -56,6 +63,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuvisor.dra")
 
 WAIT_FOR_DEVICE_PLUGIN = "the device plugin's workers are still stopping"
+NO_MPS = "this supervisor runs no MPS claim daemons"
 
 
 class PlanState(Protocol):
@@ -79,7 +87,7 @@ class DraSide:
         plugin_dir: str,
         pod_resources_socket: str,
         metrics: Metrics,
-        reply: Callable[[str, ClaimReply], None],
+        reply: Callable[[str, Message], None],
         workers: WorkerSet,
         reconciler: PlanState,
         connect: Callable[[], Any],
@@ -87,6 +95,7 @@ class DraSide:
         post: Callable[[Callable[[], None]], None],
         rediscover: Callable[[str], object],
         kubelet_plugins_dir: str = "",
+        mps: MpsWiring | None = None,
     ) -> None:
         self.node_name = node_name
         self.workers = workers  # asked whether a device-plugin worker still runs
@@ -96,7 +105,19 @@ class DraSide:
         self.plugin_dir = plugin_dir  # the device plugins' dir: the kubelet's checkpoint, a fallback
         self.pod_resources_socket = pod_resources_socket
         self.metrics = metrics
+        self._reply = reply
         self.claims = ClaimFetcher(reply=reply, on_count=functools.partial(metrics.dra_call, "claim"))
+        self.mps_claims = (
+            None
+            if mps is None
+            else ClaimMpsWiring(
+                mps=mps,
+                kubelet_plugins_dir=kubelet_plugins_dir,
+                checkpoint_path=self.checkpoint_path,
+                answer=reply,
+                on_counts=metrics.set_mps_claim_daemons,
+            )
+        )
         # The local half of a switch to the device plugin: the pool an earlier life published,
         # withdrawn first (`connect` makes its API client: it runs before the cluster side), and
         # what the DRA worker's drain still holds.
@@ -175,10 +196,17 @@ class DraSide:
         self.stop()
         self.claims.close()
         self.earlier.stop()
+        if self.mps_claims is not None:
+            self.mps_claims.close()  # their daemons keep serving the claims' containers
 
     # ------------------------------------------------------------------ from the main loop
-    def request_claim(self, request: ClaimRequest) -> None:
-        self.claims.request(request)
+    def request_claim(self, request: ClaimRequest | MpsClaimRequest) -> None:
+        if isinstance(request, ClaimRequest):
+            self.claims.request(request)
+        elif self.mps_claims is not None:
+            self.mps_claims.request(request)
+        else:
+            self._reply(request.resource, MpsClaimReply(request.request_id, error=NO_MPS))
 
     def hold(self, config: Config) -> DraHold:
         """Planning asks: what DRA claims hold while the node runs as a device plugin (`DraDrain`)."""
@@ -220,6 +248,8 @@ class DraSide:
         plan = plans.get(DRIVER)
         if plan is None and not self._dra_planned:
             return
+        if not self._dra_planned and self.mps_claims is not None:
+            self.mps_claims.dra_planned()
         self._dra_planned = True
         self._claims_health_now(node, book)
         from supervisor.dra.slices import PoolWant
@@ -261,6 +291,8 @@ class DraSide:
         if seen == self._claims_seen:
             return
         self._claims_seen = seen
+        if self.mps_claims is not None:
+            self.mps_claims.checkpoint_changed()
         self._read_claims()
         if self.claim_status is not None:
             self.claim_status.want(self._prepared, self._claims_health)
@@ -309,4 +341,5 @@ class DraSide:
         out["slices"] = self.publisher.status() if self.publisher is not None else None
         out["released"] = self.released.status() if self.released is not None else None
         out["claim_status"] = self.claim_status.status() if self.claim_status is not None else None
+        out["mps_claims"] = self.mps_claims.status() if self.mps_claims is not None else None
         return out

@@ -50,14 +50,13 @@ from supervisor.mps.layout import (
     PID_FILE,
     PROBE_FAILURES_TO_RESTART,
     DaemonSettings,
+    DaemonSpec,
     DState,
     MpsError,
     _read_pid,
     daemon_settings,
     find_control_binary,
     ready_file,
-    shm_dir,
-    started_file,
 )
 from supervisor.mps.tool import ControlTool
 
@@ -69,7 +68,7 @@ log = logging.getLogger("gpuvisor.mps")
 
 @dataclass
 class _Daemon:
-    settings: DaemonSettings
+    settings: DaemonSpec
     backoff: Backoff  # the restart backoff, made with the daemon
     state: DState = DState.DOWN
     pid: int | None = None
@@ -80,7 +79,7 @@ class _Daemon:
     next_probe: float = 0.0
     probe_failures: int = 0
     restarts: int = 0
-    applied: DaemonSettings | None = None
+    applied: DaemonSpec | None = None
     killed_pid: int | None = None
     reported_up: bool | None = None
 
@@ -96,7 +95,8 @@ class DaemonStatus:
     reason: str
     restarts: int
     thread_percentage: int
-    pinned_limits: tuple[tuple[int, int], ...]
+    pinned_limits: tuple[tuple[int | str, int], ...]
+    failures: int = 0  # failed starts and checks since it was last up
 
 
 OnChange = Callable[[str, bool, str], None]
@@ -156,7 +156,7 @@ class MpsDaemons:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._lock = threading.Lock()
-        self._desired: dict[str, DaemonSettings] = {}
+        self._desired: dict[str, DaemonSpec] = {}
         self._public: dict[str, DaemonStatus] = {}
         self._daemons: dict[str, _Daemon] = {}  # touched only by the ticking thread
         self._ready_roots: dict[str, str] = {}  # root -> the .ready content written there
@@ -183,12 +183,19 @@ class MpsDaemons:
                 )
         self._tool.find()
 
+    def find_binary(self) -> str:
+        """The control binary, found now (on PATH or under the driver root); raises MpsError."""
+        return self._tool.find()
+
     def set_plans(self, plans: Mapping[str, ResourcePlan]) -> None:
         """The MPS plans to run daemons for (others are ignored). Raises MpsError, changing nothing."""
         self.validate(plans)
-        desired = {r: daemon_settings(p) for r, p in plans.items() if p.sharing == "mps"}
+        self.set_desired({r: daemon_settings(p) for r, p in plans.items() if p.sharing == "mps"})
+
+    def set_desired(self, specs: Mapping[str, DaemonSpec]) -> None:
+        """The daemons to run, by key (`spec.resource`); the next tick starts and stops to match."""
         with self._lock:
-            self._desired = desired
+            self._desired = dict(specs)
         self._wake.set()
 
     def is_up(self, resource: str) -> bool:
@@ -260,7 +267,7 @@ class MpsDaemons:
                 self._daemons[resource] = daemon
                 self._report(daemon, False, daemon.reason, pending)
             elif daemon.settings != settings:
-                if daemon.settings.mps_root != settings.mps_root:
+                if daemon.settings.pipe_dir != settings.pipe_dir:
                     # A new root is a new pipe directory: the old daemon cannot serve it.
                     self._stop(daemon)
                     self._fail(daemon, now, "MPS root changed: restarting the daemon", pending, count=False)
@@ -285,7 +292,7 @@ class MpsDaemons:
     def _start(self, d: _Daemon, now: float, pending: _Pending) -> None:
         s = d.settings
         try:
-            for path, mode in ((s.pipe_dir, 0o755), (s.log_dir, 0o755), (shm_dir(s.mps_root), 0o1777)):
+            for path, mode in ((s.pipe_dir, 0o755), (s.log_dir, 0o755), (s.shm_dir, 0o1777)):
                 os.makedirs(path, mode=0o755, exist_ok=True)
                 # The shared-memory dir is every client's /dev/shm: any user must be able to write it.
                 os.chmod(path, mode)
@@ -355,7 +362,7 @@ class MpsDaemons:
         d.probe_failures = 0
         d.next_probe = now + self._probe_interval
         d.killed_pid = None
-        self._touch(started_file(s.mps_root, s.resource))
+        self._touch(s.started_file)
         self._report(d, True, f"MPS control daemon up (pid {pid})", pending)
 
     def _check_up(self, d: _Daemon, now: float, pending: _Pending) -> None:
@@ -415,7 +422,7 @@ class MpsDaemons:
                 os.kill(d.pid, signal.SIGTERM)
             d.killed_pid = d.pid
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(started_file(s.mps_root, s.resource))
+            os.unlink(s.started_file)
         # A restart we caused (a new MPS root) is no failure: it waits as long as the last one did.
         delay = d.backoff.next() if count else d.backoff.step(max(d.backoff.attempts, 1))
         was_up = d.state is DState.UP
@@ -457,6 +464,7 @@ class MpsDaemons:
                 restarts=d.restarts,
                 thread_percentage=d.settings.thread_percentage,
                 pinned_limits=d.settings.pinned_limits,
+                failures=d.backoff.attempts,
             )
             for r, d in self._daemons.items()
         }
@@ -465,21 +473,22 @@ class MpsDaemons:
 
     def _update_markers(self) -> None:
         """`<mpsRoot>/.ready` exists exactly while every daemon under that root is up."""
-        by_root: dict[str, list[_Daemon]] = {}
+        by_root: dict[str, list[tuple[_Daemon, DaemonSettings]]] = {}
         for d in self._daemons.values():
-            by_root.setdefault(d.settings.mps_root, []).append(d)
+            if isinstance(d.settings, DaemonSettings):  # a DRA claim's daemon has no marker here
+                by_root.setdefault(d.settings.mps_root, []).append((d, d.settings))
         for root in set(self._ready_roots) - set(by_root):
             self._unready(root)
         for root, daemons in by_root.items():
-            if all(d.state is DState.UP for d in daemons):
+            if all(d.state is DState.UP for d, _ in daemons):
                 content = {
                     "resources": {
-                        d.settings.resource: {
-                            "replicas": {str(i): n for i, n in d.settings.replicas},
-                            "activeThreadPercentage": d.settings.thread_percentage,
-                            "pinnedMemoryLimitsMiB": {str(i): m for i, m in d.settings.pinned_limits},
+                        s.resource: {
+                            "replicas": {str(i): n for i, n in s.replicas},
+                            "activeThreadPercentage": s.thread_percentage,
+                            "pinnedMemoryLimitsMiB": {str(i): m for i, m in s.pinned_limits},
                         }
-                        for d in sorted(daemons, key=lambda d: d.settings.resource)
+                        for _, s in sorted(daemons, key=lambda pair: pair[1].resource)
                     }
                 }
                 text = json.dumps(content, sort_keys=True) + "\n"
@@ -505,10 +514,14 @@ class MpsDaemons:
             self._unready(root)
         self._publish()
 
+    def end(self, spec: DaemonSpec) -> None:
+        """Stop a daemon this instance does not supervise (found on disk: its pid file)."""
+        self._stop(_Daemon(settings=spec, backoff=Backoff(0.0, 0.0)))
+
     def _stop(self, d: _Daemon) -> None:
         s = d.settings
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(started_file(s.mps_root, s.resource))
+            os.unlink(s.started_file)
         pid = _read_pid(os.path.join(s.pipe_dir, PID_FILE)) if d.pid is None else d.pid
         if pid is not None and self._tool.alive(pid):
             self._tool.end(s, pid)

@@ -23,6 +23,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from common.model import ResourcePlan
 from common.procutil import pid_alive
@@ -106,6 +107,43 @@ def find_control_binary(
 # --- what each daemon is told -----------------------------------------------------------------
 
 
+class DaemonSpec(Protocol):
+    """What the supervision (supervisor/mps/daemons.py) needs of one daemon: its key and
+    directories, its GPUs, the commands that set its limits and the environment it starts with.
+    A resource's daemon is a `DaemonSettings`; a DRA claim's is supervisor/mps/claims.py's."""
+
+    @property
+    def resource(self) -> str: ...  # the key: the resource name, or "claim <daemon id>"
+
+    @property
+    def mps_root(self) -> str: ...
+
+    @property
+    def pipe_dir(self) -> str: ...
+
+    @property
+    def log_dir(self) -> str: ...
+
+    @property
+    def shm_dir(self) -> str: ...
+
+    @property
+    def started_file(self) -> str: ...
+
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]: ...
+
+    @property
+    def thread_percentage(self) -> int: ...
+
+    @property
+    def pinned_limits(self) -> tuple[tuple[int | str, int], ...]: ...  # (device, MiB)
+
+    def commands(self) -> list[str]: ...
+
+    def extra_env(self) -> dict[str, str]: ...
+
+
 @dataclass(frozen=True)
 class DaemonSettings:
     """One daemon's identity and defaults, derived from its resource plan."""
@@ -124,6 +162,17 @@ class DaemonSettings:
     @property
     def log_dir(self) -> str:
         return log_dir(self.mps_root, self.resource)
+
+    @property
+    def shm_dir(self) -> str:
+        return shm_dir(self.mps_root)  # one for every resource under the root
+
+    @property
+    def started_file(self) -> str:
+        return started_file(self.mps_root, self.resource)
+
+    def extra_env(self) -> dict[str, str]:
+        return {}
 
     def commands(self) -> list[str]:
         """The control commands, in NVIDIA's order: the pinned-memory limits, then the thread share."""

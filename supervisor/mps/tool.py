@@ -22,7 +22,7 @@ from supervisor.mps.layout import (
     MPS_CONTROL_BINARY,
     PIPE_ENV,
     START_LOG,
-    DaemonSettings,
+    DaemonSpec,
     _alive,
     daemon_comm,
     find_control_binary,
@@ -57,7 +57,7 @@ class ControlTool:
         )
         return self.binary
 
-    def launch(self, s: DaemonSettings) -> str:
+    def launch(self, s: DaemonSpec) -> str:
         """Run `<binary> -d`; returns an error text, empty on success."""
         binary = self.binary or MPS_CONTROL_BINARY
         start_log = os.path.join(s.log_dir, START_LOG)
@@ -83,7 +83,7 @@ class ControlTool:
             return f"{binary} -d exited with status {done.returncode}: {last}"
         return ""
 
-    def end(self, s: DaemonSettings, pid: int) -> None:
+    def end(self, s: DaemonSpec, pid: int) -> None:
         """`quit` the daemon (SIGTERM if it does not take it), then SIGKILL what is left after
         `quit_timeout`."""
         ok, answer = self.command(s, "quit")
@@ -106,13 +106,14 @@ class ControlTool:
         names = {daemon_comm(MPS_CONTROL_BINARY), daemon_comm(self.binary or self._binary_name)}
         return _alive(pid, frozenset(names))
 
-    def env(self, s: DaemonSettings) -> dict[str, str]:
+    def env(self, s: DaemonSpec) -> dict[str, str]:
         env = dict(self._environ)
         env[PIPE_ENV] = s.pipe_dir
         env[LOG_ENV] = s.log_dir
+        env.update(s.extra_env())
         return env
 
-    def command(self, s: DaemonSettings, command: str) -> tuple[bool, str]:
+    def command(self, s: DaemonSpec, command: str) -> tuple[bool, str]:
         """Send one command as the tool takes it (`echo <command> | nvidia-cuda-mps-control`)."""
         binary = self.binary or MPS_CONTROL_BINARY
         try:
@@ -134,7 +135,7 @@ class ControlTool:
             return False, f"exit status {done.returncode}: {text[-1] if text else 'no output'}"
         return True, done.stdout.strip()
 
-    def set_compute_mode(self, s: DaemonSettings, *, exclusive: bool) -> str:
+    def set_compute_mode(self, s: DaemonSpec, *, exclusive: bool) -> str:
         """EXCLUSIVE_PROCESS (or back to DEFAULT) on every GPU of the resource; an error text or ""."""
         module = self._nvml
         name = "EXCLUSIVE_PROCESS" if exclusive else "DEFAULT"

@@ -284,6 +284,13 @@ class Metrics:
             ["what", "result"],
             registry=r,
         )
+        self.mps_claim_daemons = Gauge(
+            "gpuvisor_mps_claim_daemons",
+            "The MPS control daemons of DRA claims: up (limits set, answering) or down (starting, "
+            "restarting after a death or a hang, or stopping).",
+            ["state"],
+            registry=r,
+        )
         self.dra_api = Counter(
             "gpuvisor_dra_api",
             "The DRA driver's API-server work: ResourceSlice creates, updates and deletes, taint probes, "
@@ -438,6 +445,11 @@ class Metrics:
     def dra_call(self, what: str, result: str) -> None:
         """Called from the DRA side's threads."""
         self.dra_api.labels(what, result).inc()
+
+    def set_mps_claim_daemons(self, up: int, down: int) -> None:
+        """Called from the MPS claim daemons' thread."""
+        self.mps_claim_daemons.labels("up").set(up)
+        self.mps_claim_daemons.labels("down").set(down)
 
     def set_config(self, name: str, source: str) -> None:
         """The config that runs now: one series, moved when it changes."""

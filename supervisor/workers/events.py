@@ -35,6 +35,7 @@ from common.messages import (
     StatusReport,
 )
 from common.model import ResourcePlan
+from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 from common.socketnames import KUBELET_SOCKET_NAME, SOCKET_PREFIX
 from supervisor.control.endpoint import Binding
 from supervisor.health.hub import HealthHub
@@ -106,7 +107,7 @@ class WorkerEvents:
         metrics: Metrics,
         clock: Clock,
         sockets: Sockets,
-        claims: Callable[[ClaimRequest], None] | None = None,
+        claims: Callable[[ClaimRequest | MpsClaimRequest], None] | None = None,
         on_dra: tuple[Callable[[DraBeat], None], ...] = (),
     ) -> None:
         self.workers = workers
@@ -167,14 +168,17 @@ class WorkerEvents:
                 report.resource, handle.pid, True, handle.socket_path, self.clock.monotonic()
             )
 
-    def on_claim_request(self, request: ClaimRequest) -> None:
+    def on_claim_request(self, request: ClaimRequest | MpsClaimRequest) -> None:
         self.claims(request)
 
-    def _no_claims(self, request: ClaimRequest) -> None:
-        self.control.tell(
-            request.resource,
-            ClaimReply(request.request_id, error="this supervisor fetches no ResourceClaims"),
-        )
+    def _no_claims(self, request: ClaimRequest | MpsClaimRequest) -> None:
+        if isinstance(request, MpsClaimRequest):
+            reply: Message = MpsClaimReply(
+                request.request_id, error="this supervisor runs no MPS claim daemons"
+            )
+        else:
+            reply = ClaimReply(request.request_id, error="this supervisor fetches no ResourceClaims")
+        self.control.tell(request.resource, reply)
 
     def snapshot_for(self, resource: str) -> HealthSnapshot | None:
         # A resource a reload just removed has no snapshot: its worker is being stopped.

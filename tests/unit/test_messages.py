@@ -40,6 +40,7 @@ from common.messages import (
     encode,
     split_routed,
 )
+from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 
 GOOD = DeviceHealth("GPU-a", True, "", 1.5)
 BAD = DeviceHealth("GPU-b::1", False, "XID 79: GPU has fallen off the bus [until-reset]", 2.0)
@@ -77,6 +78,18 @@ EXAMPLES: list[Message] = [
     ClaimRequest(resource="gpu.nvidia.com", request_id="7", namespace="default", name="pod-gpu-x2"),
     ClaimReply(request_id="7", claim_json='{"kind":"ResourceClaim"}'),
     ClaimReply(request_id="8", error='resourceclaims "c" not found', not_found=True),
+    MpsClaimRequest(
+        resource="gpu.nvidia.com",
+        request_id="9",
+        action="start",
+        claim_uid="0b0e7c6e-3f4a-4b7e-9a55-6c1f0d2e8a11",
+        gpu_uuids="GPU-0,GPU-1",
+        thread_percentage=50,
+        pinned_limits={"GPU-0": 1024.0},
+    ),
+    MpsClaimRequest(resource="gpu.nvidia.com", request_id="10", action="stop", claim_uid="u"),
+    MpsClaimReply(request_id="9", pipe_dir="/run/nvidia/mps/dra/u-1a2b3/pipe", shm_dir="/x/shm"),
+    MpsClaimReply(request_id="10", error="no MPS control binary"),
     Command(name="sim-xid", args={"gpu": 0, "xid": 79, "nested": {"a": [1, 2, None]}}),
     Reply(ok=False, error="no GPU with index 9", data={}),
     Reply(ok=True, data={"workers": [{"resource": "nvidia.com/gpu", "state": "RUNNING"}]}),

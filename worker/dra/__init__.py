@@ -9,7 +9,8 @@ data), `claims` (where claims come from, `ClaimSource`, and what is checked in o
 containers, and the sharing steps that add it), `config` (a claim's opaque configuration, NVIDIA's
 `GpuConfig` and `MigDeviceConfig`, resolved per device), `quantity` (Kubernetes quantities, for
 its memory limits), `sharing` (applying and undoing a claim's sharing: the GPUs' timeslice
-through nvidia-smi, the claim's MPS daemon) and `claimspec` (each prepared claim's own CDI spec). The
+through nvidia-smi, the claim's MPS daemon), `mps` (an MPS claim's daemon, asked of the
+supervisor, which runs it) and `claimspec` (each prepared claim's own CDI spec). The
 prepared claims on disk are `common.dracheckpoint`, which the supervisor reads too. May import:
 `common/` and the rest of `worker/`.
 """

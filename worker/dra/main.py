@@ -22,6 +22,8 @@ plans the device plugin's devices on that confirmation); the figures repeat them
 
 Claims come from the supervisor (a `ClaimRequest` over the DEALER, answered by a `ClaimReply`:
 the supervisor holds the node's API client), or from `--dra-claims-dir` when the plan names one.
+An MPS claim's control daemon is the supervisor's too (`mps`, worker.dra.mps.SupervisorMps: an
+`MpsClaimRequest` answered by an `MpsClaimReply`); without `--control` there is none (`mps` None).
 
 A plan update with new devices (a MIG change, a reload) waits for their health snapshot and then
 swaps the device list in place; prepared claims keep what they were answered. A draining plan (a
@@ -59,8 +61,10 @@ from common.messages import (
     PlanUpdate,
 )
 from common.model import ResourcePlan
+from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
 from worker.dra.claimspec import ClaimSpecs
+from worker.dra.mps import SupervisorMps
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
 from worker.dra.sharing import TimeSlicer
@@ -103,6 +107,8 @@ class DraWorker:
         elif args.control:  # the supervisor fetches them from the API server
             self.claims = SupervisorClaimSource(plan.resource, self._ask_claim)
             source = self.claims
+        # An MPS claim's daemon: the supervisor runs it (worker/dra/mps.py says why).
+        self.mps = SupervisorMps(plan.resource, self._ask_mps) if args.control else None
         self.preparer = Preparer(
             plan,
             source,
@@ -110,6 +116,7 @@ class DraWorker:
             health=self.board.health_of,
             count=self.stats.count,
             on_change=self._beat_soon,  # the supervisor reads the claims again (their status)
+            mps=self.mps,
             timeslicer=TimeSlicer.on_node(plan.allocate.driver_root),
             specs=ClaimSpecs(plan, dra.cdi_spec_dir) if dra.cdi_spec_dir else None,
         )
@@ -158,6 +165,9 @@ class DraWorker:
 
     def _ask_claim(self, request: ClaimRequest) -> None:
         """A gRPC thread's claim request: sent by the main thread, the DEALER's owner."""
+        self.mailbox.post(lambda: self.link.send(request))
+
+    def _ask_mps(self, request: MpsClaimRequest) -> None:
         self.mailbox.post(lambda: self.link.send(request))
 
     def _beat_soon(self) -> None:
@@ -231,6 +241,8 @@ class DraWorker:
     def other_message(self, message: Message) -> None:
         if isinstance(message, ClaimReply) and self.claims is not None:
             self.claims.answer(message)
+        elif isinstance(message, MpsClaimReply) and self.mps is not None:
+            self.mps.answer(message)
 
     def closing(self, started: bool) -> None:
         if started:
