@@ -403,7 +403,8 @@ class KubeletStandin:
 
     def _checkpoint(self) -> None:
         """writeCheckpoint: registered devices from the healthy ones (a resource whose plugin went
-        is listed with none), and the pods' devices."""
+        is listed with none), and the pods' devices; one write at a time, as CreateCheckpoint holds
+        the checkpoint manager's mutex (pkg/kubelet/checkpointmanager/checkpoint_manager.go)."""
         if not self.write_checkpoint:
             return
         with self._cond:
@@ -416,7 +417,7 @@ class KubeletStandin:
                  "DeviceIDs": {"-1": list(ids)}, "AllocResp": ""}
                 for pod, (resource, ids) in sorted(self._pods.items())
             ]  # fmt: skip
-        write_checkpoint(os.path.join(self.plugin_dir, CHECKPOINT_NAME), registered, entries)
+            write_checkpoint(os.path.join(self.plugin_dir, CHECKPOINT_NAME), registered, entries)
 
     def node_status(
         self, sink: Callable[[Callable[[dict[str, Any]], None]], object], interval: float = 10.0

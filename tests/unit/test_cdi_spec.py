@@ -29,7 +29,7 @@ KIND = "k8s.device-plugin.nvidia.com/gpu"
 
 
 # A driver root with no driver: these tests pin the device nodes, wherever they run (a machine
-# with a driver at / would add its files); test_cdi_driver_files.py covers the driver's files.
+# with a driver at / would add its files); test_claim_cdi.py covers the driver's files.
 NO_DRIVER = "/nonexistent/gpuvisor-test-driver-root"
 
 
