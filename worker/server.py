@@ -6,7 +6,7 @@ A restart for re-registration is a new `PluginServer` on a fresh socket name, an
 ends its streams first, so the kubelet never sees an old stream outlive its successor's
 registration (kubernetes#121994).
 
-Streams are bounded so that they can never starve the unary calls: gRPC's sync server gives each
+Streams are bounded so that they can never starve the unary calls: worker.rpcserver gives each
 RPC a thread of a pool of `RPC_THREADS` for its whole life, and a ListAndWatch stream lives as long
 as its client. A server admits `MAX_STREAMS_PER_SERVER` concurrent streams: the kubelet's, which
 is the first to open after the registrar offers the server in a Register (each registration gets a
@@ -35,6 +35,7 @@ import grpc
 
 from common.kubeletapi.rpc import unix_target
 from worker.healthboard import HealthBoard
+from worker.rpcserver import RpcServer
 
 # Upper bound for in-flight unary RPCs (an Allocate) to finish when a server stops. Streams are
 # ended by our own flag before gRPC's stop, so a stop normally returns in about a millisecond.
@@ -81,7 +82,7 @@ class PluginServer:
         self.path = os.path.join(plugin_dir, self.name)
         self.stopping = False
         self.cancelled = False  # the kubelet ended one of our streams: this server is done for
-        self._server: grpc.Server | None = None
+        self._server: RpcServer | None = None
         self._inode: tuple[int, int] | None = None
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when an admitted stream's RPC is over
@@ -154,11 +155,9 @@ class PluginServer:
         executor = self._executor or futures.ThreadPoolExecutor(
             max_workers=RPC_THREADS, thread_name_prefix="rpc"
         )
-        server = grpc.server(executor, options=[("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=MAX_RPCS)
-        server.add_generic_rpc_handlers((self.service.handler_for(self),))
-        server.add_insecure_port(unix_target(self.path))
+        server = RpcServer((self.service.handler_for(self),), executor, MAX_RPCS)
         self.service.server = self
-        server.start()
+        server.start(unix_target(self.path))
         self._server = server
         try:
             st = os.stat(self.path)
@@ -208,7 +207,7 @@ class PluginServer:
                 )
                 self._closer.start()
             else:
-                server.stop(grace).wait(grace + 1.0)
+                server.stop(grace)
         if self.socket_present():
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
@@ -222,6 +221,6 @@ class PluginServer:
         return not closer.is_alive()
 
 
-def _close_after_linger(server: grpc.Server, grace: float) -> None:
+def _close_after_linger(server: RpcServer, grace: float) -> None:
     time.sleep(LINGER_S)  # the clients' time to read the end of their streams (PluginServer.stop)
-    server.stop(grace).wait(grace + 1.0)
+    server.stop(grace)

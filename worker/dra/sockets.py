@@ -31,6 +31,7 @@ import grpc
 
 from common.procutil import unix_socket_listening
 from worker.registrar import Registrar, RegState, kubelet_identity
+from worker.rpcserver import RpcServer
 
 RPC_THREADS = 8  # health streams take at most 3; prepares and registration keep the rest
 MAX_RPCS = 64
@@ -69,22 +70,18 @@ class Endpoint:
         self.path = path
         self._handlers = handlers
         self._executor = executor
-        self._server: grpc.Server | None = None
+        self._server: RpcServer | None = None
         self._identity: tuple[int, int, int] | None = None
 
     def start(self) -> None:
         """Serve on the path (a stale socket there removed first). Raises OSError."""
         os.makedirs(os.path.dirname(self.path), mode=0o750, exist_ok=True)
         clear_stale(self.path)
-        server = grpc.server(
-            self._executor, options=[("grpc.so_reuseport", 0)], maximum_concurrent_rpcs=MAX_RPCS
-        )
-        server.add_generic_rpc_handlers(tuple(self._handlers))
+        server = RpcServer(self._handlers, self._executor, MAX_RPCS)
         try:
-            server.add_insecure_port(f"unix://{self.path}")
+            server.start(f"unix://{self.path}")
         except RuntimeError as exc:
             raise OSError(f"cannot serve on {self.path}: {exc}") from None
-        server.start()
         self._server = server
         self._identity = kubelet_identity(self.path)  # which file: the same test as for kubelet.sock
 
@@ -99,7 +96,7 @@ class Endpoint:
     def stop(self) -> None:
         """Stop serving and remove our socket (only if it is still ours)."""
         if self._server is not None:
-            self._server.stop(STOP_GRACE_S).wait(STOP_GRACE_S + 1.0)
+            self._server.stop(STOP_GRACE_S)
             self._server = None
         if self.present():
             with contextlib.suppress(FileNotFoundError):
