@@ -97,7 +97,7 @@ def test_a_stream_sends_in_order_and_a_client_cancel_runs_the_callback_and_close
     `is_active` turns False and its generator is closed (its `finally` runs), so the servicer's
     stream slots are given back."""
     servicer, channel = served
-    call = channel.unary_stream(f"/{SERVICE}/Stream", _ident, _ident)(b"3", timeout=30)
+    call: Any = channel.unary_stream(f"/{SERVICE}/Stream", _ident, _ident)(b"3", timeout=30)
     assert [next(call) for _ in range(3)] == [b"0", b"1", b"2"]
     assert servicer.contexts[0].is_active()
     call.cancel()
@@ -113,7 +113,7 @@ def test_a_stream_aborted_before_its_first_response_ends_with_the_code(
     """A stream that aborts before yielding (a refused extra stream) ends with its code and
     details, and the callback it added first still runs."""
     servicer, channel = served
-    call = channel.unary_stream(f"/{SERVICE}/Stream", _ident, _ident)(b"abort", timeout=30)
+    call: Any = channel.unary_stream(f"/{SERVICE}/Stream", _ident, _ident)(b"abort", timeout=30)
     with pytest.raises(grpc.RpcError) as err:
         next(call)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
