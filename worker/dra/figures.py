@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from common.dracheckpoint import PreparedClaim
 from common.model import AllocatableDevice
@@ -73,8 +73,9 @@ def prepared_devices(
 class DraFigures:
     """Counts, times and in-flight claims of prepare and unprepare; thread-safe (the gRPC pool)."""
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, clock: Callable[[], float] = time.perf_counter) -> None:
         self.node = node
+        self._clock = clock
         self._lock = threading.Lock()
         self._inflight = dict.fromkeys(OPERATIONS, 0)
         # Every series exists from the start, as NVIDIA's InitializeDRARequestMetrics makes them.
@@ -88,12 +89,12 @@ class DraFigures:
         """A call with `claims` claims starts: they are in flight; its start time (perf_counter)."""
         with self._lock:
             self._inflight[operation] += claims
-        return time.perf_counter()
+        return self._clock()
 
     def end(self, operation: str, started: float, claims: int, answers: int, errors: Iterable[str]) -> None:
         """The call that `begin` started with `claims` claims is answered: `answers` claims (one
         per UID), `errors` one error type per failed one; each is timed with the call's time."""
-        seconds = max(0.0, time.perf_counter() - started)
+        seconds = max(0.0, self._clock() - started)
         failed = list(errors)
         with self._lock:
             self._inflight[operation] -= claims
