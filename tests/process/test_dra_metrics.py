@@ -1,6 +1,8 @@
 """End to end: the DRA request metrics of a real supervisor and DRA worker on a simulated node, the
 kubelet's calls made by the DRA kubelet stand-in (supervisor/sim/drakubelet.py: v1 DRAPlugin over
-the service socket, as the kubelet's DRA manager calls it), /metrics read from the supervisor.
+the service socket, one call per pod and driver, as the kubelet's DRA manager batches the claims in
+kubernetes pkg/kubelet/cm/dra/manager.go `prepareResources` / `unprepareResources`), /metrics read
+from the supervisor.
 
 The families are NVIDIA's kubelet plugin's under gpuvisor's prefix (kubernetes-sigs/dra-driver-nvidia-gpu
 v0.4.1, pkg/metrics/dra_requests.go: requests_total, request_duration_seconds, requests_inflight,

@@ -11,8 +11,9 @@ NVIDIA counts and times only what succeeded; the supervisor writes them out as `
 (supervisor/observe/drafamilies.py; docs/dra.md, Metrics, has both sets of names).
 
 A claim's time is that of the call that carried it: the kubelet sends a pod's claims of one driver
-in one call, and gpuvisor fetches them, then records them, together (NVIDIA's loop takes them one
-by one under a lock). Error types: `prepare_devices` / `unprepare_devices` (the claim's own error:
+in one call (kubernetes pkg/kubelet/cm/dra/manager.go, `prepareResources`: one batch per driver),
+and gpuvisor fetches them, then records them, together (NVIDIA's `PrepareResourceClaims` takes
+them one by one, each under its prepare/unprepare lock). Error types: `prepare_devices` / `unprepare_devices` (the claim's own error:
 its fetch, checks, sharing, CDI spec or checkpoint), `invalid_request` (the request broke the wire
 contract: a claim without its UID) and `internal` (a bug, logged with its traceback).
 
