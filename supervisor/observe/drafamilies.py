@@ -26,7 +26,7 @@ from supervisor.observe.exposition import Family
 
 PREFIX = "gpuvisor_dra_"
 # A worker's figures: (cumulative totals, current gauges), each keyed as the heartbeat keys them.
-Figures = tuple[Mapping[str, float], Mapping[str, float]]
+WorkerFigures = tuple[Mapping[str, float], Mapping[str, float]]
 
 
 def is_dra_gauge(name: str) -> bool:
@@ -42,7 +42,7 @@ def _fields(key: str, kind: str, count: int) -> list[str] | None:
     return parts if len(parts) == count and all(parts) else None
 
 
-def dra_families(by_resource: Mapping[str, Figures]) -> Iterator[Family]:
+def dra_families(by_resource: Mapping[str, WorkerFigures]) -> Iterator[Family]:
     """The families, for every resource whose figures carry them; none when no resource has any."""
     requests = Family(
         PREFIX + "requests",

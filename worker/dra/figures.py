@@ -13,9 +13,10 @@ NVIDIA counts and times only what succeeded; the supervisor writes them out as `
 A claim's time is that of the call that carried it: the kubelet sends a pod's claims of one driver
 in one call (kubernetes pkg/kubelet/cm/dra/manager.go, `prepareResources`: one batch per driver),
 and gpuvisor fetches them, then records them, together (NVIDIA's `PrepareResourceClaims` takes
-them one by one, each under its prepare/unprepare lock). Error types: `prepare_devices` / `unprepare_devices` (the claim's own error:
-its fetch, checks, sharing, CDI spec or checkpoint), `invalid_request` (the request broke the wire
-contract: a claim without its UID) and `internal` (a bug, logged with its traceback).
+them one by one, each under its prepare/unprepare lock). Error types: `prepare_devices` /
+`unprepare_devices` (the claim's own error: its fetch, checks, sharing, CDI spec or checkpoint),
+`invalid_request` (the request broke the wire contract: a claim without its UID) and `internal`
+(a bug, logged with its traceback).
 
 The figures travel in the worker's heartbeat as flat keys (worker/stats.py), cumulative ones
 folded over worker lives by the supervisor: `dra_count:<operation>:<result>`,
