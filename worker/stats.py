@@ -2,13 +2,15 @@
 
 The node has one metrics endpoint, in the supervisor; a worker keeps cumulative numbers and
 ships them as a flat `name -> number` map, which the supervisor turns into Prometheus series.
-Keys: `rpc_count:<method>`, `rpc_sum:<method>`, `rpc_bucket:<method>:<le>`, `count:<name>`.
+Keys: `rpc_count:<method>`, `rpc_sum:<method>`, `rpc_bucket:<method>:<le>`, `count:<name>`, and
+those of the parts `include`d (the DRA worker's request figures: worker/dra/figures.py).
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Callable, Mapping
 
 BUCKETS: tuple[float, ...] = (
     0.0001,
@@ -32,6 +34,11 @@ class Stats:
         self._counts: dict[str, float] = {}
         self._hist: dict[str, list[int]] = {}
         self._sums: dict[str, float] = {}
+        self._parts: list[Callable[[], Mapping[str, float]]] = []
+
+    def include(self, part: Callable[[], Mapping[str, float]]) -> None:
+        """A part's own figures, keyed as it keys them, added to every snapshot."""
+        self._parts.append(part)
 
     def observe(self, method: str, seconds: float) -> None:
         with self._lock:
@@ -54,5 +61,7 @@ class Stats:
                         out[f"rpc_bucket:{method}:{le}"] = float(total)
                 out[f"rpc_count:{method}"] = float(total)
                 out[f"rpc_sum:{method}"] = self._sums[method]
+        for part in self._parts:
+            out.update(part())
         out.update({f"gauge:{k}": float(v) for k, v in gauges.items()})
         return out

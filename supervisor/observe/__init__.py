@@ -1,7 +1,8 @@
 """What an operator sees: metrics, the HTTP probes, readiness and status, the allocations view.
 
 Owns: `metrics` (every Prometheus series), `series` (the counters and gauges under them, plain
-numbers until a scrape), `exposition` (the text format a scrape reads, and the process's own
+numbers until a scrape), `drafamilies` (the DRA worker's request figures as `gpuvisor_dra_*`,
+beside NVIDIA's names), `exposition` (the text format a scrape reads, and the process's own
 figures), `http` (/metrics, /healthz, /readyz on a thread of
 its own), `status` (the one definition of readiness, and the status document assembled from the
 parts' own views) and `allocations` (who holds which device, from the kubelet, asked through `podresources`: the

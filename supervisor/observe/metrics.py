@@ -9,7 +9,8 @@ process-wide one), so tests and several supervisors in one process never share s
 Workers have no endpoint of their own: each heartbeat carries the worker's cumulative figures
 (worker/stats.py: `rpc_count:<m>`, `rpc_sum:<m>`, `rpc_bucket:<m>:<le>`, `count:<name>`,
 `gauge:<name>`), and a custom collector turns the latest ones into series at scrape time
-(`gpuvisor_rpc_duration_seconds`, `gpuvisor_worker_events_total`, `gpuvisor_worker_<name>`).
+(`gpuvisor_rpc_duration_seconds`, `gpuvisor_worker_events_total`, `gpuvisor_worker_<name>`, and
+the DRA worker's `dra_*` figures as `gpuvisor_dra_*`: observe/drafamilies.py).
 A restarted worker starts counting from zero again; to keep the exported counters monotonic
 (a counter that drops reads as a reset to Prometheus, and a `rate()` over it would lose the
 dead worker's last figures), the figures of each earlier worker life are folded into a
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from supervisor.config.version import VERSION
+from supervisor.observe.drafamilies import dra_families, is_dra_gauge
 from supervisor.observe.exposition import Family, process_families
 from supervisor.observe.series import Counter, Gauge, Registry
 
@@ -152,6 +154,8 @@ class _WorkerCollector:
                 if key.startswith("count:"):
                     events.add([resource, key[len("count:") :]], value)
             for name, value in sorted(current.items()):
+                if is_dra_gauge(name):
+                    continue  # a gpuvisor_dra_* series
                 metric_name = "gpuvisor_worker_" + _NAME_SAFE.sub("_", name)
                 family = gauges.get(metric_name)
                 if family is None:
@@ -163,6 +167,7 @@ class _WorkerCollector:
         yield hist
         yield events
         yield from gauges.values()
+        yield from dra_families(snapshot)
 
 
 class _ProcessFigures:

@@ -5,6 +5,12 @@ A real supervisor and DRA worker, the DRA kubelet stand-in (v1 client) and claim
   it (the worker reads and checks the claim, writes and fsyncs its checkpoint, then answers);
   then unprepare of it (checkpoint rewritten); and a repeated prepare of a prepared claim (an
   answer from the checkpoint: what a restarted kubelet gets for running pods);
+- prepare latency of an MPS claim (NVIDIA's demo gpu-test-mps: 50 % of the threads, 10Gi pinned):
+  the worker asks the supervisor for the claim's MPS control daemon, which starts it with its
+  limits and answers once it is up; here the daemon is tests/mpsfake.py's fake
+  `nvidia-cuda-mps-control` (a Python process forking its daemon), so the figure is gpuvisor's
+  path around a daemon start, not a real daemon's own start time; then its unprepare (the daemon
+  stopped);
 - XID -> UNHEALTHY in the kubelet's health stream: `sim xid 48` on a GPU until the stand-in holds
   the device UNHEALTHY (its receive time), then `sim reset` until HEALTHY again;
 - ResourceSlice content after a health change: `build_slices` for the node with the book's
@@ -38,6 +44,7 @@ the health changes are spaced (`EVENT_SPACING_S`) as one XID on a real node is.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from collections.abc import Callable
@@ -48,13 +55,16 @@ from supervisor.dra.slices import build_slices
 from supervisor.health.book import ConditionView, Recovery
 from supervisor.node.nvml import Nvml
 from supervisor.sim.nvml import load_simulator
+from tests import draconfigs, mpsfake
 from tests.benchmarks.common import Row, Timer, import_cost, p50, p99
 from tests.dranode import DRIVER, POOL, DraNode
+from tests.helpers import short_tmpdir
 
 if TYPE_CHECKING:
     from tests.kubeapi import RunningApiServer
 
 CLAIMS, CLAIMS_QUICK = 500, 60
+MPS_CLAIMS, MPS_CLAIMS_QUICK = 200, 30  # each starts and stops a daemon process
 SPACING_S = 0.3  # between two claims
 NVIDIA_NEW_CLAIM_MS = 8.9  # NVIDIA's kubelet plugin v0.4.1, a new claim's prepare p50 (issue 40)
 NVIDIA_AGAIN_MS = 4.8  # ... a prepared claim prepared again
@@ -67,10 +77,18 @@ WAIT_S = 10.0
 def run(quick: bool) -> list[Row]:
     claims = CLAIMS_QUICK if quick else CLAIMS
     events = EVENTS_QUICK if quick else EVENTS
-    with DraNode("pcie-l4", args=("--mode", "dra", "--log-level", "warning")) as node:
-        node.wait_registered()
-        prepare, unprepare, again = _claims(node, claims)
-        unhealthy, healthy = _health(node, events)
+    mps_claims = MPS_CLAIMS_QUICK if quick else MPS_CLAIMS
+    with short_tmpdir("gvbm") as mps_base:
+        fake = mpsfake.install(Path(mps_base))
+        mps_args = ("--mps-root", f"{mps_base}/mps", "--mps-control-binary", str(fake))
+        try:
+            with DraNode("pcie-l4", args=("--mode", "dra", "--log-level", "warning", *mps_args)) as node:
+                node.wait_registered()
+                prepare, unprepare, again = _claims(node, claims)
+                mps_prepare, mps_unprepare = _mps_claims(node, mps_claims)
+                unhealthy, healthy = _health(node, events)
+        finally:
+            mpsfake.kill_daemons(Path(mps_base))  # only the daemons this benchmark's fake started
     slices = _slices(200 if quick else 2000)
     api_rows = _with_api_server(20 if quick else 60, 5 if quick else 20)
     note = f"{claims} claims, one GPU each, v1"
@@ -81,6 +99,17 @@ def run(quick: bool) -> list[Row]:
         Row("unprepare p50", p50(unprepare.ms()), "ms", "", "checkpoint rewritten and fsync'd"),
         Row("unprepare p99", p99(unprepare.ms()), "ms"),
         Row("re-prepare p50", p50(again.ms()), "ms", "", "a prepared claim again: from the checkpoint"),
+        Row(
+            "prepare p50 with an MPS claim",
+            p50(mps_prepare.ms()),
+            "ms",
+            "",
+            f"{mps_claims} claims (gpu-test-mps): the supervisor starts the claim's daemon (the fake's)",
+        ),
+        Row("prepare p99 with an MPS claim", p99(mps_prepare.ms()), "ms"),
+        Row(
+            "unprepare p50 with an MPS claim", p50(mps_unprepare.ms()), "ms", "", "the claim's daemon stopped"
+        ),
         Row("xid->UNHEALTHY p50", p50(unhealthy), "ms", "", f"{events} events, at the health stream"),
         Row("xid->UNHEALTHY p99", p99(unhealthy), "ms"),
         Row("reset->HEALTHY p50", p50(healthy), "ms"),
@@ -122,6 +151,28 @@ def _claims(
         else:
             node.claims.delete("bench", f"c{i}")
     return prepare, unprepare, again
+
+
+def _mps_claims(node: DraNode, count: int) -> tuple[Timer, Timer]:
+    """Prepare and unprepare of NVIDIA's MPS demo claim, one GPU each in turn, 10 warm-up rounds."""
+    prepare, unprepare = Timer(), Timer()
+    for i in range(count + 10):
+        claim = dataclasses.replace(draconfigs.gpu_test_mps(f"gpu-{i % 4}"), namespace="bench", name=f"m{i}")
+        node.claims.put(claim.to_json(POOL))
+        ref = (claim.namespace, claim.name, claim.uid)
+        with prepare:
+            result = node.dra.prepare(DRIVER, [ref], timeout=WAIT_S * 3)
+        if result.claims[claim.uid].error:
+            raise RuntimeError(f"MPS claim prepare failed: {result.claims[claim.uid].error}")
+        with unprepare:
+            result = node.dra.unprepare(DRIVER, [ref], timeout=WAIT_S * 3)
+        if result.claims[claim.uid].error:
+            raise RuntimeError(f"MPS claim unprepare failed: {result.claims[claim.uid].error}")
+        if i < 10:
+            prepare.samples.pop()
+            unprepare.samples.pop()
+        node.claims.delete("bench", f"m{i}")
+    return prepare, unprepare
 
 
 def _gpu_uuids(node: DraNode) -> list[str]:

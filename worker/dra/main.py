@@ -19,6 +19,8 @@ counts the checkpoint's claims (`prepared_claims`) and its writes that added or 
 (`claims_changes`; a beat goes at once: the supervisor reads the claims again for their
 ResourceClaim status), and says `draining` once a draining plan is in force (the supervisor
 plans the device plugin's devices on that confirmation); the figures repeat them for the metrics.
+The figures also carry each claim's prepare and unprepare, counted, timed and in flight, and the
+prepared devices by type, as NVIDIA's plugin counts them (worker.dra.figures: `gpuvisor_dra_*`).
 
 Claims come from the supervisor (a `ClaimRequest` over the DEALER, answered by a `ClaimReply`:
 the supervisor holds the node's API client), or from `--dra-claims-dir` when the plan names one.
@@ -64,6 +66,7 @@ from common.model import ResourcePlan
 from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
 from worker.dra.claimspec import ClaimSpecs
+from worker.dra.figures import DraFigures
 from worker.dra.mps import SupervisorMps
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
@@ -120,7 +123,10 @@ class DraWorker:
             timeslicer=TimeSlicer.on_node(plan.allocate.driver_root),
             specs=ClaimSpecs(plan, dra.cdi_spec_dir) if dra.cdi_spec_dir else None,
         )
-        self.service = DraPluginService(self.preparer, observe=self.stats.observe)
+        # NVIDIA's per-claim request figures (gpuvisor_dra_*), in every heartbeat's figures.
+        self.figures = DraFigures(dra.pool)
+        self.stats.include(self.figures.snapshot)
+        self.service = DraPluginService(self.preparer, observe=self.stats.observe, figures=self.figures)
         self.health = HealthService(self.board)
         self.health.on_streams_changed = self._beat_soon
         service_path = os.path.join(dra.plugin_dir, SERVICE_SOCKET_NAME)
@@ -278,6 +284,7 @@ class DraWorker:
             prepared_claims=self.preparer.prepared(),
             claims_changes=self.preparer.changes,
         )
+        self.figures.set_prepared(self.preparer.prepared_devices())
         return Beat(
             state=self.registrar.state.value,
             registered=registered,

@@ -63,6 +63,7 @@ from worker.dra.claims import (
 from worker.dra.claimspec import ClaimSpecError, ClaimSpecs, claim_device_id
 from worker.dra.config import Result, resolve
 from worker.dra.edits import ClaimMps, ContainerEdits, SharingError
+from worker.dra.figures import prepared_devices
 from worker.dra.sharing import SharingSteps, TimeSlicer, edits_from_json
 from worker.healthboard import Health
 
@@ -153,6 +154,11 @@ class Preparer:
     def prepared(self) -> int:
         with self._lock:
             return len(self._checkpoint)
+
+    def prepared_devices(self) -> dict[str, int]:
+        """The prepared claims' devices by type (worker.dra.figures)."""
+        with self._lock:
+            return prepared_devices(self._checkpoint.claims(), {d.id: d for d in self._plan.devices})
 
     # ------------------------------------------------------------------ prepare
     def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:

@@ -35,6 +35,7 @@ from common.draapi import (
     v1beta1,
 )
 from worker.dra.claims import ClaimRef
+from worker.dra.figures import INTERNAL, INVALID_REQUEST, PREPARE_ERROR, UNPREPARE_ERROR, DraFigures
 from worker.dra.health import RESEND_S, response
 from worker.dra.prepare import Preparer, PrepareResult
 from worker.healthboard import HealthBoard
@@ -61,35 +62,52 @@ def _refs(claims: Sequence[Any]) -> tuple[list[ClaimRef], dict[str, str]]:
 
 
 class DraPluginService:
-    """`DRAPlugin` in both versions, over one Preparer; `observe` times each call."""
+    """`DRAPlugin` in both versions, over one Preparer; `observe` times each call, `figures` each
+    claim (worker.dra.figures: NVIDIA's per-claim request figures)."""
 
-    def __init__(self, preparer: Preparer, observe: Callable[[str, float], None] = lambda m, s: None) -> None:
+    def __init__(
+        self,
+        preparer: Preparer,
+        observe: Callable[[str, float], None] = lambda m, s: None,
+        figures: DraFigures | None = None,
+    ) -> None:
         self.preparer = preparer
         self._observe = observe
+        self.figures = figures if figures is not None else DraFigures("")
         self.v1 = _Version(self, v1, share_ids=True)
         self.v1beta1 = _Version(self, v1beta1, share_ids=False)
 
     def prepare(self, claims: Sequence[Any]) -> dict[str, PrepareResult]:
         start = time.perf_counter()
+        began = self.figures.begin("prepare", len(claims))
         refs, bad = _refs(claims)
+        failure = PREPARE_ERROR
         try:
             results = self.preparer.prepare(refs)
         except Exception as exc:  # a bug: every claim says so, the RPC and the worker live on
             log.exception("NodePrepareResources failed")
+            failure = INTERNAL
             results = {ref.uid: PrepareResult(error=f"claim {ref}: internal error: {exc!r}") for ref in refs}
         results.update({uid: PrepareResult(error=text) for uid, text in bad.items()})
+        errors = [INVALID_REQUEST if uid in bad else failure for uid, r in results.items() if r.error]
+        self.figures.end("prepare", began, len(claims), len(results), errors)
         self._observe("NodePrepareResources", time.perf_counter() - start)
         return results
 
     def unprepare(self, claims: Sequence[Any]) -> dict[str, str]:
         start = time.perf_counter()
+        began = self.figures.begin("unprepare", len(claims))
         refs, bad = _refs(claims)
+        failure = UNPREPARE_ERROR
         try:
             errors = self.preparer.unprepare(refs)
         except Exception as exc:  # as for prepare: the kubelet retries the claims
             log.exception("NodeUnprepareResources failed")
+            failure = INTERNAL
             errors = {ref.uid: f"claim {ref}: internal error: {exc!r}" for ref in refs}
         errors.update(bad)
+        kinds = [INVALID_REQUEST if uid in bad else failure for uid, text in errors.items() if text]
+        self.figures.end("unprepare", began, len(claims), len(errors), kinds)
         self._observe("NodeUnprepareResources", time.perf_counter() - start)
         return errors
 
