@@ -48,7 +48,7 @@ from supervisor.desired.reconcile import Reconciler
 from supervisor.desired.replan import Replanner
 from supervisor.dra.side import DraSide
 from supervisor.health.book import ChangeBatch
-from supervisor.health.hub import HealthHub
+from supervisor.health.hub import BEACON_S, HealthHub
 from supervisor.health.policy import HealthPolicy, PolicyError
 from supervisor.host.rundir import RunDir, RunDirError, WorkerSockets
 from supervisor.host.sdnotify import Notifier
@@ -68,11 +68,14 @@ __all__ = ["StartupError", "Supervisor"]
 
 log = logging.getLogger("gpuvisor.supervisor")
 
-BEACON_S = 2.0
-# The longest the loop sleeps (timers and events wake it sooner): the beacon's period, so an idle
-# node's loop wakes for the beacon alone. What is polled per turn (transient recoveries, held
-# event lines, the systemd watchdog ping, liveness) takes seconds to be due.
+# The longest the loop sleeps (timers and events wake it sooner): the beacon's first period. What
+# is polled per turn (transient recoveries, held event lines, the systemd watchdog ping, liveness)
+# takes seconds to be due.
 TICK_S = BEACON_S
+# While no health condition is held and no event line waits to be summarised, nothing polled per
+# turn can come due by time alone: the loop sleeps up to this long (its own events, the workers'
+# heartbeats and every timer still wake it at once; the systemd watchdog's ping is waited for).
+IDLE_TICK_S = 10.0
 SHUTDOWN_GRACE_S = 4.0  # SIGTERM to workers, then SIGKILL: the whole stop stays under 5 s
 
 
@@ -135,6 +138,7 @@ class Supervisor:
             post=self.mailbox.post,
             listeners=(self.on_health_decision,),
         )
+        self.hub.on_change = self.beacon_soon
 
     def _build_workers(self, config: Config) -> Follow:
         """The control socket, the worker processes and the parts that follow each plan: MPS
@@ -369,7 +373,10 @@ class Supervisor:
     def wait(self) -> list[object]:
         """Sleep until an event or the next timer: a posted call, a control message, or the
         zygote's report of a worker that ended. The sockets and fds that are ready."""
-        return self.poller.poll(self.timers.wait_seconds(TICK_S))
+        tick = TICK_S
+        if self.hub.quiet():
+            tick = min(IDLE_TICK_S, self.notifier.seconds_to_ping(self.clock.monotonic()))
+        return self.poller.poll(self.timers.wait_seconds(max(tick, 0.0)))
 
     # ------------------------------------------------------------------ the verbs
     def handle_signals(self) -> None:
@@ -390,8 +397,14 @@ class Supervisor:
             self.timers.cancel("workers")
 
     def beacon(self) -> None:
-        self.timers.call_later("beacon", BEACON_S, self.beacon)
-        self.hub.beacon()
+        self.timers.call_later("beacon", self.hub.beacon(), self.beacon)
+
+    def beacon_soon(self) -> None:
+        """A delta went out: a beacon within BEACON_S, whatever the idle gap had grown to."""
+        within = self.hub.next_beacon_within()
+        due = self.timers.when("beacon")
+        if due is not None and due > self.clock.monotonic() + within:
+            self.timers.call_later("beacon", within, self.beacon)
 
     def check_ready(self) -> None:
         self.readiness.publish(self._readiness())

@@ -333,6 +333,10 @@ class HealthBook:
             cause += "; recovered: " + ", ".join(recovered)
         return self._finish(self._recompute({gpu_uuid}, now), now, cause, gpu_uuid)
 
+    def clear(self) -> bool:
+        """No condition is held on any GPU."""
+        return not self._conditions
+
     def tick(self, now: float) -> ChangeBatch:
         """Recover transient faults that have been quiet long enough and saw a passing probe."""
         self._begin(now)

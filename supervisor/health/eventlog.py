@@ -119,6 +119,10 @@ class EventLog:
         """For `gpuvisor status`: lines written, events held (counted, summarised later)."""
         return {"lines": self.lines, "held": self.held}
 
+    def empty(self) -> bool:
+        """No window is open and no overflow is counted: `flush` has nothing to do."""
+        return not self._windows and not self._overflow
+
     def flush(self, now: float, *, everything: bool = False) -> None:
         """Summarise and forget the windows that have passed (call it every loop turn);
         `everything`: every window, passed or not (at shutdown, so no count is lost)."""

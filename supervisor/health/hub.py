@@ -31,6 +31,12 @@ from supervisor.health.policy import HealthAction, HealthPolicy
 from supervisor.observe.metrics import Metrics
 from supervisor.scheduler import Clock
 
+# A beacon reveals a lost last delta, so one follows each change soon; while nothing changes there
+# is nothing new to reveal, and the gap doubles up to BEACON_IDLE_S (an idle node's workers are
+# not woken every 2 s for the same number).
+BEACON_S = 2.0
+BEACON_IDLE_S = 30.0
+
 log = logging.getLogger("gpuvisor.supervisor")
 
 
@@ -74,6 +80,9 @@ class HealthHub:
         # Told of every batch that changed a device's health, with its log line's words (the
         # cluster side writes them on the Node); called on the main loop, after the workers.
         self.listeners = list(listeners)
+        self.on_change: Callable[[], None] = lambda: None  # a delta went out: bring the beacon forward
+        self._beacon_gap = BEACON_S
+        self._beaconed_seq: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def open(self) -> None:
@@ -188,15 +197,36 @@ class HealthHub:
             )
         if self.pub is not None:
             self.pub.send_multipart(encode(batch.to_delta(self.epoch), seq=batch.seq))
+        self.on_change()
         self.update_gauges(batch.resources)
         if decision:
             for listener in self.listeners:
                 listener(batch, line)
 
-    def beacon(self) -> None:
-        if self.book is not None and self.pub is not None:
-            seq = self.book.seq
+    def beacon(self) -> float:
+        """Publish the current sequence; the seconds until the next beacon: BEACON_S after a
+        change, doubling while the sequence stays the same, BEACON_IDLE_S at most."""
+        if self.book is None:
+            return self._beacon_gap
+        seq = self.book.seq
+        if self.pub is not None:
             self.pub.send_multipart(encode(HealthBeacon(seq=seq, epoch=self.epoch), seq=seq))
+        if seq == self._beaconed_seq:
+            self._beacon_gap = min(self._beacon_gap * 2, BEACON_IDLE_S)
+        else:
+            self._beacon_gap = BEACON_S
+        self._beaconed_seq = seq
+        return self._beacon_gap
+
+    def quiet(self) -> bool:
+        """Nothing here comes due by time alone: no condition held (none waits to recover) and
+        no event line waits to be summarised."""
+        return (self.book is None or self.book.clear()) and self.events.empty()
+
+    def next_beacon_within(self) -> float:
+        """After a change: the longest the next beacon may wait (and the gap starts again)."""
+        self._beacon_gap = BEACON_S
+        return BEACON_S
 
     def snapshot(self, resource: str) -> HealthSnapshot | None:
         """The health of a planned resource's devices, or None without a book or plan."""

@@ -105,6 +105,12 @@ class Notifier:
         self._next_ping = now + self._interval / 2
         return self.notify("WATCHDOG=1")
 
+    def seconds_to_ping(self, now: float) -> float:
+        """How long until the next WATCHDOG=1 is due (infinity with no watchdog)."""
+        if self._interval is None:
+            return float("inf")
+        return max(0.0, self._next_ping - now)
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()

@@ -42,7 +42,9 @@ log = logging.getLogger("gpuvisor.http")
 
 Probe = Callable[[], tuple[bool, str]]
 
-LIVENESS_LIMIT_S = 10.0  # the main loop turns at least every second: 10 missed turns is a wedged loop
+# The main loop turns at least every 10 s (supervisor.main's IDLE_TICK_S; every 2 s while health
+# conditions are held, and at every heartbeat): three missed idle turns is a wedged loop.
+LIVENESS_LIMIT_S = 30.0
 REQUEST_TIMEOUT_S = 10.0  # seconds a client may take to send its request head
 MAX_HEAD_BYTES = 16384  # a request line and headers; a probe or a scrape sends a few hundred
 BACKLOG = 16

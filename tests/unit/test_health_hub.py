@@ -4,6 +4,7 @@ published, snapshots, resets and outside conditions, on a fake clock with no soc
 from __future__ import annotations
 
 from supervisor.health.findings import Xid
+from supervisor.health.hub import BEACON_IDLE_S, BEACON_S
 from supervisor.observe.metrics import Metrics
 from tests import nodes
 from tests.fakes import FakeClock, bookless_hub, hub_with_book
@@ -61,3 +62,20 @@ def test_hub_external_conditions_mark_and_clear_only_the_named_gpus() -> None:
         isinstance(view, list)
         and sum(1 for d in view if isinstance(d, dict) and d["health"] == "Unhealthy") == 1
     )
+
+
+def test_beacons_follow_a_change_at_two_seconds_and_space_out_while_nothing_changes() -> None:
+    """The first beacon after a change comes BEACON_S later; while the sequence stays the same the
+    gap doubles up to BEACON_IDLE_S (an idle node's workers are not woken every 2 s for the same
+    number), and a delta brings it back to BEACON_S at once, through `on_change`."""
+    hub, _clock, _m = hub_with_book()
+    changes: list[int] = []
+    hub.on_change = lambda: changes.append(1)
+    gaps = [hub.beacon() for _ in range(7)]
+    assert gaps[0] == BEACON_S
+    assert gaps[1:] == [4.0, 8.0, 16.0, BEACON_IDLE_S, BEACON_IDLE_S, BEACON_IDLE_S]
+    hub.apply(Xid(nodes.pcie_l4().gpus[0].uuid, 48))
+    assert changes == [1]
+    assert hub.next_beacon_within() == BEACON_S
+    assert hub.beacon() == BEACON_S  # the sequence moved: the next one is 2 s away again
+    assert hub.beacon() == 4.0

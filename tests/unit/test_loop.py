@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from supervisor.main import Supervisor
+from supervisor.main import IDLE_TICK_S, TICK_S, Supervisor
 from supervisor.workers.lifecycle import WState
 from tests.fakes import FakeClock, FakeSpawner, sim_config
 
@@ -140,3 +140,26 @@ def test_status_is_one_document_of_the_parts_views(sup: Supervisor) -> None:
         "rediscoveries",
     ):
         assert key in doc
+
+
+def test_an_idle_loop_sleeps_ten_seconds_and_two_while_health_has_something_due(
+    sup: Supervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no health condition held and no event line waiting, nothing polled per turn comes due
+    by time, so the loop's wait is IDLE_TICK_S (10 s) unless a timer or the systemd watchdog's
+    next ping is sooner; while the hub has something due it is TICK_S (2 s)."""
+    timeouts: list[object] = []
+
+    def poll(self: zmq.Poller, timeout: object = None) -> list[object]:
+        timeouts.append(timeout)
+        return []
+
+    monkeypatch.setattr(zmq.Poller, "poll", poll)
+    assert sup.hub.quiet()
+    sup.wait()
+    monkeypatch.setattr(sup.notifier, "seconds_to_ping", lambda now: 3.0)
+    sup.wait()
+    monkeypatch.setattr(sup.hub, "quiet", lambda: False)
+    sup.wait()
+    # (the poller rounds up by a millisecond, so that a timer is due when it wakes)
+    assert timeouts == [int(IDLE_TICK_S * 1000) + 1, 3001, int(TICK_S * 1000) + 1]

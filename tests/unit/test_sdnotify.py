@@ -130,6 +130,19 @@ def test_watchdog_pings_at_half_the_interval(path_socket: tuple[Listener, str]) 
     n.close()
 
 
+def test_seconds_to_ping_is_what_an_idle_loop_may_sleep(path_socket: tuple[Listener, str]) -> None:
+    """The time to the next ping bounds the idle loop's wait (it sleeps up to 10 s otherwise), so
+    a short WatchdogSec is still pinged at half its interval; no watchdog: no bound."""
+    _listener, path = path_socket
+    n = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"})
+    assert n.seconds_to_ping(100.0) == 0.0  # the first is due at once
+    n.ping_if_due(100.0)
+    assert n.seconds_to_ping(100.25) == pytest.approx(0.75)
+    assert n.seconds_to_ping(102.0) == 0.0
+    n.close()
+    assert Notifier({"NOTIFY_SOCKET": path}).seconds_to_ping(0.0) == float("inf")
+
+
 def test_a_failed_send_is_logged_once_and_then_quiet(caplog: pytest.LogCaptureFixture) -> None:
     """A vanished notify socket gives one warning, then every call is a quiet no-op."""
     caplog.set_level(logging.WARNING, logger="gpuvisor.sdnotify")

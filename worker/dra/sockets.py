@@ -36,7 +36,9 @@ from worker.rpcserver import RpcServer
 RPC_THREADS = 8  # health streams take at most 3; prepares and registration keep the rest
 MAX_RPCS = 64
 STOP_GRACE_S = 0.5
-CHECK_S = 1.0  # how often the sockets are looked after (two stat calls)
+CHECK_S = (
+    2.0  # how often the sockets are looked after (two stat calls), as the device plugin's SOCKET_CHECK_S
+)
 
 
 class SocketBusy(OSError):
