@@ -70,8 +70,13 @@ def test_the_pool_is_published_and_a_claim_prepares_from_the_api_server(api: Run
         ref = node.claim("c1", ["gpu-1", "gpu-2"])
         prepared = node.dra.prepare(DRIVER, [ref]).claims[ref[2]]
         assert prepared.error == "" and [d.device_name for d in prepared.devices] == ["gpu-1", "gpu-2"]
-        gets = api.state.calls("GET", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1")
-        assert len(gets) == 1 and gets[0].user_agent.endswith(" supervisor")
+        claim_path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c1"
+        # The prepare's fetch, then (in the background, after the answer) the claim status
+        # writer's read before its PUT of status: two GETs once the status is in, both the
+        # supervisor's (the worker holds no credentials).
+        assert wait_until(lambda: api.state.calls("PUT", claim_path + "/status"), 30)
+        gets = api.state.calls("GET", claim_path)
+        assert len(gets) == 2 and all(g.user_agent.endswith(" supervisor") for g in gets)
         missing = node.dra.prepare(DRIVER, [("default", "nope", "u-1")]).claims["u-1"].error
         assert "claim default/nope not found" in missing
         assert node.dra.unprepare(DRIVER, [ref]).claims[ref[2]].error == ""
