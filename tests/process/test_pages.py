@@ -88,8 +88,9 @@ def test_warmed_abc_caches_answer_a_builtin_type_from_the_cache() -> None:
 
 def test_the_malloc_fill_takes_the_main_arenas_free_chunks() -> None:
     """With 1,000 chunks of 208 bytes freed between live ones (so they cannot merge), glibc's
-    report shows them in a bin; after fill_malloc_holes no chunk of that size is free, and the
-    fill says how many bytes it took."""
+    report shows them in a bin; after fill_malloc_holes they are gone (at most 2 left: reading the
+    report again allocates and frees, and whether a chunk of this size is among what it frees
+    depends on the lengths of the interpreter's paths), and the fill says how many bytes it took."""
     found, stderr = _run(
         "import ctypes, json\n"
         "from worker.pages import fill_malloc_holes, malloc_free_chunks, malloc_report\n"
@@ -107,6 +108,6 @@ def test_the_malloc_fill_takes_the_main_arenas_free_chunks() -> None:
         "print(json.dumps({'before': before, 'after': free_208(), 'made': made}))\n"
     )
     assert found["before"] >= 900, found
-    assert found["after"] == 0, found
+    assert found["after"] <= 2, found
     assert found["made"] >= 900 * 208
     assert stderr == ""
