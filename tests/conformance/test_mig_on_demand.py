@@ -15,6 +15,8 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from supervisor.sim.nvml.base import SimComputeInstanceHandle, SimDeviceHandle, 
 from supervisor.sim.nvml.config import NodeSpec, parse_spec
 from supervisor.sim.nvml.mig import created_mig_uuid
 from tests.fakenvml import Driver, FakeNode, NvmlFailure, driver
+from tests.helpers import REPO
 
 OK = pynvml.NVML_SUCCESS
 INVALID = pynvml.NVML_ERROR_INVALID_ARGUMENT
@@ -383,3 +386,31 @@ def test_scenario_over_the_real_binding_and_c_library(
     """The scenario's rules hold through nvidia-ml-py over the C library, and every answer of the
     scenario, checked or not, is the simulator's."""
     assert lib_steps(scenario) == _run_sim(scenario)
+
+
+GPU_TIER_RUN = """
+import pynvml
+from tests.gpu import test_gpu_mig as t
+from tests.gpu.conftest import DriverGpu
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+gpus = [DriverGpu(0, pynvml.nvmlDeviceGetUUID(h), "", 0, True, (8, 0), "")]
+before = t.mig_uuids(h)
+t.test_one_smallest_instance_is_created_seen_and_destroyed(gpus, None)
+print(sorted(before) == sorted(t.mig_uuids(h)), pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(h, 19))
+"""
+
+
+def test_the_gpu_tiers_mig_test_runs_through_the_real_binding_over_the_c_library(
+    fake_nvml_libdir: Path, tmp_path: Path
+) -> None:
+    """tests/gpu/test_gpu_mig.py's test, run in a child over the C library on an A100 with MIG on
+    and room to spare, creates, sees and destroys its instance without skipping (so the test a
+    real GPU runs is itself checked where there is none), and leaves the GPU as it found it."""
+    node = FakeNode(tmp_path, node_spec())
+    proc = subprocess.run(
+        [sys.executable, "-c", GPU_TIER_RUN], env=node.environ(fake_nvml_libdir), cwd=REPO,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "3"]
