@@ -20,7 +20,8 @@ tests gpuvisor's logic; this tier proves that the logic meets the real binding's
 | XID / ECC through the event set, MIG GI/CI ids, recovery | test_realnvml_node, test_fakenvml | test_health_e2e, test_health_monitor |
 | lost GPU, remapped rows, wait failing, init failing, no library | test_realnvml_node | test_health_monitor, test_supervisor |
 | the oldest accepted nvidia-ml-py (NUMA from sysfs) | here, test_realnvml_node | test_nvml (sysfs fallback) |
-| MIG layout changes at run time (the library's layout is fixed per process) | - | test_health_e2e, test_replan |
+| MIG layout changes by an operator (`sim mig`; the library's node file is fixed per process) | - | test_health_e2e, test_replan |
+| MIG on demand through NVML (placements, GPU/compute instances made and destroyed, MIG mode) | test_mig_on_demand (both doubles, step for step) | test_simulator_migcreate |
 """
 
 from __future__ import annotations

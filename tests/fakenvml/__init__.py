@@ -359,6 +359,10 @@ class Control:
     def reset(self, uuid: str) -> None:
         self.send(f"reset {uuid}")
 
+    def set_processes(self, uuid: str, count: int) -> None:
+        """How many processes run on a GPU or MIG device (the simulator's `set_processes`)."""
+        self.send(f"processes {uuid} {int(count)}")
+
     def set_pending_retirement(self, uuid: str, pending: bool = True) -> None:
         self.send(f"pending-retirement {uuid} {int(pending)}")
 

@@ -10,7 +10,11 @@
  *   ecc <GPU or MIG uuid> single|double [<gi> <ci>]
  *   lose <GPU uuid>                              every call on it answers GPU_IS_LOST; XID 79 is sent
  *   restore <GPU uuid>                           it answers again
- *   reset <GPU uuid>                             answers again, pending retirement/remapping cleared
+ *   reset <GPU uuid>                             answers again, pending retirement/remapping cleared,
+ *                                                a pending MIG mode made current (its instances gone);
+ *                                                refused (reported, skipped) while processes run on it
+ *   processes <GPU or MIG uuid> <count>          processes running there: destroying its compute
+ *                                                instance and activating a MIG mode are IN_USE
  *   pending-retirement | remapped-rows-pending | row-remap-failure <GPU uuid> 0|1
  *   fail <function> <nvmlReturn_t> [count]       the function fails (count times, or until cleared)
  *   clear [function]                             ends injected failures (of one function)
@@ -140,7 +144,8 @@ static void command(char *line)
     const char *verb = tok[0];
     unsigned long value = 0;
     static const char *const verbs[] = {"xid", "ecc", "lose", "restore", "reset", "pending-retirement",
-                                        "remapped-rows-pending", "row-remap-failure", "fail", "clear"};
+                                        "remapped-rows-pending", "row-remap-failure", "fail", "clear",
+                                        "processes"};
     size_t known = 0;
     while (known < sizeof verbs / sizeof verbs[0] && strcmp(verbs[known], verb))
         known++;
@@ -203,6 +208,19 @@ static void command(char *line)
         }
         return;
     }
+    if (!strcmp(verb, "processes")) {
+        FakeMig *m = NULL;
+        FakeGpu *pg = fake_gpu_by_uuid(tok[1], &m);
+        if (pg == NULL || n < 3 || parse_uint(tok[2], &value) || value > 0xFFFFFFFFul) {
+            complain("processes <GPU or MIG uuid of this node> <count>");
+            return;
+        }
+        if (m != NULL)
+            m->processes = (unsigned int)value;
+        else
+            pg->processes = (unsigned int)value;
+        return;
+    }
     FakeGpu *g = gpu_only(tok[1]);
     if (g == NULL)
         return;
@@ -216,7 +234,13 @@ static void command(char *line)
         return;
     }
     if (!strcmp(verb, "reset")) {
+        if (fake_gpu_busy(g)) {
+            complain("the GPU is in use (processes run on it): a reset is refused");
+            return;
+        }
         g->lost = g->pendingRetirement = g->remappedRowsPending = 0;
+        if (g->migPending != g->migEnabled)
+            fake_activate_mig_mode(g);
         return;
     }
     int on = n >= 3 && !strcmp(tok[2], "1");

@@ -169,7 +169,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
         LEAVE(NVML_ERROR_NOT_FOUND);
     if (g->lost)
         LEAVE(NVML_ERROR_GPU_IS_LOST);
-    *device = m == NULL ? &g->handle : &g->migHandles[m - g->migs];
+    *device = m == NULL ? &g->handle : fake_mig_handle(g, m);
     LEAVE(NVML_SUCCESS);
 }
 

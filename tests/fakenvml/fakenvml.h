@@ -31,18 +31,23 @@
 #define FAKE_MAX_FAILURES 64                 /* functions failing at once */
 #define FAKE_TEXT 96                         /* names, UUIDs, versions: NVML's v2 buffer size */
 #define FAKE_NO_INSTANCE 0xFFFFFFFFu
+#define FAKE_RING 32 /* handles per GPU and kind, by creation serial: a destroyed instance's handle
+                        stays stale until 32 more instances have been made on its GPU */
 
-/* Device handles: one per GPU, one per MIG device slot; a handle names its GPU and slot. */
+/* Device handles: one per GPU, and one per MIG device (compute instance), found again by the
+ * creation serial it carries: a handle whose instance is gone names no instance. */
 struct nvmlDevice_st {
     unsigned int magic;
     int gpu;
-    int mig; /* -1: the physical GPU */
+    int mig; /* -1: the physical GPU, else 1 */
+    unsigned int serial; /* the compute instance's (FakeMig.ciSerial) */
 };
 
 struct nvmlGpuInstance_st {
     unsigned int magic;
     int gpu;
     unsigned int id;
+    unsigned int serial; /* FakeMig.giSerial */
 };
 
 struct nvmlComputeInstance_st {
@@ -50,6 +55,7 @@ struct nvmlComputeInstance_st {
     int gpu;
     unsigned int gi;
     unsigned int id;
+    unsigned int serial; /* FakeMig.ciSerial */
 };
 
 typedef struct {
@@ -60,7 +66,11 @@ typedef struct {
     unsigned int nStarts;
 } FakeGiProfile;
 
+/* One GPU instance, and the compute instance spanning it when `hasCi` (then it is a MIG device). */
 typedef struct {
+    int hasCi;
+    unsigned int giSerial, ciSerial;
+    unsigned int processes; /* running on the MIG device: its destroy is IN_USE */
     char uuid[FAKE_TEXT];
     char name[FAKE_TEXT];
     unsigned int gi, ci, profileId;
@@ -82,7 +92,7 @@ typedef struct {
 typedef struct {
     /* what the node file describes */
     struct nvmlDevice_st handle;
-    struct nvmlDevice_st migHandles[FAKE_MAX_MIG];
+    struct nvmlDevice_st migHandles[FAKE_RING];
     char uuid[FAKE_TEXT];
     char name[FAKE_TEXT];
     unsigned int brand, arch, minor;
@@ -98,12 +108,15 @@ typedef struct {
     FakeFabric fabric;
     FakeLink links[FAKE_MAX_LINKS];
     unsigned int nLinks;
-    int migCapable, migEnabled;
+    int migCapable, migEnabled, migPending;
     unsigned int maxMigDevices;
     FakeGiProfile giProfiles[FAKE_MAX_GI_PROFILES];
     unsigned int nGiProfiles;
-    FakeMig migs[FAKE_MAX_MIG];
+    FakeMig migs[FAKE_MAX_MIG]; /* GPU instances in creation order; MIG devices are those with a CI */
     unsigned int nMigs;
+    unsigned int serial;    /* the last creation serial given on this GPU */
+    unsigned int created;   /* compute instances created at run time (their UUIDs) */
+    unsigned int processes; /* running on the GPU itself */
     unsigned int computeMode;
     /* what changes at run time */
     int lost, pendingRetirement, remappedRowsPending, rowRemapFailure;
@@ -139,8 +152,8 @@ typedef struct {
     FakeGpu gpus[FAKE_MAX_GPUS];
     unsigned int nGpus;
     unsigned int ancestor[FAKE_MAX_GPUS][FAKE_MAX_GPUS];
-    struct nvmlGpuInstance_st giHandles[FAKE_MAX_GPUS][FAKE_MAX_MIG];
-    struct nvmlComputeInstance_st ciHandles[FAKE_MAX_GPUS][FAKE_MAX_MIG];
+    struct nvmlGpuInstance_st giHandles[FAKE_MAX_GPUS][FAKE_RING];
+    struct nvmlComputeInstance_st ciHandles[FAKE_MAX_GPUS][FAKE_RING];
     FakeEventSet sets[FAKE_MAX_SETS];
     struct nvmlEventSet_st setHandles[FAKE_MAX_SETS];
     unsigned int nextSet;
@@ -181,6 +194,19 @@ nvmlReturn_t fake_device(nvmlDevice_t device, int allowLost, FakeGpu **gpu, Fake
 nvmlReturn_t fake_full_gpu(nvmlDevice_t device, FakeGpu **gpu);
 nvmlReturn_t fake_copy_text(char *out, unsigned int length, const char *text);
 FakeGpu *fake_gpu_by_uuid(const char *uuid, FakeMig **mig);
+nvmlDevice_t fake_mig_handle(FakeGpu *g, FakeMig *m);
+
+/* mig.c */
+FakeGiProfile *fake_profile_by_id(FakeGpu *g, unsigned int id);
+int fake_ci_profile_for(unsigned int slices);
+nvmlGpuInstance_t fake_gi_handle(FakeGpu *g, FakeMig *m);
+nvmlComputeInstance_t fake_ci_handle(FakeGpu *g, FakeMig *m);
+nvmlReturn_t fake_gi_of(nvmlGpuInstance_t gi, FakeGpu **gpu, FakeMig **mig);
+nvmlReturn_t fake_ci_of(nvmlComputeInstance_t ci, FakeGpu **gpu, FakeMig **mig);
+
+/* migcreate.c */
+int fake_gpu_busy(const FakeGpu *g);
+void fake_activate_mig_mode(FakeGpu *g);
 
 /* control.c */
 void fake_sync_control(void);

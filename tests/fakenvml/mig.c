@@ -1,9 +1,11 @@
 /*
  * MIG: mode, MIG device handles and their parent, GPU and compute instances, profiles, placements.
+ * Creating and destroying instances and changing MIG mode are in migcreate.c.
  *
  * Each MIG device of the node file is one GPU instance holding one compute instance that spans it
- * (the layout `nvidia-smi mig -cgi <profiles> -C` makes, and the one the simulator models). GPU
- * instance handles and compute instance handles are fixed per MIG device slot.
+ * (the layout `nvidia-smi mig -cgi <profiles> -C` makes, and the one the simulator models); one
+ * made at run time may have no compute instance yet. Handles are found again by the creation
+ * serial they carry (fakenvml.h, FAKE_RING), so a destroyed instance's handle is stale.
  */
 #define _GNU_SOURCE
 #include "fakenvml.h"
@@ -34,8 +36,10 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode
     nvmlReturn_t rc = mig_capable(device, &g);
     if (rc == NVML_SUCCESS && (currentMode == NULL || pendingMode == NULL))
         rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (rc == NVML_SUCCESS)
-        *currentMode = *pendingMode = g->migEnabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    if (rc == NVML_SUCCESS) {
+        *currentMode = g->migEnabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+        *pendingMode = g->migPending ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+    }
     LEAVE(rc);
 }
 
@@ -58,11 +62,16 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned i
     nvmlReturn_t rc = mig_enabled(device, &g);
     if (rc == NVML_SUCCESS && (migDevice == NULL || index >= g->maxMigDevices))
         rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (rc == NVML_SUCCESS && index >= g->nMigs)
-        rc = NVML_ERROR_NOT_FOUND;
-    if (rc == NVML_SUCCESS)
-        *migDevice = &g->migHandles[index];
-    LEAVE(rc);
+    if (rc != NVML_SUCCESS)
+        LEAVE(rc);
+    unsigned int seen = 0; /* MIG devices: the GPU instances with a compute instance, in order */
+    for (unsigned int j = 0; j < g->nMigs; j++) {
+        if (g->migs[j].hasCi && seen++ == index) {
+            *migDevice = fake_mig_handle(g, &g->migs[j]);
+            LEAVE(NVML_SUCCESS);
+        }
+    }
+    LEAVE(NVML_ERROR_NOT_FOUND);
 }
 
 nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t device, unsigned int *isMigDevice)
@@ -126,7 +135,7 @@ static FakeGiProfile *profile_by_enum(FakeGpu *g, unsigned int value)
     return NULL;
 }
 
-static FakeGiProfile *profile_by_id(FakeGpu *g, unsigned int id)
+FakeGiProfile *fake_profile_by_id(FakeGpu *g, unsigned int id)
 {
     for (unsigned int i = 0; i < g->nGiProfiles; i++)
         if (g->giProfiles[i].info.id == id)
@@ -193,7 +202,7 @@ static nvmlReturn_t placements(const char *function, nvmlDevice_t device, unsign
     nvmlReturn_t rc = mig_capable(device, &g);
     if (rc != NVML_SUCCESS)
         LEAVE(rc);
-    FakeGiProfile *p = profile_by_id(g, profileId);
+    FakeGiProfile *p = fake_profile_by_id(g, profileId);
     if (p == NULL || count == NULL)
         LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     if (out == NULL) { /* a query of how many there are */
@@ -226,10 +235,10 @@ nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements(nvmlDevice_t device, uns
 
 /* ------------------------------------------------------------------ GPU instances */
 
-static nvmlGpuInstance_t gi_handle(FakeGpu *g, unsigned int slot)
+nvmlGpuInstance_t fake_gi_handle(FakeGpu *g, FakeMig *m)
 {
-    struct nvmlGpuInstance_st *h = &fake.giHandles[g - fake.gpus][slot];
-    h->id = g->migs[slot].gi;
+    struct nvmlGpuInstance_st *h = &fake.giHandles[g - fake.gpus][m->giSerial % FAKE_RING];
+    *h = (struct nvmlGpuInstance_st){FAKE_MAGIC_GI, (int)(g - fake.gpus), m->gi, m->giSerial};
     return h;
 }
 
@@ -241,12 +250,12 @@ nvmlReturn_t nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profile
     nvmlReturn_t rc = mig_enabled(device, &g);
     if (rc != NVML_SUCCESS)
         LEAVE(rc);
-    if (profile_by_id(g, profileId) == NULL || gpuInstances == NULL || count == NULL)
+    if (fake_profile_by_id(g, profileId) == NULL || gpuInstances == NULL || count == NULL)
         LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     unsigned int n = 0;
     for (unsigned int j = 0; j < g->nMigs; j++)
         if (g->migs[j].profileId == profileId)
-            gpuInstances[n++] = gi_handle(g, j);
+            gpuInstances[n++] = fake_gi_handle(g, &g->migs[j]);
     *count = n;
     LEAVE(NVML_SUCCESS);
 }
@@ -262,29 +271,30 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned int id, 
         LEAVE(NVML_ERROR_INVALID_ARGUMENT);
     for (unsigned int j = 0; j < g->nMigs; j++) {
         if (g->migs[j].gi == id) {
-            *gpuInstance = gi_handle(g, j);
+            *gpuInstance = fake_gi_handle(g, &g->migs[j]);
             LEAVE(NVML_SUCCESS);
         }
     }
     LEAVE(NVML_ERROR_NOT_FOUND);
 }
 
-/* The GPU and MIG device behind a GPU instance handle. */
-static nvmlReturn_t gi_of(nvmlGpuInstance_t gi, FakeGpu **gpu, FakeMig **mig)
+/* The GPU and GPU instance behind a GPU instance handle. */
+nvmlReturn_t fake_gi_of(nvmlGpuInstance_t gi, FakeGpu **gpu, FakeMig **mig)
 {
-    if (gi == NULL || gi->magic != FAKE_MAGIC_GI || gi->gpu < 0 || (unsigned int)gi->gpu >= fake.nGpus)
+    if (gi == NULL || gi->magic != FAKE_MAGIC_GI || gi->gpu < 0 || (unsigned int)gi->gpu >= fake.nGpus ||
+        gi != &fake.giHandles[gi->gpu][gi->serial % FAKE_RING])
         return NVML_ERROR_INVALID_ARGUMENT;
     FakeGpu *g = &fake.gpus[gi->gpu];
-    int slot = (int)(gi - fake.giHandles[gi->gpu]);
-    if (slot < 0 || slot >= FAKE_MAX_MIG)
-        return NVML_ERROR_INVALID_ARGUMENT;
     if (g->lost)
         return NVML_ERROR_GPU_IS_LOST;
-    if (!g->migEnabled || (unsigned int)slot >= g->nMigs || g->migs[slot].gi != gi->id)
-        return NVML_ERROR_INVALID_ARGUMENT; /* the instance is gone: a stale handle */
-    *gpu = g;
-    *mig = &g->migs[slot];
-    return NVML_SUCCESS;
+    for (unsigned int j = 0; g->migEnabled && j < g->nMigs; j++) {
+        if (g->migs[j].giSerial == gi->serial) {
+            *gpu = g;
+            *mig = &g->migs[j];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INVALID_ARGUMENT; /* the instance is gone: a stale handle */
 }
 
 nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstanceInfo_t *info)
@@ -292,7 +302,7 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstan
     ENTER("nvmlGpuInstanceGetInfo", 1);
     FakeGpu *g;
     FakeMig *m;
-    nvmlReturn_t rc = gi_of(gpuInstance, &g, &m);
+    nvmlReturn_t rc = fake_gi_of(gpuInstance, &g, &m);
     if (rc == NVML_SUCCESS && info == NULL)
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS) {
@@ -307,7 +317,7 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlGpuInstance_t gpuInstance, nvmlGpuInstan
 /* ------------------------------------------------------------------ compute instances */
 
 /* NVML_COMPUTE_INSTANCE_PROFILE_* of a compute instance of `slices` compute slices. */
-static int ci_profile_for(unsigned int slices)
+int fake_ci_profile_for(unsigned int slices)
 {
     switch (slices) {
     case 1: return NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE;
@@ -324,13 +334,13 @@ static int ci_profile_for(unsigned int slices)
 static nvmlReturn_t ci_profile(nvmlGpuInstance_t gpuInstance, unsigned int profile, unsigned int engProfile,
                                FakeGpu **gpu, FakeMig **mig)
 {
-    nvmlReturn_t rc = gi_of(gpuInstance, gpu, mig);
+    nvmlReturn_t rc = fake_gi_of(gpuInstance, gpu, mig);
     if (rc != NVML_SUCCESS)
         return rc;
     if (profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT ||
         engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if ((int)profile != ci_profile_for((*mig)->attrs.computeInstanceSliceCount))
+    if ((int)profile != fake_ci_profile_for((*mig)->attrs.computeInstanceSliceCount))
         return NVML_ERROR_NOT_SUPPORTED;
     return NVML_SUCCESS;
 }
@@ -347,7 +357,7 @@ static void fill_ci_profile(FakeGpu *g, FakeMig *m, unsigned int profile, nvmlCo
     out->sharedJpegCount = m->attrs.sharedJpegCount;
     out->sharedOfaCount = m->attrs.sharedOfaCount;
     /* A compute instance spanning its GPU instance carries the GPU instance's profile name. */
-    FakeGiProfile *p = profile_by_id(g, m->profileId);
+    FakeGiProfile *p = fake_profile_by_id(g, m->profileId);
     snprintf(out->name, sizeof out->name, "%s", p != NULL ? p->info.name : "");
 }
 
@@ -394,11 +404,10 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstance_t gpu
     LEAVE(rc);
 }
 
-static nvmlComputeInstance_t ci_handle(FakeGpu *g, FakeMig *m)
+nvmlComputeInstance_t fake_ci_handle(FakeGpu *g, FakeMig *m)
 {
-    struct nvmlComputeInstance_st *h = &fake.ciHandles[g - fake.gpus][m - g->migs];
-    h->gi = m->gi;
-    h->id = m->ci;
+    struct nvmlComputeInstance_st *h = &fake.ciHandles[g - fake.gpus][m->ciSerial % FAKE_RING];
+    *h = (struct nvmlComputeInstance_st){FAKE_MAGIC_CI, (int)(g - fake.gpus), m->gi, m->ci, m->ciSerial};
     return h;
 }
 
@@ -408,14 +417,14 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t gpuInstance, u
     ENTER("nvmlGpuInstanceGetComputeInstances", 1);
     FakeGpu *g;
     FakeMig *m;
-    nvmlReturn_t rc = gi_of(gpuInstance, &g, &m);
+    nvmlReturn_t rc = fake_gi_of(gpuInstance, &g, &m);
     if (rc == NVML_SUCCESS && (computeInstances == NULL || count == NULL ||
                                profileId >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT))
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS) {
         *count = 0;
-        if ((int)profileId == ci_profile_for(m->attrs.computeInstanceSliceCount)) {
-            computeInstances[0] = ci_handle(g, m);
+        if (m->hasCi && (int)profileId == fake_ci_profile_for(m->attrs.computeInstanceSliceCount)) {
+            computeInstances[0] = fake_ci_handle(g, m);
             *count = 1;
         }
     }
@@ -428,35 +437,51 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t gpuInstance
     ENTER("nvmlGpuInstanceGetComputeInstanceById", 1);
     FakeGpu *g;
     FakeMig *m;
-    nvmlReturn_t rc = gi_of(gpuInstance, &g, &m);
+    nvmlReturn_t rc = fake_gi_of(gpuInstance, &g, &m);
     if (rc == NVML_SUCCESS && computeInstance == NULL)
         rc = NVML_ERROR_INVALID_ARGUMENT;
-    if (rc == NVML_SUCCESS && id != m->ci)
+    if (rc == NVML_SUCCESS && (!m->hasCi || id != m->ci))
         rc = NVML_ERROR_NOT_FOUND;
     if (rc == NVML_SUCCESS)
-        *computeInstance = ci_handle(g, m);
+        *computeInstance = fake_ci_handle(g, m);
     LEAVE(rc);
+}
+
+/* The GPU and GPU instance behind a compute instance handle. */
+nvmlReturn_t fake_ci_of(nvmlComputeInstance_t ci, FakeGpu **gpu, FakeMig **mig)
+{
+    if (ci == NULL || ci->magic != FAKE_MAGIC_CI || ci->gpu < 0 || (unsigned int)ci->gpu >= fake.nGpus ||
+        ci != &fake.ciHandles[ci->gpu][ci->serial % FAKE_RING])
+        return NVML_ERROR_INVALID_ARGUMENT;
+    FakeGpu *g = &fake.gpus[ci->gpu];
+    if (g->lost)
+        return NVML_ERROR_GPU_IS_LOST;
+    for (unsigned int j = 0; g->migEnabled && j < g->nMigs; j++) {
+        if (g->migs[j].hasCi && g->migs[j].ciSerial == ci->serial) {
+            *gpu = g;
+            *mig = &g->migs[j];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INVALID_ARGUMENT; /* the instance is gone: a stale handle */
 }
 
 static nvmlReturn_t ci_info(const char *function, nvmlComputeInstance_t ci, nvmlComputeInstanceInfo_t *info)
 {
     ENTER(function, 1);
-    if (ci == NULL || ci->magic != FAKE_MAGIC_CI || ci->gpu < 0 || (unsigned int)ci->gpu >= fake.nGpus)
-        LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    int slot = (int)(ci - fake.ciHandles[ci->gpu]);
-    if (slot < 0 || slot >= FAKE_MAX_MIG)
-        LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    FakeGpu *g = &fake.gpus[ci->gpu];
-    if (g->lost)
-        LEAVE(NVML_ERROR_GPU_IS_LOST);
-    if (!g->migEnabled || (unsigned int)slot >= g->nMigs || g->migs[slot].gi != ci->gi ||
-        g->migs[slot].ci != ci->id || info == NULL)
-        LEAVE(NVML_ERROR_INVALID_ARGUMENT);
-    FakeMig *m = &g->migs[slot];
-    info->device = &g->handle;
-    info->gpuInstance = gi_handle(g, (unsigned int)slot);
+    FakeGpu *g;
+    FakeMig *m;
+    nvmlReturn_t rc = fake_ci_of(ci, &g, &m);
+    if (rc == NVML_SUCCESS && info == NULL)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc != NVML_SUCCESS)
+        LEAVE(rc);
+    /* The MIG device of the compute instance, as NVIDIA's DRA driver (v0.4.1 nvlib.go) reads its
+     * UUID from it: "A MIG device handle maps 1:1 to a CI in NVML". */
+    info->device = fake_mig_handle(g, m);
+    info->gpuInstance = fake_gi_handle(g, m);
     info->id = m->ci;
-    info->profileId = (unsigned int)ci_profile_for(m->attrs.computeInstanceSliceCount);
+    info->profileId = (unsigned int)fake_ci_profile_for(m->attrs.computeInstanceSliceCount);
     info->placement = (nvmlComputeInstancePlacement_t){0, m->attrs.computeInstanceSliceCount};
     LEAVE(NVML_SUCCESS);
 }

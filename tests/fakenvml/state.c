@@ -86,24 +86,33 @@ nvmlReturn_t fake_copy_text(char *out, unsigned int length, const char *text)
     return NVML_SUCCESS;
 }
 
+/* The MIG device handle of a GPU instance's compute instance (its ring slot set up for it). */
+nvmlDevice_t fake_mig_handle(FakeGpu *g, FakeMig *m)
+{
+    struct nvmlDevice_st *h = &g->migHandles[m->ciSerial % FAKE_RING];
+    *h = (struct nvmlDevice_st){FAKE_MAGIC_DEVICE, (int)(g - fake.gpus), 1, m->ciSerial};
+    return h;
+}
+
 /* The GPU (and MIG device) behind a handle: INVALID_ARGUMENT for what is not a handle of ours,
- * GPU_IS_LOST for a lost GPU (unless allowed), NOT_FOUND for a MIG slot no longer in use. */
+ * GPU_IS_LOST for a lost GPU (unless allowed), NOT_FOUND for a MIG device no longer there. */
 nvmlReturn_t fake_device(nvmlDevice_t device, int allowLost, FakeGpu **gpu, FakeMig **mig)
 {
     if (device == NULL || device->magic != FAKE_MAGIC_DEVICE || device->gpu < 0 ||
         (unsigned int)device->gpu >= fake.nGpus)
         return NVML_ERROR_INVALID_ARGUMENT;
     FakeGpu *g = &fake.gpus[device->gpu];
-    if (device != &g->handle && (device->mig < 0 || device->mig >= FAKE_MAX_MIG ||
-                                 device != &g->migHandles[device->mig]))
+    if (device != &g->handle && (device->mig < 0 || device != &g->migHandles[device->serial % FAKE_RING]))
         return NVML_ERROR_INVALID_ARGUMENT;
     if (g->lost && !allowLost)
         return NVML_ERROR_GPU_IS_LOST;
     FakeMig *m = NULL;
     if (device->mig >= 0) {
-        if (!g->migEnabled || (unsigned int)device->mig >= g->nMigs)
-            return NVML_ERROR_NOT_FOUND;
-        m = &g->migs[device->mig];
+        for (unsigned int j = 0; g->migEnabled && j < g->nMigs; j++)
+            if (g->migs[j].hasCi && g->migs[j].ciSerial == device->serial)
+                m = &g->migs[j];
+        if (m == NULL)
+            return NVML_ERROR_NOT_FOUND; /* destroyed: a stale handle */
     }
     *gpu = g;
     if (mig != NULL)
@@ -130,7 +139,7 @@ FakeGpu *fake_gpu_by_uuid(const char *uuid, FakeMig **mig)
             return g;
         }
         for (unsigned int j = 0; g->migEnabled && j < g->nMigs; j++) {
-            if (strcasecmp(g->migs[j].uuid, uuid) == 0) {
+            if (g->migs[j].hasCi && strcasecmp(g->migs[j].uuid, uuid) == 0) {
                 *mig = &g->migs[j];
                 return g;
             }
@@ -357,7 +366,7 @@ static int gpu_line(Line *l, FakeGpu *g)
         if (max > FAKE_MAX_MIG)
             return bad(l, "more MIG devices than NVML allows");
         g->migCapable = cap != 0;
-        g->migEnabled = en != 0;
+        g->migEnabled = g->migPending = en != 0;
         g->maxMigDevices = max;
         return 0;
     }
@@ -398,6 +407,7 @@ static int gpu_line(Line *l, FakeGpu *g)
             return -1;
         if (text_at(l, 17, m->name, sizeof m->name, 1))
             return -1;
+        m->hasCi = 1;
         g->nMigs++;
         return 0;
     }
@@ -471,11 +481,10 @@ static void number_handles(void)
 {
     for (unsigned int i = 0; i < fake.nGpus; i++) {
         FakeGpu *g = &fake.gpus[i];
-        g->handle = (struct nvmlDevice_st){FAKE_MAGIC_DEVICE, (int)i, -1};
-        for (int j = 0; j < FAKE_MAX_MIG; j++) {
-            g->migHandles[j] = (struct nvmlDevice_st){FAKE_MAGIC_DEVICE, (int)i, j};
-            fake.giHandles[i][j] = (struct nvmlGpuInstance_st){FAKE_MAGIC_GI, (int)i, 0};
-            fake.ciHandles[i][j] = (struct nvmlComputeInstance_st){FAKE_MAGIC_CI, (int)i, 0, 0};
+        g->handle = (struct nvmlDevice_st){FAKE_MAGIC_DEVICE, (int)i, -1, 0};
+        for (unsigned int j = 0; j < g->nMigs; j++) { /* creation serials: GI, then its CI */
+            g->migs[j].giSerial = ++g->serial;
+            g->migs[j].ciSerial = ++g->serial;
         }
         for (unsigned int a = 0; a < fake.nGpus; a++)
             if (a == i)

@@ -7,9 +7,10 @@
   in $HOME), else `nvcc` to build two tiny programs in a temp dir. Skips where neither is there.
 - `mps_control`: the driver's `nvidia-cuda-mps-control`. Skips where it is not on PATH.
 
-Nothing here changes a GPU's settings (no MIG, compute mode, clocks or reset): the tier only
-reads, runs CUDA programs as any user would, and starts an MPS control daemon of its own in a temp
-dir, which the supervisor quits when it stops.
+Nothing here changes a GPU's settings (no MIG mode, compute mode, clocks or reset): the tier only
+reads, runs CUDA programs as any user would, starts an MPS control daemon of its own in a temp
+dir, which the supervisor quits when it stops, and (test_gpu_mig, only on a GPU whose MIG mode is
+already enabled) creates one MIG instance and destroys it again.
 """
 
 from __future__ import annotations

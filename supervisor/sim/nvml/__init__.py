@@ -3,10 +3,13 @@
 `load_simulator("dgx-h100")` (or a path to a YAML file) returns a `Simulator` that the NVML
 adapter (`supervisor.node.nvml.Nvml`) uses exactly as it uses the real `pynvml` module, plus fault
 injection: `inject_xid`, `inject_ecc`, `lose`, `restore`, `reset`, `set_pending_retirement`,
-`set_remapped_rows_pending`, `set_row_remap_failure`, `set_mig_layout`, `fail`/`clear_failures`.
+`set_remapped_rows_pending`, `set_row_remap_failure`, `set_mig_layout`, `set_processes`,
+`fail`/`clear_failures`. MIG on demand (`nvmlDeviceCreateGpuInstanceWithPlacement`, ...,
+`nvmlDeviceSetMigMode`) follows NVML's rules and codes (`migcreate`).
 
 Its modules: `core` (the `Simulator` object), `base` (handles, per-GPU state, the decorator every
-NVML function wears), `devices`, `migfuncs` and `events` (the NVML functions by area), `faults`
+NVML function wears), `devices`, `migfuncs`, `migcreate` and `events` (the NVML functions by
+area; `migcreate`: creating and destroying MIG instances, MIG mode changes), `faults`
 (fault injection), `mig` (MIG profile catalogues and placement), `config` (loading and checking
 a node description), `pcitree` (the node's PCIe tree written out as a sysfs directory:
 `Simulator.write_sysfs(root)`, then `Nvml(sim, sysfs_root=root)` or `--sysfs-root`), `mockprofile` (NVIDIA's mock NVML profiles read as descriptions) and

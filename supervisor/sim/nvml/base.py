@@ -74,11 +74,23 @@ class SimDeviceHandle:
 
 @dataclass(eq=False, frozen=True)
 class SimGpuInstanceHandle:
-    """An opaque GPU-instance handle (like `c_nvmlGpuInstance_t`)."""
+    """An opaque GPU-instance handle (like `c_nvmlGpuInstance_t`): stale once its instance is
+    destroyed, even if another one later gets the same id (`serial` tells them apart)."""
 
     gpu_index: int
     gi: int
-    generation: int
+    serial: int
+
+
+@dataclass(eq=False, frozen=True)
+class SimComputeInstanceHandle:
+    """An opaque compute-instance handle (like `c_nvmlComputeInstance_t`): names its MIG device by
+    UUID, which is new for every compute instance created, so a destroyed one's handle stays stale."""
+
+    gpu_index: int
+    gi: int
+    ci: int
+    mig_uuid: str
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,26 @@ class SimGpuInstanceInfo:
     id: int
     profileId: int
     placement: Any  # pynvml.c_nvmlGpuInstancePlacement_t
+
+
+@dataclass(frozen=True)
+class SimComputeInstanceInfo:
+    """Same attributes as `c_nvmlComputeInstanceInfo_t`."""
+
+    device: SimDeviceHandle
+    gpuInstance: SimGpuInstanceHandle
+    id: int
+    profileId: int
+    placement: Any  # pynvml.c_nvmlComputeInstancePlacement_t
+
+
+@dataclass
+class GiRecord:
+    """One GPU instance of a GPU: its profile (by name), first memory slice and creation serial."""
+
+    profile: str
+    start: int
+    serial: int
 
 
 @dataclass(eq=False)
@@ -126,6 +158,13 @@ class GpuState:
     corrected_rows: int = 0
     uncorrected_rows: int = 0
     row_remap_failure: bool = False
+    # MIG on demand (migcreate): the mode after the next reset, the GPU instances in creation order
+    # (the MIG devices in `mig` are their compute instances, in the same order), the processes
+    # running per GPU or MIG device UUID, and how many instances were created (for their UUIDs).
+    mig_pending: bool = False
+    gis: dict[int, GiRecord] = field(default_factory=dict)
+    processes: Counter[str] = field(default_factory=Counter)
+    created: int = 0
 
 
 class SimulatorBase:
@@ -149,6 +188,10 @@ class SimulatorBase:
             )
             for g in spec.gpus
         ]
+        self._serial = 0  # GPU-instance serials, node-wide
+        for state in self._gpus:
+            state.mig_pending = state.mig_enabled
+            self._index_gis(state)
         self._gpu_handles = [SimDeviceHandle(i) for i in range(len(spec.gpus))]
         self._mig_handles: dict[str, SimDeviceHandle] = {}
         # NVLink wiring per GPU: link number -> remote bus id and whether the remote is a GPU.
@@ -238,6 +281,22 @@ class SimulatorBase:
         if h is None:
             h = self._mig_handles[m.uuid] = SimDeviceHandle(gpu_index, m.uuid)
         return h
+
+    def _index_gis(self, state: GpuState) -> None:
+        """Record the GPU instances behind a GPU's MIG devices (a layout's: one compute instance each)."""
+        state.gis = {}
+        for m in state.mig if state.mig_enabled else []:
+            if m.gi not in state.gis:
+                self._serial += 1
+                state.gis[m.gi] = GiRecord(m.profile, m.placement, self._serial)
+
+    def _activate_mig_mode(self, state: GpuState) -> None:
+        """The pending MIG mode becomes current; every instance is gone (a reset or an unbind)."""
+        state.mig_enabled = state.mig_pending
+        for m in state.mig:
+            self._mig_handles.pop(m.uuid, None)
+        state.mig, state.gis = [], {}
+        state.mig_generation += 1
 
     def _catalogue(self, state: GpuState) -> dict[str, mig.MigProfile]:
         cat = state.spec.catalogue

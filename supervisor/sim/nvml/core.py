@@ -12,7 +12,7 @@ waits on a condition built on that lock, so it blocks without polling, wakes at 
 event is injected, and lets any other thread call in while it waits. Faults can be injected
 from any thread.
 
-The functions are grouped one module per area (`devices`, `migfuncs`, `events`, fault injection
+The functions are grouped one module per area (`devices`, `migfuncs`, `migcreate`, `events`, fault injection
 in `faults`, the shared state and lookups in `base`); this class only composes them and names
 the binding's constants.
 """
@@ -26,11 +26,11 @@ import pynvml
 from supervisor.sim.nvml.devices import DeviceFunctions
 from supervisor.sim.nvml.events import EventFunctions
 from supervisor.sim.nvml.faults import FaultInjection
-from supervisor.sim.nvml.migfuncs import MigFunctions
+from supervisor.sim.nvml.migcreate import MigLifecycle
 from supervisor.sim.nvml.pcitree import write_sysfs
 
 
-class Simulator(DeviceFunctions, MigFunctions, EventFunctions, FaultInjection):
+class Simulator(DeviceFunctions, MigLifecycle, EventFunctions, FaultInjection):
     """A simulated node behind the `pynvml` API, with fault injection. Build with `load_simulator`."""
 
     # The constants and error classes gpuvisor uses, spelled out for readers and type checkers;
@@ -66,6 +66,9 @@ class Simulator(DeviceFunctions, MigFunctions, EventFunctions, FaultInjection):
     NVML_NVLINK_DEVICE_TYPE_SWITCH = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
     NVML_DEVICE_MIG_DISABLE = pynvml.NVML_DEVICE_MIG_DISABLE
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_ERROR_IN_USE = pynvml.NVML_ERROR_IN_USE
+    NVML_ERROR_INSUFFICIENT_RESOURCES = pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    NVML_ERROR_RESET_REQUIRED = pynvml.NVML_ERROR_RESET_REQUIRED
     NVML_GPU_INSTANCE_PROFILE_COUNT = pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT
     NVML_FEATURE_DISABLED = pynvml.NVML_FEATURE_DISABLED
     NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED

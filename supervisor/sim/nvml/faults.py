@@ -91,13 +91,32 @@ class FaultInjection(SimulatorBase):
             self._cond.notify_all()
 
     def reset(self, uuid: str) -> None:
-        """A GPU reset: reachable again, pending page retirement and row remapping applied."""
+        """A GPU reset: reachable again, pending page retirement and row remapping applied, and a
+        pending MIG mode made current (its instances gone). Refused (ValueError) while processes
+        run on the GPU or its MIG devices, as `nvidia-smi --gpu-reset` refuses a GPU in use. A reset
+        that leaves MIG mode as it was keeps the instances (a real one drops them; a description's
+        layout stands for what a MIG manager would make again)."""
         with self._cond:
             state = self._find_gpu(uuid, "reset")
+            live = [state.spec.uuid, *(m.uuid for m in state.mig)]
+            busy = {u: state.processes[u] for u in live if state.processes[u] > 0}
+            if busy:
+                raise ValueError(f"GPU {uuid} is in use (processes: {busy}): a reset is refused")
             state.lost = False
             state.pending_retirement = False
             state.remapped_rows_pending = False
+            if state.mig_pending != state.mig_enabled:
+                self._activate_mig_mode(state)
             self._cond.notify_all()
+
+    def set_processes(self, uuid: str, count: int) -> None:
+        """How many processes run on a GPU or a MIG device (by UUID): while any do, destroying its
+        compute instance, a MIG mode change's activation and a reset answer "in use" (migcreate)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"a process count is an int >= 0, got {count!r}")
+        with self._cond:
+            state, _ = self._find(uuid)
+            state.processes[uuid] = count
 
     def set_pending_retirement(self, uuid: str, pending: bool = True) -> None:
         """Set whether the GPU has retired pages waiting for a reset."""
@@ -133,7 +152,7 @@ class FaultInjection(SimulatorBase):
                 raise ValueError(f"GPU {gpu_index} ({state.spec.name}) is not MIG-capable")
             new: list[MigSpec] = []
             if profiles is None:
-                state.mig_enabled = False
+                state.mig_enabled = state.mig_pending = False
             else:
                 unknown = [p for p in profiles if p not in cat]
                 if unknown:
@@ -149,9 +168,10 @@ class FaultInjection(SimulatorBase):
                     gi = mig.gi_id_for(prof, start)
                     uuid = derived_mig_uuid(state.spec.uuid, generation, gi, 0, prof.name)
                     new.append(MigSpec(profile=prof.name, placement=start, gi=gi, ci=0, uuid=uuid))
-                state.mig_enabled = True
+                state.mig_enabled = state.mig_pending = True
             state.mig_generation += 1
             state.mig = new
+            self._index_gis(state)
             return [m.uuid for m in new]
 
     def fail(self, function_name: str, error_code: int, count: int | None = None) -> None:

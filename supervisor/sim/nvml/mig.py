@@ -180,3 +180,30 @@ def place(profiles: list[MigProfile]) -> list[int] | None:
         return False
 
     return starts if search(0) else None
+
+
+# The compute-instance profile (NVML_COMPUTE_INSTANCE_PROFILE_*) of a compute instance spanning
+# a GPU instance of this many compute slices: the only one the simulator creates.
+CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+
+_FNV_OFFSET, _FNV_PRIME, _MASK64 = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
+
+
+def _fnv1a64(data: bytes) -> int:
+    h = _FNV_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * _FNV_PRIME) & _MASK64
+    return h
+
+
+def created_mig_uuid(gpu_uuid: str, created: int, gi: int, ci: int, profile: str) -> str:
+    """The UUID of the `created`-th compute instance made at run time on a GPU (1, 2, ...).
+
+    FNV-1a (64 bit) of "A<key>" and "B<key>", key "<gpu uuid>/<created>/<gi>/<ci>/<profile>":
+    a hash simple enough that the fake libnvidia-ml (tests/fakenvml/mig.c, `created_uuid`)
+    computes the very same one, so both doubles name a created MIG device alike; a new one for
+    every creation, as a real driver gives.
+    """
+    key = f"{gpu_uuid}/{created}/{gi}/{ci}/{profile}".encode()
+    digest = f"{_fnv1a64(b'A' + key):016x}{_fnv1a64(b'B' + key):016x}"
+    return f"MIG-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"

@@ -1,4 +1,7 @@
-"""The simulator's MIG functions: MIG mode, MIG device handles, attributes and GPU instances."""
+"""The simulator's MIG functions: MIG mode, MIG device handles, attributes and GPU instances.
+
+Creating and destroying instances and changing MIG mode are in `migcreate`, on top of these.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import pynvml
 
 from supervisor.sim.nvml import mig
 from supervisor.sim.nvml.base import (
+    GiRecord,
     GpuState,
     SimDeviceHandle,
     SimGpuInstanceHandle,
@@ -27,10 +31,12 @@ class MigFunctions(SimulatorBase):
 
     @nvml_function()
     def nvmlDeviceGetMigMode(self, device: object) -> list[int]:
+        """[current, pending] (nvml.h: the pending mode is the one after the next activation, a
+        reset: `nvmlDeviceSetMigMode`); NOT_SUPPORTED on a GPU without MIG."""
         state = self._full_gpu(device)
         self._catalogue(state)
-        mode = int(pynvml.NVML_DEVICE_MIG_ENABLE if state.mig_enabled else pynvml.NVML_DEVICE_MIG_DISABLE)
-        return [mode, mode]
+        on, off = int(pynvml.NVML_DEVICE_MIG_ENABLE), int(pynvml.NVML_DEVICE_MIG_DISABLE)
+        return [on if state.mig_enabled else off, on if state.mig_pending else off]
 
     @nvml_function()
     def nvmlDeviceGetMaxMigDeviceCount(self, device: object) -> int:
@@ -153,12 +159,14 @@ class MigFunctions(SimulatorBase):
         self._catalogue(state)
         if not state.mig_enabled:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if not any(m.gi == gpuInstanceId for m in state.mig):
+        record = state.gis.get(gpuInstanceId) if isinstance(gpuInstanceId, int) else None
+        if record is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_FOUND)
-        return SimGpuInstanceHandle(state.spec.index, gpuInstanceId, state.mig_generation)
+        return SimGpuInstanceHandle(state.spec.index, gpuInstanceId, record.serial)
 
-    @nvml_function()
-    def nvmlGpuInstanceGetInfo(self, gpuInstance: object) -> SimGpuInstanceInfo:
+    def _gi_of(self, gpuInstance: object) -> tuple[GpuState, GiRecord]:
+        """The GPU and GPU instance behind a GPU-instance handle: INVALID_ARGUMENT for what is not
+        one, or for one whose instance was destroyed (nvml.h: the handle becomes invalid)."""
         if not isinstance(gpuInstance, SimGpuInstanceHandle) or not 0 <= gpuInstance.gpu_index < len(
             self._gpus
         ):
@@ -166,10 +174,18 @@ class MigFunctions(SimulatorBase):
         state = self._gpus[gpuInstance.gpu_index]
         if state.lost:
             raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        found = next((m for m in state.mig if m.gi == gpuInstance.gi), None)
-        if found is None or gpuInstance.generation != state.mig_generation or not state.mig_enabled:
+        record = state.gis.get(gpuInstance.gi)
+        if record is None or record.serial != gpuInstance.serial or not state.mig_enabled:
             raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        prof = self._catalogue(state)[found.profile]
+        return state, record
+
+    @nvml_function()
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: object) -> SimGpuInstanceInfo:
+        state, record = self._gi_of(gpuInstance)
+        assert isinstance(gpuInstance, SimGpuInstanceHandle)
+        prof = self._catalogue(state)[record.profile]
         placement = pynvml.c_nvmlGpuInstancePlacement_t()
-        placement.start, placement.size = found.placement, prof.memory_slices
-        return SimGpuInstanceInfo(self._gpu_handles[state.spec.index], found.gi, prof.profile_id, placement)
+        placement.start, placement.size = record.start, prof.memory_slices
+        return SimGpuInstanceInfo(
+            self._gpu_handles[state.spec.index], gpuInstance.gi, prof.profile_id, placement
+        )
