@@ -28,6 +28,18 @@ BUCKETS: tuple[float, ...] = (
 )
 
 
+def cumulative(bounds: tuple[float, ...], buckets: list[int]) -> tuple[list[tuple[float, float]], float]:
+    """A histogram's per-bucket counts as Prometheus reads them: (upper bound, count at or under it)
+    for each finite bound, and the total (the +Inf bucket, the last of `buckets`)."""
+    out: list[tuple[float, float]] = []
+    total = 0
+    for le, n in zip((*bounds, float("inf")), buckets, strict=True):
+        total += n
+        if le != float("inf"):
+            out.append((le, float(total)))
+    return out, float(total)
+
+
 class Stats:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -54,12 +66,9 @@ class Stats:
         with self._lock:
             out: dict[str, float] = {f"count:{k}": v for k, v in self._counts.items()}
             for method, buckets in self._hist.items():
-                total = 0
-                for le, n in zip((*BUCKETS, float("inf")), buckets, strict=True):
-                    total += n
-                    if le != float("inf"):
-                        out[f"rpc_bucket:{method}:{le}"] = float(total)
-                out[f"rpc_count:{method}"] = float(total)
+                under, total = cumulative(BUCKETS, buckets)
+                out.update((f"rpc_bucket:{method}:{le}", n) for le, n in under)
+                out[f"rpc_count:{method}"] = total
                 out[f"rpc_sum:{method}"] = self._sums[method]
         for part in self._parts:
             out.update(part())

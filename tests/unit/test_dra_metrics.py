@@ -23,6 +23,7 @@ from supervisor.node.draplan import dra_plan
 from supervisor.observe.metrics import Metrics
 from supervisor.sim.drakubelet import ClaimStore
 from tests import nodes
+from tests.unit.test_dra_prepare import POOL, plan_for
 from worker.dra.claims import ClaimRef, DirectoryClaimSource
 from worker.dra.figures import BUCKETS, DraFigures, prepared_devices
 from worker.dra.prepare import Preparer, PrepareResult
@@ -30,7 +31,6 @@ from worker.dra.services import DraPluginService
 from worker.stats import Stats
 
 DRIVER = "gpu.nvidia.com"
-POOL = "node-a"
 # ExponentialBuckets(0.05, 2, 9) (k8s.io/component-base/metrics, as Prometheus's Go client makes
 # them: start, then each times the factor), written out.
 NVIDIA_BUCKETS = ["0.05", "0.1", "0.2", "0.4", "0.8", "1.6", "3.2", "6.4", "12.8"]
@@ -122,19 +122,7 @@ class Setup:
     """A DRA plan of the pcie-l4 node, its claims dir and a service over a real Preparer."""
 
     def __init__(self, tmp: Path) -> None:
-        config = config_from_data(
-            {
-                "version": "v1",
-                "gpuvisor": {
-                    "mode": "dra",
-                    "kubeletPluginsDir": str(tmp / "plugins"),
-                    "draClaimsDir": str(tmp / "claims"),
-                },
-            },
-            flags={"node_name": POOL},
-            source="test",
-        )
-        self.plan = dra_plan(nodes.pcie_l4(), config)
+        self.plan = plan_for(tmp)
         assert self.plan.dra is not None
         self.store = ClaimStore(self.plan.dra.claims_dir)
         self.figures = DraFigures(POOL)

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from common.dracheckpoint import PreparedClaim
 from common.model import AllocatableDevice
+from worker.stats import cumulative
 
 OPERATIONS = ("prepare", "unprepare")
 RESULTS = ("ok", "error")
@@ -117,12 +118,9 @@ class DraFigures:
         out: dict[str, float] = {}
         with self._lock:
             for (op, result), buckets in self._buckets.items():
-                total = 0
-                for le, n in zip((*BUCKETS, float("inf")), buckets, strict=True):
-                    total += n
-                    if le != float("inf"):
-                        out[f"dra_bucket:{op}:{result}:{le!r}"] = float(total)
-                out[f"dra_count:{op}:{result}"] = float(total)
+                under, total = cumulative(BUCKETS, buckets)
+                out.update((f"dra_bucket:{op}:{result}:{le!r}", n) for le, n in under)
+                out[f"dra_count:{op}:{result}"] = total
                 out[f"dra_sum:{op}:{result}"] = self._sums[(op, result)]
             for (op, kind), n in self._errors.items():
                 out[f"dra_errors:{op}:{kind}"] = float(n)
