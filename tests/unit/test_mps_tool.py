@@ -3,19 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pynvml
 import pytest
 
+from supervisor.mps.claims import ClaimDaemonSettings
 from supervisor.mps.tool import ControlTool
 from supervisor.sim.nvml import load_simulator
-
-
-@dataclass(frozen=True)
-class Spec:
-    resource: str
-    gpu_uuids: tuple[str, ...]
 
 
 def test_a_daemon_of_full_gpus_and_mig_devices_sets_the_full_gpus_mode_only() -> None:
@@ -27,7 +20,8 @@ def test_a_daemon_of_full_gpus_and_mig_devices_sets_the_full_gpus_mode_only() ->
     full = sim.nvmlDeviceGetHandleByIndex(4)  # mig-a100: GPUs 4-7 without MIG
     parent = sim.nvmlDeviceGetHandleByIndex(0)
     mig = sim.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
-    spec = Spec("claim", (sim.nvmlDeviceGetUUID(full), sim.nvmlDeviceGetUUID(mig)))
+    uuids = (sim.nvmlDeviceGetUUID(full), sim.nvmlDeviceGetUUID(mig))
+    spec = ClaimDaemonSettings("uid", "uid-00000", "/nonexistent", uuids, None, ())
     assert spec.gpu_uuids[1].startswith("MIG-")
     with pytest.raises(pynvml.NVMLError_NotSupported):  # as NVML answers for a MIG device
         sim.nvmlDeviceSetComputeMode(mig, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
