@@ -426,3 +426,57 @@ def test_an_mps_claim_keeps_its_daemon_and_spec_through_worker_and_supervisor_re
         ((_, answer),) = cluster.kubelet.stop_pod(pod_uid, refs).items()
         assert answer.error == ""
         assert_clean(cluster, [uid], [home], [pid])
+
+
+def test_a_device_class_config_reaches_the_driver_as_the_allocation_carries_it(
+    clusters: Callable[[str], Cluster],
+) -> None:
+    """No class of the demos carries `spec.config`; a class that does (the driver's gpu.nvidia.com
+    selector plus a GpuConfig TimeSlicing Long, an example of ours) used by gpu-test1's template:
+    the allocation carries the class's entry with source FromClass for the request (the
+    allocator copies class config into `status.allocation.devices.config`), and gpuvisor applies
+    it as NVIDIA's driver does a claim's own: the GPU's timeslice is Long until unprepare."""
+    cluster = clusters("a100")
+    gpu_class = demospecs.classes()["gpu.nvidia.com"]
+    sliced: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "ts-long.gpu.nvidia.com"},
+        "spec": {
+            "selectors": gpu_class["spec"]["selectors"],
+            "config": [
+                {
+                    "opaque": {
+                        "driver": "gpu.nvidia.com",
+                        "parameters": {
+                            "apiVersion": "resource.nvidia.com/v1beta1",
+                            "kind": "GpuConfig",
+                            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+                        },
+                    }
+                }
+            ],
+        },
+    }
+    base = next(d for d in demospecs.DEMOS if d.id == "quickstart/v1/gpu-test1")
+    template = to_v1(base.templates()["single-gpu"])
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = (
+        "ts-long.gpu.nvidia.com"
+    )
+    demo = demospecs.Demo("class-config", "a100", (template,), base.pods[:1])
+    cluster.allocator.classes[sliced["metadata"]["name"]] = sliced
+    placed = place(cluster, demo)
+    try:
+        ((_, pod_uid, refs),) = placed.pods
+        ((uid, key),) = placed.keys.items()
+        assert placed.stored[uid]["status"]["allocation"]["devices"]["config"] == [
+            {"source": "FromClass", "requests": ["gpu"], **sliced["spec"]["config"][0]}
+        ]
+        answers = cluster.kubelet.start_pod(pod_uid, refs)
+        want = {"gpu": Want(sharing=("TimeSlicing", "Long"))}
+        assert check_claim(cluster, uid, key, want, placed.stored[uid], answers[uid]) is None
+        assert [a.error for a in cluster.kubelet.stop_pod(pod_uid, refs).values()] == [""]
+        assert_clean(cluster, [uid], [], [])
+    finally:
+        del cluster.allocator.classes[sliced["metadata"]["name"]]
+        remove(cluster, placed)
