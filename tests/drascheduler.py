@@ -29,7 +29,7 @@ import itertools
 import secrets
 import string
 import uuid as uuidlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,9 +125,12 @@ class Allocator:
         self.classes = classes
         self.in_use: dict[str, str] = {}  # device -> claim uid
         self._env = cel.NewEnv(variables={"device": cel.Type.DYN}, extensions=[ext_strings.ExtStrings()])
+        self._compiled: dict[str, Any] = {}
 
     def _matches(self, expression: str, device: Device, where: str) -> bool:
-        value = self._env.compile(expression).eval(data={"device": device.cel()})
+        if expression not in self._compiled:
+            self._compiled[expression] = self._env.compile(expression)
+        value = self._compiled[expression].eval(data={"device": device.cel()})
         if value.type() == cel.Type.ERROR:
             raise Unschedulable(f"{where}: CEL runtime error: {value.value()}")
         return value.plain_value() is True
@@ -262,8 +265,3 @@ class KubeletClaims:
             if not answers[c[2]].error:
                 del self.prepared[c[2]]
         return answers
-
-
-def pod_uids(names: Sequence[str]) -> Iterator[tuple[str, str]]:
-    for name in names:
-        yield name, str(uuidlib.uuid4())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,10 @@ class Cluster:
     allocator: Allocator
     kubelet: KubeletClaims
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> slice device
+    smi_seen: int = 0  # nvidia-smi commands run before the test at hand
+
+    def mark(self) -> None:
+        self.smi_seen = len(smifake.commands(self.smi))
 
     def uuid_of(self, device: str) -> str:
         return str(self.devices[device]["attributes"]["uuid"]["string"])
@@ -181,14 +186,14 @@ def place(cluster: Cluster, demo: demospecs.Demo) -> Placed:
     templates = {n: to_v1(o) for n, o in demo.templates().items()}
     placed = Placed([], {}, {})
     by_name: dict[str, dict[str, Any]] = {}
-    for i, pod in enumerate(demo.pods):
-        uid = f"00000000-0000-4000-8000-{i:012d}"
+    for pod in demo.pods:
+        uid = str(uuidlib.uuid4())
         refs = []
         for pod_claim, (how, name) in pod.claims:
             if how == "claim":
                 if name not in by_name:
                     claim = named[name]
-                    claim["metadata"]["uid"] = f"{demo.id}-{name}".replace("/", "-").replace("+", "-")
+                    claim["metadata"]["uid"] = str(uuidlib.uuid4())
                     by_name[name] = cluster.allocator.allocate(claim, (pod.name, uid))
                     placed.keys[claim["metadata"]["uid"]] = name
                 else:  # the scheduler reserves an allocated claim for each further pod
@@ -277,7 +282,10 @@ def check_claim(
                     "/tmp/nvidia-mps": str(home / "pipe"),
                     "/dev/shm": str(home / "shm"),
                 }
-            if strategy == "TimeSlicing":
+            if strategy != "TimeSlicing":  # nor on a MIG device's parent (NVIDIA: GpuUUIDs() only)
+                parent = cluster.parent_of(device)
+                assert not [c for c in smifake.commands(cluster.smi)[cluster.smi_seen :] if parent in c], key
+            else:
                 gpu = cluster.uuid_of(device)
                 assert smifake.timeslices(cluster.smi)[gpu] == INTERVALS[w.sharing[1]], (key, device)
                 assert (
@@ -326,6 +334,7 @@ def test_a_demo_is_prepared_with_its_devices_spec_and_sharing_then_unprepared_cl
     config's limits; once its last pod stops, spec, checkpoint entry and daemon are gone and the
     timeslices are back to Default."""
     cluster = clusters(demo.node)
+    cluster.mark()
     want, calls = EXPECTED[os.path.basename(demo.id)]
     before = len(cluster.kubelet.calls)
     placed = place(cluster, demo)
@@ -437,6 +446,7 @@ def test_a_device_class_config_reaches_the_driver_as_the_allocation_carries_it(
     allocator copies class config into `status.allocation.devices.config`), and gpuvisor applies
     it as NVIDIA's driver does a claim's own: the GPU's timeslice is Long until unprepare."""
     cluster = clusters("a100")
+    cluster.mark()
     gpu_class = demospecs.classes()["gpu.nvidia.com"]
     sliced: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
