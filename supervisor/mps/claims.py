@@ -24,7 +24,7 @@ is NVIDIA's: `<claim UID>-<the first 5 hex digits of the SHA-256 of the GPU UUID
 The daemon runs with CUDA_VISIBLE_DEVICES set to the claim's GPUs, and is told, in NVIDIA's
 template's order, `set_default_active_thread_percentage <n>` (when set) and then
 `set_default_device_pinned_mem_limit <GPU UUID> <MiB>M` for each GPU with a limit (by UUID, as Go's
-template ranges over the map); the GPUs are put in EXCLUSIVE_PROCESS compute mode first, as NVIDIA
+template ranges over the map); its full GPUs are put in EXCLUSIVE_PROCESS compute mode first, as NVIDIA
 does, and back in DEFAULT when the daemon stops (NVIDIA leaves them exclusive).
 
 Who wants a daemon: a claim in the DRA checkpoint (common/dracheckpoint.py, the one record of

@@ -29,6 +29,7 @@ from supervisor.mps.layout import (
 )
 
 log = logging.getLogger("gpuvisor.mps")
+MIG_PREFIX = "MIG-"  # an NVML MIG device UUID (MIG-<uuid>, or MIG-GPU-<uuid>/<gi>/<ci> before R470)
 
 
 class ControlTool:
@@ -136,11 +137,17 @@ class ControlTool:
         return True, done.stdout.strip()
 
     def set_compute_mode(self, s: DaemonSpec, *, exclusive: bool) -> str:
-        """EXCLUSIVE_PROCESS (or back to DEFAULT) on every GPU of the resource; an error text or ""."""
+        """EXCLUSIVE_PROCESS (or back to DEFAULT) on every full GPU of the resource; an error text
+        or "". A MIG device has no compute mode of its own (NVML answers NotSupported): NVIDIA's
+        kubelet plugin sets it on the daemon's full GPUs only (v0.4.1 sharing.go
+        `MpsControlDaemon.Start`: `setComputeMode(m.devices.GpuUUIDs(), ...)`), so a claim of
+        MIG devices under MPS changes no compute mode."""
         module = self._nvml
         name = "EXCLUSIVE_PROCESS" if exclusive else "DEFAULT"
         mode = getattr(module, f"NVML_COMPUTEMODE_{name}")
         for uuid in s.gpu_uuids:
+            if uuid.startswith(MIG_PREFIX):
+                continue
             try:
                 handle = module.nvmlDeviceGetHandleByUUID(uuid)
                 module.nvmlDeviceSetComputeMode(handle, mode)

@@ -7,6 +7,7 @@ everything undone when a step fails or the last claim goes."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from tests import draconfigs as dc
 from tests import nodes, smifake
 from tests.unit.test_dra_prepare import POOL, plan_for
 from worker.dra.claims import ClaimRef, DirectoryClaimSource
+from worker.dra.claimspec import ClaimSpecs
 from worker.dra.edits import CdiMount, ContainerEdits, MpsLimits, SharingError
 from worker.dra.prepare import Preparer
 from worker.dra.sharing import TimeSlicer
@@ -124,6 +126,27 @@ def test_the_time_sliced_and_mps_demo_claim_starts_one_daemon_and_carries_its_ed
     assert again == result and len(n.mps.started) == 1
     assert n.new_preparer().unprepare([ref]) == {ref.uid: ""}
     assert n.mps.stopped == [ref.uid] and n.timeslices() == [0, 0, 0, 0]
+
+
+def test_only_the_mps_devices_of_a_claim_get_the_daemons_edits_in_its_spec(n: Node, tmp_path: Path) -> None:
+    """gpu-test5 with a claim spec: the daemon's pipe env and mount are on `mps-gpu`'s device
+    only; `ts-gpu`'s device in the same spec has none (NVIDIA's prepareDevices gives each config
+    group's devices that group's edits, device_state.go v0.4.1), so its containers do not join
+    a daemon that does not serve their GPU."""
+    assert n.plan.dra is not None
+    checkpoint = Checkpoint(n.plan.dra.plugin_dir)
+    checkpoint.load()
+    source = DirectoryClaimSource(n.plan.dra.claims_dir)
+    specs = ClaimSpecs(n.plan, str(tmp_path / "cdi"))
+    preparer = Preparer(n.plan, source, checkpoint, mps=n.mps, timeslicer=n.timeslicer, specs=specs)
+    ref = n.put(dc.gpu_test5("gpu-0", "gpu-2"))
+    assert preparer.prepare([ref])[ref.uid].error == ""
+    with open(tmp_path / "cdi" / f"k8s.gpu.nvidia.com-claim_{ref.uid}.yaml", encoding="utf-8") as fh:
+        devices = {d["name"]: d["containerEdits"] for d in json.load(fh)["devices"]}
+    assert devices[f"{ref.uid}-gpu-2"]["env"] == [f"CUDA_MPS_PIPE_DIRECTORY=/mps/{ref.uid}/pipe"]
+    assert [m["containerPath"] for m in devices[f"{ref.uid}-gpu-2"]["mounts"]] == [f"/mps/{ref.uid}/pipe"]
+    assert "env" not in devices[f"{ref.uid}-gpu-0"] and "mounts" not in devices[f"{ref.uid}-gpu-0"]
+    assert preparer.unprepare([ref]) == {ref.uid: ""}
 
 
 def test_a_bad_config_is_its_claims_error_and_the_others_are_prepared(n: Node) -> None:

@@ -50,7 +50,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from common.dracheckpoint import Checkpoint, CheckpointError, DeviceSharing, PreparedClaim, PreparedDevice
+from common.dracheckpoint import (
+    MPS,
+    Checkpoint,
+    CheckpointError,
+    DeviceSharing,
+    PreparedClaim,
+    PreparedDevice,
+)
 from common.model import AllocatableDevice, ResourcePlan
 from worker.dra.claims import (
     AllocatedDevice,
@@ -368,11 +375,17 @@ class Preparer:
         by_id: dict[str, AllocatableDevice],
         edits: ContainerEdits,
     ) -> tuple[PreparedDevice, ...]:
-        """Write the claim's CDI spec, its sharing's edits on each of its devices; the devices
-        answered with the spec's IDs."""
+        """Write the claim's CDI spec; the devices answered with the spec's IDs. The sharing's
+        edits (the MPS daemon's) go on the claim's MPS devices only: NVIDIA gives each config
+        group's devices that group's edits (device_state.go `prepareDevices`), so a time-sliced
+        or plain device of the same claim does not join the daemon."""
         if self._specs is None:
             return devices
-        self._specs.write(ref.uid, [(by_id[d.device], edits) for d in devices])
+        none = ContainerEdits()
+        self._specs.write(
+            ref.uid,
+            [(by_id[d.device], edits if d.sharing and d.sharing.strategy == MPS else none) for d in devices],
+        )
         return tuple(
             dataclasses.replace(d, cdi_device_ids=(claim_device_id(ref.uid, d.device),)) for d in devices
         )
