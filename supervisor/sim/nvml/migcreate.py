@@ -42,7 +42,7 @@ from supervisor.sim.nvml.base import (
 )
 from supervisor.sim.nvml.config import MigSpec
 from supervisor.sim.nvml.devices import _out_struct
-from supervisor.sim.nvml.migfuncs import MigFunctions
+from supervisor.sim.nvml.migfuncs import MigFunctions, shared_engines
 
 _SUCCESS = int(pynvml.NVML_SUCCESS)
 
@@ -253,12 +253,7 @@ class MigLifecycle(MigFunctions):
         info.id = value
         info.sliceCount = prof.compute_slices
         info.instanceCount = 1
-        info.multiprocessorCount = prof.multiprocessors
-        info.sharedCopyEngineCount = prof.copy_engines
-        info.sharedDecoderCount = prof.decoders
-        info.sharedEncoderCount = 0
-        info.sharedJpegCount = prof.jpegs
-        info.sharedOfaCount = prof.ofas
+        shared_engines(info, prof)
         if version == 2:
             info.version = pynvml.nvmlComputeInstanceProfileInfo_v2
             info.name = f"MIG {prof.name}"  # the spanning CI carries its GI's profile name

@@ -24,6 +24,17 @@ from supervisor.sim.nvml.base import (
 from supervisor.sim.nvml.config import MigSpec
 
 
+def shared_engines(out: Any, prof: mig.MigProfile) -> None:
+    """The multiprocessors and shared engines of `prof` into an NVML struct that names them
+    `shared<Engine>Count` (a MIG device's attributes, a compute instance profile's info)."""
+    out.multiprocessorCount = prof.multiprocessors
+    out.sharedCopyEngineCount = prof.copy_engines
+    out.sharedDecoderCount = prof.decoders
+    out.sharedEncoderCount = 0
+    out.sharedJpegCount = prof.jpegs
+    out.sharedOfaCount = prof.ofas
+
+
 class MigFunctions(SimulatorBase):
     """The nvmlDevice*/nvmlGpuInstance* functions of MIG, over the catalogues in `mig`."""
 
@@ -99,12 +110,7 @@ class MigFunctions(SimulatorBase):
             attrs.memorySizeMB = state.spec.memory_mib
             return attrs
         prof = self._catalogue(state)[self._mig_of(state, device).profile]
-        attrs.multiprocessorCount = prof.multiprocessors
-        attrs.sharedCopyEngineCount = prof.copy_engines
-        attrs.sharedDecoderCount = prof.decoders
-        attrs.sharedEncoderCount = 0
-        attrs.sharedJpegCount = prof.jpegs
-        attrs.sharedOfaCount = prof.ofas
+        shared_engines(attrs, prof)
         attrs.gpuInstanceSliceCount = prof.compute_slices
         attrs.computeInstanceSliceCount = prof.compute_slices  # one CI spans its whole GI
         attrs.memorySizeMB = prof.memory_mib
