@@ -14,7 +14,7 @@ from supervisor.sim.nvml import load_simulator
 def test_a_daemon_of_full_gpus_and_mig_devices_sets_the_full_gpus_mode_only() -> None:
     """EXCLUSIVE_PROCESS goes on the full GPU and back to DEFAULT; a MIG device (which NVML gives
     no compute mode: NotSupported) is left alone, as NVIDIA's kubelet plugin sets the mode on the
-    daemon's full GPUs only (v0.4.1 sharing.go `MpsControlDaemon.Start`, `GpuUUIDs()`)."""
+    daemon's full GPUs only (v0.4.1 sharing.go: `MpsControlDaemon.Start` over its `GpuUUIDs` list)."""
     sim = load_simulator("mig-a100")
     sim.nvmlInit()
     full = sim.nvmlDeviceGetHandleByIndex(4)  # mig-a100: GPUs 4-7 without MIG
