@@ -126,7 +126,9 @@ class DeviceSharing:
     gpu_uuid: str  # the GPU it is on: the one whose compute-policy timeslice was set
     interval: str = ""  # TimeSlicing: Default, Short, Medium or Long
     active_thread_percentage: int | None = None  # MPS, each None when unset
-    pinned_memory_limit: int | None = None  # MPS: bytes, every device of the claim's daemon; a memory share's bytes
+    pinned_memory_limit: int | None = (
+        None  # MPS: bytes, every device of the claim's daemon; a memory share's bytes
+    )
     per_device_pinned_memory_limit: tuple[tuple[str, int], ...] = ()  # MPS: (UUID, bytes)
 
     def to_json(self) -> dict[str, Any]:

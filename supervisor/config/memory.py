@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from supervisor.config.errors import Invalid, kind, show
 
@@ -70,7 +71,9 @@ def _pairs(text: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or key not in KEYS:
-            raise Invalid(f"{show(item.strip())}: expected step=, default= or minimum= (e.g. step=1Gi,default=4Gi)")
+            raise Invalid(
+                f"{show(item.strip())}: expected step=, default= or minimum= (e.g. step=1Gi,default=4Gi)"
+            )
         if key in out:
             raise Invalid(f"{key} is given twice")
         out[key] = value.strip()
@@ -82,7 +85,7 @@ def memory_sharing(value: object) -> MemorySharing | None:
     if value is None or (isinstance(value, str) and value.strip() in ("", "off")):
         return None
     if isinstance(value, str):
-        raw: Mapping[object, object] = _pairs(value)
+        raw: Mapping[Any, Any] = _pairs(value)
     elif isinstance(value, Mapping):
         raw = value
     else:
