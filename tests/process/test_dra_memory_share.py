@@ -112,10 +112,10 @@ def test_three_claims_share_one_gpu_by_memory_each_held_to_its_share(api: Runnin
                     assert past.returncode == 2 and "CUDA_ERROR_OUT_OF_MEMORY" in past.stdout, past.stdout
                 assert len(pipes) == 1  # one daemon serves the GPU's shares
                 assert len(_daemons(node)) == 1
-                for name, memory in SHARES.items():
-                    assert wait_until(lambda n=name, m=memory: _status_share(api, n) == m, 30), node.log()[
-                        -3000:
-                    ]
+                shown = {name: memory for name, memory in SHARES.items()}
+                assert wait_until(lambda: {n: _status_share(api, n) for n in SHARES} == shown, 30), (
+                    node.log()[-3000:]
+                )
 
                 for name in ("share-a", "share-b"):
                     ref = refs[name]
