@@ -97,7 +97,7 @@ def test_the_file_key_is_nested_under_gpuvisor_dra_and_the_flag_wins() -> None:
     assert cfg(text, dra_memory_sharing="step=2Gi").dra_memory_sharing == MemorySharing(2 * GI, 2 * GI, 2 * GI)
     with pytest.raises(ConfigError, match=r"gpuvisor\.dra\.memorySharing: step is required"):
         cfg("gpuvisor: {dra: {memorySharing: {default: 4Gi}}}")
-    with pytest.raises(ConfigError, match="gpuvisor.dra: this section must be a mapping"):
+    with pytest.raises(ConfigError, match=r"gpuvisor\.dra: this section must be a mapping"):
         cfg("gpuvisor: {dra: 3}")
 
 
