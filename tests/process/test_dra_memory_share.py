@@ -145,3 +145,34 @@ def test_an_api_server_without_the_gate_gets_the_gpus_whole_and_says_so(api: Run
         assert not any("allowMultipleAllocations" in d for s in node.slices() for d in s["spec"]["devices"])
         assert "DRAConsumableCapacity" in node.log()
         assert api.state.errors == []
+
+
+def test_a_reload_turns_memory_sharing_on_and_off(api: RunningApiServer, tmp_path: Path) -> None:
+    """The setting is the node's config: a changed config file and SIGHUP publish the GPUs shared
+    by memory (a new pool generation), and the next reload without it publishes them whole again,
+    with no restart of the DRA worker."""
+    from tests.harness import sighup_and_wait
+
+    api.state.consumable_capacity = True
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\ngpuvisor: {mode: dra}\n")
+    with DraNode("pcie-l4", args=("--config-file", str(config)), api=api) as node:
+        node.wait_registered()
+        worker = node.dra_worker_pid()
+
+        def shared() -> set[bool]:
+            return {
+                d.get("allowMultipleAllocations") is True for s in node.slices() for d in s["spec"]["devices"]
+            }
+
+        assert wait_until(lambda: shared() == {False}, 30)
+        config.write_text(
+            "version: v1\ngpuvisor: {mode: dra, dra: {memorySharing: {step: 1Gi, default: 2Gi}}}\n"
+        )
+        sighup_and_wait(node)
+        assert wait_until(lambda: shared() == {True}, 30), node.log()[-3000:]
+        config.write_text("version: v1\ngpuvisor: {mode: dra}\n")
+        sighup_and_wait(node)
+        assert wait_until(lambda: shared() == {False}, 30), node.log()[-3000:]
+        assert node.dra_worker_pid() == worker
+        assert api.state.errors == []
