@@ -259,7 +259,9 @@ class DraSide:
         # What the slices show of a condition (its repeats move only last_event).
         shown = tuple((c.gpu_uuid, c.gi, c.ci, c.name, c.recovery, c.since) for c in conditions)
         dra = plan.dra if plan is not None else None
-        memory = (dra.memory_step, dra.memory_default, dra.memory_minimum) if dra and dra.memory_step else None
+        memory = (
+            (dra.memory_step, dra.memory_default, dra.memory_minimum) if dra and dra.memory_step else None
+        )
         key = (publish, node, shown, device_plugin_running, memory)
         if key == self._key:
             return

@@ -310,7 +310,9 @@ def test_a_gpus_memory_share_daemon_lives_while_any_claim_shares_the_gpu(tmp_pat
         checkpoint.load()
         checkpoint.drop(c.uid for c in checkpoint.claims())
         sharing = DeviceSharing(MEMORY_SHARE, GPUS[0], GPUS[0], pinned_memory_limit=4 << 30)
-        device = PreparedDevice(("gpu",), "node", "gpu-0", ("k8s.gpu.nvidia.com/claim=x",), "s", sharing=sharing)
+        device = PreparedDevice(
+            ("gpu",), "node", "gpu-0", ("k8s.gpu.nvidia.com/claim=x",), "s", sharing=sharing
+        )
         checkpoint.put([PreparedClaim(uid, "default", f"c-{uid}", (device,), time.time()) for uid in uids])
         claims.daemons.checkpoint_changed()
 

@@ -102,7 +102,9 @@ def test_a_share_beside_a_gpuconfig_sharing_or_of_two_gpus_is_refused(n: Node) -
     assert "cannot apply to it as well" in n.preparer.prepare([ref])[ref.uid].error
     two = dc.memory_share("default", "two", "gpu-0", "4Gi", POOL)
     results = two["status"]["allocation"]["devices"]["results"]
-    results.append({**copy.deepcopy(results[0]), "device": "gpu-1", "shareID": "1b0e7c6e-3f4a-4b7e-9a55-6c1f0d2e8a11"})
+    results.append(
+        {**copy.deepcopy(results[0]), "device": "gpu-1", "shareID": "1b0e7c6e-3f4a-4b7e-9a55-6c1f0d2e8a11"}
+    )
     two["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
     n.store.put(two)
     ref = ClaimRef("default", "two", two["metadata"]["uid"])

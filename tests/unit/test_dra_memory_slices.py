@@ -94,7 +94,9 @@ def test_the_file_key_is_nested_under_gpuvisor_dra_and_the_flag_wins() -> None:
     config = cfg(text)
     assert config.dra_memory_sharing == MemorySharing(GI, 4 * GI, GI)
     assert "gpuvisor.dra.colour" in config.unknown_keys
-    assert cfg(text, dra_memory_sharing="step=2Gi").dra_memory_sharing == MemorySharing(2 * GI, 2 * GI, 2 * GI)
+    assert cfg(text, dra_memory_sharing="step=2Gi").dra_memory_sharing == MemorySharing(
+        2 * GI, 2 * GI, 2 * GI
+    )
     with pytest.raises(ConfigError, match=r"gpuvisor\.dra\.memorySharing: step is required"):
         cfg("gpuvisor: {dra: {memorySharing: {default: 4Gi}}}")
     with pytest.raises(ConfigError, match=r"gpuvisor\.dra: this section must be a mapping"):
@@ -107,7 +109,9 @@ def test_the_dra_plan_carries_the_policy_and_a_change_changes_the_plan() -> None
     text = "gpuvisor: {mode: dra, dra: {memorySharing: {step: 1Gi, default: 4Gi}}}"
     dra = plan_resources(nodes.pcie_l4(), cfg(text, node_name="n1"))["gpu.nvidia.com"].dra
     assert dra is not None and (dra.memory_step, dra.memory_default, dra.memory_minimum) == (GI, 4 * GI, GI)
-    plain = plan_resources(nodes.pcie_l4(), cfg("gpuvisor: {mode: dra}", node_name="n1"))["gpu.nvidia.com"].dra
+    plain = plan_resources(nodes.pcie_l4(), cfg("gpuvisor: {mode: dra}", node_name="n1"))[
+        "gpu.nvidia.com"
+    ].dra
     assert plain is not None and plain.memory_step == 0
 
 
@@ -175,7 +179,9 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(("case", "device", "where"), REFUSED, ids=[c[0] for c in REFUSED])
-def test_a_bad_request_policy_is_refused_by_both_checks(case: str, device: dict[str, Any], where: str) -> None:
+def test_a_bad_request_policy_is_refused_by_both_checks(
+    case: str, device: dict[str, Any], where: str
+) -> None:
     """Each of validation.go's request-policy rules refuses its case in the fake API server and in
     gpuvisor's own pre-send check (which must never send what the server refuses)."""
     fake = slice_capacity_problems(device, "spec.devices[0]")
@@ -201,11 +207,20 @@ def test_a_good_request_policy_passes_both_checks(case: str, device: dict[str, A
 
 def test_the_fakes_valid_values_rules() -> None:
     """validValues: ascending, at most 10, none above the capacity, the default among them."""
-    assert "ascending" in slice_capacity_problems(_device({"default": "4Gi", "validValues": ["8Gi", "4Gi"]}), "d")[0]
+    assert (
+        "ascending"
+        in slice_capacity_problems(_device({"default": "4Gi", "validValues": ["8Gi", "4Gi"]}), "d")[0]
+    )
     many = [f"{i}Gi" for i in range(1, 12)]
     assert "Too many" in slice_capacity_problems(_device({"default": "1Gi", "validValues": many}), "d")[0]
-    assert "larger than capacity" in slice_capacity_problems(_device({"default": "4Gi", "validValues": ["4Gi", "48Gi"]}), "d")[0]
-    assert "default value" in slice_capacity_problems(_device({"default": "2Gi", "validValues": ["4Gi"]}), "d")[0]
+    assert (
+        "larger than capacity"
+        in slice_capacity_problems(_device({"default": "4Gi", "validValues": ["4Gi", "48Gi"]}), "d")[0]
+    )
+    assert (
+        "default value"
+        in slice_capacity_problems(_device({"default": "2Gi", "validValues": ["4Gi"]}), "d")[0]
+    )
     assert "Required" in slice_capacity_problems(_device({"validValues": ["4Gi"]}), "d")[0]  # fmt: skip
 
 
