@@ -35,6 +35,7 @@ from supervisor.dra.memshare import capacity_problems, request_policy, status_da
 from supervisor.dra.slices import build_slices, slice_problems
 from supervisor.node.planning import plan_resources
 from tests import nodes
+from tests.helpers import wait_until
 from tests.kubeapi.capacity import drop_consumable_capacity, result_problems, slice_capacity_problems
 from tests.kubeapi.validation import resource_claim_problems, resource_slice_problems
 
@@ -251,3 +252,55 @@ def test_a_memory_share_shows_in_its_claims_status_data() -> None:
     assert status_data(share) == {"memoryShare": "6Gi", "mpsPinnedDeviceMemoryLimit": "6144M", "gpu": "GPU-1"}
     assert status_data(DeviceSharing(MPS, "GPU-1", "GPU-1", pinned_memory_limit=GI)) is None
     assert status_data(None) is None
+
+
+# ---------------------------------------------------------------------------------- the publisher
+
+
+def _publisher(api: Any) -> Any:
+    from tests.unit.test_dra_publish import NODE, Pub
+
+    api.state.add_node(NODE)
+    return Pub(api)
+
+
+def test_the_publisher_asks_once_and_publishes_shared_where_the_server_keeps_the_fields(api: Any) -> None:
+    """DRAConsumableCapacity on: one dry-run create (counted `sharing-kept`), then every full GPU
+    is stored shared; the fake found nothing to refuse."""
+    from supervisor.dra.slices import PoolWant
+
+    api.state.consumable_capacity = True
+    pub = _publisher(api)
+    pub.publisher.start()
+    try:
+        pub.publisher.want(PoolWant(True, nodes.pcie_l4(), memory_sharing=POLICY))
+        assert wait_until(
+            lambda: len(pub.devices()) == 4 and all(d.get("allowMultipleAllocations") for d in pub.devices())
+        )
+        assert pub.counts.count(("probe", "sharing-kept")) == 1
+        assert pub.publisher.status()["memory_sharing"] == "kept" and api.state.errors == []
+    finally:
+        pub.publisher.stop()
+        pub.client.close()
+
+
+def test_fields_dropped_on_a_real_write_turn_the_gpus_whole(api: Any) -> None:
+    """A server that kept the fields when probed but drops them on a write (a rollback of the
+    API server, its gate turned off): the answer shows it, status says `dropped`, and the pool
+    stays as stored, whole (the next pass builds it whole too, so it finds nothing to rewrite)."""
+    from supervisor.dra.slices import PoolWant
+
+    pub = _publisher(api)
+    pub.publisher.probes["sharing"].state = True  # as if probed before
+    api.state.consumable_capacity = False
+    pub.publisher.start()
+    try:
+        pub.publisher.want(PoolWant(True, nodes.pcie_l4(), memory_sharing=POLICY))
+        assert wait_until(lambda: pub.publisher.status()["memory_sharing"] == "dropped")
+        assert wait_until(lambda: len(pub.devices()) == 4)
+        assert not any("allowMultipleAllocations" in d for d in pub.devices())
+        assert wait_until(lambda: ("pass", "unchanged") in pub.counts)  # the pass after: in step
+        assert pub.generations() == {1} and pub.publisher.writes["update"] == 0
+    finally:
+        pub.publisher.stop()
+        pub.client.close()
