@@ -109,6 +109,10 @@ class CheckpointError(Exception):
 
 TIME_SLICING = "TimeSlicing"  # NVIDIA's sharing strategies (resource.nvidia.com/v1beta1, sharing.go)
 MPS = "MPS"
+# gpuvisor's own: a GPU shared by memory (consumable capacity), the share in `pinned_memory_limit`;
+# the claim's containers are clients of the GPU's one MPS daemon (`memory_share_uid`).
+MEMORY_SHARE = "MemoryShare"
+STRATEGIES = (TIME_SLICING, MPS, MEMORY_SHARE)
 MAX_PER_DEVICE_LIMITS = 64
 
 
@@ -117,12 +121,14 @@ class DeviceSharing:
     """How a prepared device is shared, as its claim's configuration resolved
     (worker.dra.config): what an unprepare undoes, after a restart too."""
 
-    strategy: str  # TIME_SLICING or MPS
+    strategy: str  # TIME_SLICING, MPS or MEMORY_SHARE
     uuid: str  # the device's own UUID (a GPU's or a MIG device's)
     gpu_uuid: str  # the GPU it is on: the one whose compute-policy timeslice was set
     interval: str = ""  # TimeSlicing: Default, Short, Medium or Long
     active_thread_percentage: int | None = None  # MPS, each None when unset
-    pinned_memory_limit: int | None = None  # MPS: bytes, every device of the claim's daemon
+    pinned_memory_limit: int | None = (
+        None  # MPS: bytes, every device of the claim's daemon; a memory share's bytes
+    )
     per_device_pinned_memory_limit: tuple[tuple[str, int], ...] = ()  # MPS: (UUID, bytes)
 
     def to_json(self) -> dict[str, Any]:
@@ -139,7 +145,7 @@ class DeviceSharing:
 
     @classmethod
     def from_json(cls, raw: Any) -> DeviceSharing:
-        if not isinstance(raw, dict) or raw.get("strategy") not in (TIME_SLICING, MPS):
+        if not isinstance(raw, dict) or raw.get("strategy") not in STRATEGIES:
             raise ValueError(f"a device's sharing is not an object of a known strategy: {raw!r:.80}")
         limits = raw.get("perDevicePinnedMemoryLimit", {})
         if not isinstance(limits, dict) or len(limits) > MAX_PER_DEVICE_LIMITS:
@@ -344,6 +350,25 @@ def read_claims(path: str, boot_id: BootIdSource = current_boot_id) -> dict[str,
     ({} when there is none; none of another boot); nothing is changed on disk. Raises
     CheckpointError (unreadable) or UntrustedCheckpoint (not ours)."""
     return dict(read_checkpoint(path, boot_id()).claims)
+
+
+def memory_share_uid(gpu_uuid: str) -> str:
+    """The owner name of the MPS daemon that serves a GPU's memory shares: every claim sharing
+    the GPU by memory is its client, and it stays while any of them is prepared."""
+    return "memshare-" + "".join(c if c.isalnum() or c in "._-" else "_" for c in gpu_uuid)[:80]
+
+
+def daemon_owners(path: str, boot_id: BootIdSource = current_boot_id) -> frozenset[str]:
+    """Who may keep an MPS daemon of claims: the prepared claims' UIDs, and the memory-share
+    owner of each GPU a prepared claim shares by memory. Raises CheckpointError."""
+    claims = read_claims(path, boot_id)
+    shares = {
+        memory_share_uid(d.sharing.gpu_uuid)
+        for c in claims.values()
+        for d in c.devices
+        if d.sharing is not None and d.sharing.strategy == MEMORY_SHARE
+    }
+    return frozenset(claims) | shares
 
 
 def held_devices(directory: str, boot_id: BootIdSource = current_boot_id) -> frozenset[str]:

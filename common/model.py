@@ -176,6 +176,11 @@ class DraSettings:
     cdi_spec_dir: str = ""
     driver_root_ctr_path: str = ""
     driver_version: str = ""
+    # gpuvisor.dra.memorySharing (bytes; step 0: off): full GPUs published for several claims by
+    # the memory each asks for (consumable capacity), each claim's share enforced through MPS.
+    memory_step: int = 0
+    memory_default: int = 0
+    memory_minimum: int = 0
 
 
 @dataclass(frozen=True)

@@ -184,3 +184,42 @@ def mig_mps(migs: Sequence[str]) -> Claim:
     return Claim(
         "mig-mps", "mig-mps", [Request("mig", migs, "mig.nvidia.com")], [Config(mig_config(sharing))]
     )
+
+
+# --------------------------------------------------------------------------- GPUs shared by memory
+def memory_share(namespace: str, name: str, device: str, memory: str, pool: str) -> dict[str, Any]:
+    """A claim for `memory` of a GPU published shared by memory (gpuvisor.dra.memorySharing), as the
+    scheduler leaves it allocated: the request's `capacity.requests.memory`, and a result with a
+    `shareID` and `consumedCapacity.memory` (resource.k8s.io/v1 ExactDeviceRequest.Capacity,
+    DeviceRequestAllocationResult.ShareID / ConsumedCapacity; kubernetes/api v0.34.0
+    resource/v1/types.go:919, :1560-1580)."""
+    exactly = {"deviceClassName": "gpu.nvidia.com", "count": 1, "capacity": {"requests": {"memory": memory}}}
+    result = {
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": pool,
+        "device": device,
+        "shareID": str(uuidlib.uuid4()),
+        "consumedCapacity": {"memory": memory},
+    }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": str(uuidlib.uuid4()),
+            "resourceVersion": "1",
+        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        "status": {
+            "allocation": {
+                "devices": {"results": [result]},
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [pool]}]}
+                    ]
+                },
+            }
+        },
+    }

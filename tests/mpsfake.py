@@ -5,7 +5,8 @@ The fake behaves like the real tool in what the manager relies on: `-d` forks a 
 and returns at once (the daemon writes `nvidia-cuda-mps-control.pid` in the pipe directory a
 moment later); without arguments it reads one command from stdin, fails when no daemon is alive
 for that pipe directory, and `quit` ends the daemon. It records every command in the log
-directory, and a `fake-behaviour` file beside it makes it misbehave on demand.
+directory, and a `fake-behaviour` file beside it makes it misbehave on demand. `install_client`
+adds a fake MPS client that honours CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (an allocation past it fails).
 """
 
 from __future__ import annotations
@@ -150,10 +151,55 @@ sys.exit(main())
 """
 
 
+FAKE_CLIENT = r"""
+import os, re, sys
+
+# A CUDA program as an MPS client, for what gpuvisor relies on: it reaches the control daemon
+# through CUDA_MPS_PIPE_DIRECTORY (no live daemon there: it cannot run as a client) and honours
+# CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, "<device ordinal>=<limit>" entries joined by "," (NVIDIA's MPS
+# docs, Environment Variables): an allocation that would take the device past its limit fails in
+# this client with CUDA_ERROR_OUT_OF_MEMORY. Usage: fake-mps-client <MiB> [<MiB> ...] (device 0).
+UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
+try:
+    with open(os.path.join(pipe, "nvidia-cuda-mps-control.pid")) as handle:
+        os.kill(int(handle.read().strip()), 0)
+except (OSError, ValueError):
+    print("no MPS control daemon at %r" % pipe)
+    sys.exit(3)
+limits = {}
+for item in filter(None, os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "").split(",")):
+    m = re.fullmatch(r"([0-9]+)=([0-9]+)([KMGT]?)B?", item.strip())
+    if m is None:
+        print("bad CUDA_MPS_PINNED_DEVICE_MEM_LIMIT entry %r" % item)
+        sys.exit(4)
+    limits[int(m.group(1))] = int(m.group(2)) * UNITS[m.group(3)]
+used = 0
+for mib in map(int, sys.argv[1:]):
+    if 0 in limits and used + (mib << 20) > limits[0]:
+        print("cudaMalloc(%d MiB): CUDA_ERROR_OUT_OF_MEMORY (pinned device memory limit %d MiB, %d MiB in use)"
+              % (mib, limits[0] >> 20, used >> 20))
+        sys.exit(2)
+    used += mib << 20
+    print("cudaMalloc(%d MiB): ok" % mib)
+sys.exit(0)
+"""
+
+
+def install_client(tmp_path: Path) -> Path:
+    """The fake MPS client (`FAKE_CLIENT`) in tmp_path/bin."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    path = bindir / "fake-mps-client"
+    path.write_text(f"#!{sys.executable} -S\n{FAKE_CLIENT}")
+    path.chmod(0o755)
+    return path
+
+
 def install(tmp_path: Path) -> Path:
     """The fake control binary in tmp_path/bin."""
     bindir = tmp_path / "bin"
-    bindir.mkdir()
+    bindir.mkdir(exist_ok=True)
     path = bindir / "nvidia-cuda-mps-control"
     path.write_text(f"#!{sys.executable} -S\n{FAKE_CONTROL}")
     path.chmod(0o755)

@@ -9,6 +9,7 @@ them and every count from outside bounded. One module per job:
 - `yamlfile`  the file read as go-yaml v2 and sigs.k8s.io/yaml read it, bounded;
 - `nvidia`    NVIDIA's file layout decoded as encoding/json decodes it (`gojson`: its value rules);
 - `sections`  `resources`, `sharing` and `gpuvisor.health`; `names`: resource names, device references;
+- `memory`    `gpuvisor.dra.memorySharing`, the request policy of GPUs shared by memory;
 - `loader`    precedence and whole-config checks: `load_config`, `config_from_data`;
 - `named`     which named config a node runs (NVIDIA's config-manager rules: label, default, fallbacks);
 - `fingerprint` what a config file holds now, cheap to compare (a change, or an event that changed nothing);

@@ -114,7 +114,7 @@ def resolve_setting(
             break  # urfave/cli looks no further than the first env var present
     if setting.file_key is not None:
         if setting.gpuvisor:
-            raw = own.get(setting.file_key.split(".", 1)[1])
+            raw = _own_lookup(own, setting.file_key.split(".")[1:], source)
         else:
             raw = nvidia.lookup(tree, setting.file_key)
         if raw is not None:
@@ -147,9 +147,28 @@ def own_section(root: Mapping[str, Any], source: str) -> Mapping[str, Any]:
     return own
 
 
+def _own_lookup(own: Mapping[str, Any], path: list[str], source: str) -> Any:
+    """A key of the `gpuvisor:` section, nested ones (`dra.memorySharing`) by their mappings."""
+    value: Any = own
+    for i, key in enumerate(path):
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            where = ".".join(["gpuvisor", *path[:i]])
+            raise ConfigError(source, where, f"this section must be a mapping, not {kind(value)}")
+        value = value.get(key)
+    return value
+
+
 def _own_unknown(own: Mapping[str, Any], unknown: list[str]) -> None:
-    known = {s.file_key.split(".", 1)[1] for s in SETTINGS if s.gpuvisor and s.file_key} | {"health"}
+    own_keys = [s.file_key.split(".")[1:] for s in SETTINGS if s.gpuvisor and s.file_key]
+    known = {k[0] for k in own_keys} | {"health"}
     unknown.extend(f"gpuvisor.{k}" for k in own if k not in known)
+    for section in sorted({k[0] for k in own_keys if len(k) > 1}):
+        inner = own.get(section)
+        if isinstance(inner, Mapping):
+            names = {k[1] for k in own_keys if len(k) > 1 and k[0] == section}
+            unknown.extend(f"gpuvisor.{section}.{k}" for k in inner if k not in names)
     health = own.get("health")
     if isinstance(health, Mapping):
         unknown.extend(f"gpuvisor.health.{k}" for k in health if k not in ("xids", "transientQuietSeconds"))

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from supervisor.config.memory import MemorySharing
+
 # Fields of Config that are not settings.
 SECTION_FIELDS = (
     "resources",
@@ -150,6 +152,7 @@ class Config:
     kubelet_registry_dir: str
     dra_claims_dir: str
     pod_resources_socket: str
+    dra_memory_sharing: MemorySharing | None
     disable_healthchecks: tuple[str, ...]
     enable_healthchecks: tuple[str, ...]
     resources: ResourcesConfig = ResourcesConfig()
@@ -189,6 +192,8 @@ class Config:
 
 
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, MemorySharing):
+        return dataclasses.asdict(value)
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

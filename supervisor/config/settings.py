@@ -30,6 +30,7 @@ from common.socketnames import UNIX_PATH_MAX, shortest_socket_path
 from supervisor.config import golang
 from supervisor.config.errors import Invalid, kind, show
 from supervisor.config.limits import MAX_SECONDS, MAX_START_RETRIES, MAX_STRING_LENGTH
+from supervisor.config.memory import memory_sharing
 from supervisor.config.named import DEFAULT_NODE_LABEL
 
 MIG_STRATEGIES: Final = ("none", "single", "mixed")
@@ -430,6 +431,12 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "The kubelet's pod-resources API: in mode dra, devices that device-plugin containers still hold are "
        "left out of the ResourceSlices (empty: the kubelet's device-manager checkpoint is read instead).",
        gpuvisor=True),
+    _s("dra_memory_sharing", ("--dra-memory-sharing",), ("GPUVISOR_DRA_MEMORY_SHARING",),
+       "gpuvisor.dra.memorySharing", "string", None, memory_sharing,
+       "In mode dra, publish each full GPU for several claims by the memory each asks for (consumable "
+       "capacity, Kubernetes 1.34+ with DRAConsumableCapacity), each claim's share enforced as an MPS "
+       "client's pinned memory limit: {step, default, minimum} (e.g. step=1Gi,default=4Gi,minimum=1Gi; "
+       "docs/dra.md).", default_doc="(off)", gpuvisor=True),
     _s("disable_healthchecks", (), ("DP_DISABLE_HEALTHCHECKS",), None, "string", (), token_list,
        "NVIDIA's health-check switch: all, xids, or a comma list of XIDs to ignore.", gpuvisor=True),
     _s("enable_healthchecks", (), ("DP_ENABLE_HEALTHCHECKS",), None, "string", (), token_list,

@@ -7,6 +7,9 @@ DRA worker's claims, and its drain when the node turns device plugin.
 - `publish`  `SlicePublisher`: the thread that keeps them at the API server (owned by the Node,
              a new pool generation per change, republished after the kubelet wipes them, taints
              where the server keeps them), and withdraws them when the node turns device plugin;
+- `memshare` full GPUs shared by memory in the slices (consumable capacity: `allowMultipleAllocations`,
+             a request policy on `memory`), the API server's rules for it, and the claim status's share;
+- `probe`    `FieldProbe`: whether the API server keeps a gated slice field (taints, sharing);
 - `held`     devices the device plugin's containers still hold, as DRA device names (left out);
 - `claims`   `ClaimFetcher`: the DRA worker's ResourceClaims, fetched with the node's API client;
 - `earlier`  `EarlierPool`: the pool an earlier DRA life published on this node, withdrawn (within a

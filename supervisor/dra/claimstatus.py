@@ -40,6 +40,7 @@ from common.dracheckpoint import PreparedClaim
 from common.messages import Json
 from supervisor.cluster.health import reason_of
 from supervisor.dra.background import PassThread
+from supervisor.dra.memshare import status_data
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import ApiError, Stopped
 from supervisor.kube.watch import quote
@@ -163,6 +164,9 @@ class ClaimStatusWriter(PassThread):
             if device.share_id:
                 entry["shareID"] = device.share_id
             entry["conditions"] = [condition_of(health.get(device.device), generation)]
+            share = status_data(device.sharing)  # a GPU shared by memory: the claim's share
+            if share is not None:
+                entry["data"] = share
             out.append(entry)
         return out
 

@@ -23,13 +23,14 @@ API server. This thread does what the Go controller of k8s.io/dynamic-resource-a
   (an object version it did not write, a deletion it did not do) starts a pass at once, so the
   pool is published again within one round trip; a full pass runs every `RESYNC_S` as well;
 - device taints (KEP-5055, `gpu.nvidia.com/xid=<n>`, `gpu.nvidia.com/gpu-lost`, ...) mark
-  unhealthy devices where the API server keeps them. Before the first slice that carries taints
-  is written, a dry-run create (`dryRun=All`) shows whether the server keeps them; a server
-  without the DRADeviceTaints gate drops the field, and then unhealthy devices are left out of
-  the slices instead (as NVIDIA's driver does), asked again at each resync. A real write whose
-  answer lacks the taints it carried is taken the same way. Other differences between what was
-  sent and what the server stored (its normalisations) are remembered, so a pass compares like
-  with like and never rewrites for nothing;
+  unhealthy devices, and GPUs shared by memory (gpuvisor.dra.memorySharing, KEP-5075) allow
+  multiple allocations, where the API server keeps those fields (`supervisor.dra.probe`: a
+  dry-run create before the first slice that carries them, asked again at each resync). A server
+  without DRADeviceTaints drops taints: unhealthy devices are left out instead (as NVIDIA's
+  driver does); one without DRAConsumableCapacity drops the sharing: the GPUs are published
+  whole, as without the setting, with a warning. Other differences between what was sent and
+  what the server stored (its normalisations) are remembered, so a pass compares like with like
+  and never rewrites for nothing;
 - devices that containers of the device plugin still hold (a node switched from device-plugin
   mode: `supervisor.dra.held`) are left out, read from the kubelet on this thread (the call may
   block) at the first pass after the switch and every `HELD_POLL_S` while any is held.
@@ -55,8 +56,9 @@ from common.backoff import Backoff
 from common.messages import Json
 from common.model import Node
 from supervisor.dra.held import describe, held_by_pods
+from supervisor.dra.memshare import shared
+from supervisor.dra.probe import FieldProbe
 from supervisor.dra.slices import PoolWant, build_slices, slice_problems, unhealthy_devices
-from supervisor.health.book import ConditionView
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import NO_ANSWER, ApiError, Stopped
 from supervisor.kube.failing import Failing
@@ -72,6 +74,15 @@ MIN_INTERVAL_S = 0.2  # between two passes that wrote (a health storm is a few g
 HELD_POLL_S = 10.0
 QUICK_RETRIES = 3  # a conflict or a slice deleted meanwhile: tried again at once, this many times
 MAX_REMEMBERED = 256
+TAINTS_KEPT = "the API server keeps device taints: unhealthy devices are published tainted"
+TAINTS_DROPPED = ("the API server drops device taints (its DRADeviceTaints feature gate is off): unhealthy "
+                  "devices are left out of the ResourceSlices instead")  # fmt: skip
+SHARING_KEPT = "the API server keeps consumable capacity: full GPUs are published shared by memory"
+SHARING_DROPPED = (
+    "gpuvisor.dra.memorySharing is set, but the API server drops allowMultipleAllocations and requestPolicy "
+    "(its DRAConsumableCapacity feature gate is off; alpha in Kubernetes 1.34 and 1.35, beta in 1.36): the "
+    "GPUs are published whole, each for one claim, until it keeps them (asked again every 5 minutes)"
+)
 
 
 def _devices(obj: Mapping[str, Any]) -> list[Any]:
@@ -171,8 +182,11 @@ class SlicePublisher:
         self._held_read_at: float | None = None
         self._held_warned = False
         self._quick = 0
+        self.probes = {  # does the API server keep these gated fields?
+            "taints": FieldProbe("taints", _tainted, on_count=on_count, kept=TAINTS_KEPT, dropped=TAINTS_DROPPED),
+            "sharing": FieldProbe("sharing", shared, on_count=on_count, kept=SHARING_KEPT, dropped=SHARING_DROPPED),
+        }  # fmt: skip
         # The view for status and metrics.
-        self.taints: bool | None = None  # does the API server keep device taints? None: not asked yet
         self.state = "starting"  # published, withdrawn, waiting, failing
         self.generation = 0
         self.slices = 0
@@ -280,8 +294,9 @@ class SlicePublisher:
         if foreign or resync:
             self._known = None
         self.passes += 1
-        if resync and self.taints is False:
-            self.taints = None  # ask again: the API server may have been upgraded
+        for probe in self.probes.values():
+            if resync:
+                probe.resync()  # ask again where dropped: the API server may have been upgraded
         if not want.publish:
             wrote = self._withdraw()
         elif want.wait or want.node is None:
@@ -340,7 +355,7 @@ class SlicePublisher:
     def _publish(self, want: PoolWant, node: Node, existing: list[dict[str, Any]]) -> bool:
         owner = self._owner()
         held = self._read_held(node)
-        desired = self._desired(node, want.conditions, held, owner)
+        desired = self._desired(node, want, held, owner)
         ours = [o for o in existing if _pool(o).get("name") == self.node_name]
         others = [o for o in existing if _pool(o).get("name") != self.node_name]
         generation = max((_generation(o) for o in ours), default=0)
@@ -394,19 +409,21 @@ class SlicePublisher:
         self.devices = sum(len(_devices(d)) for d in desired)
 
     def _desired(
-        self, node: Node, conditions: Sequence[ConditionView], held: Mapping[str, Any], owner: str
+        self, node: Node, want: PoolWant, held: Mapping[str, Any], owner: str
     ) -> list[dict[str, Any]]:
-        def build(taints: bool) -> list[dict[str, Any]]:
+        def build() -> list[dict[str, Any]]:
+            sharing = want.memory_sharing if self.probes["sharing"].state is not False else None
             return build_slices(
-                node, conditions, node_name=self.node_name, taints=taints, driver=self.driver, exclude=held
-            )
+                node, want.conditions, node_name=self.node_name, taints=self.taints is not False,
+                driver=self.driver, exclude=held, memory_sharing=sharing,
+            )  # fmt: skip
 
-        desired = build(self.taints is not False)
-        tainted = next((d for d in desired if _tainted(_devices(d))), None)
-        if tainted is not None and self.taints is None:
-            self.taints = self._probe(tainted, owner)
-            if not self.taints:
-                desired = build(False)
+        desired = build()
+        for probe in self.probes.values():  # a gated field about to be written the first time: ask
+            carrier = next((d for d in desired if probe.present(_devices(d))), None)
+            asked = carrier is not None and probe.state is None
+            if asked and not probe.ask(self.client, PATH, carrier or {}, self._owner_ref(owner)):
+                desired = build()
         for obj in desired:
             obj["metadata"]["ownerReferences"] = [self._owner_ref(owner)]
             problems = slice_problems(obj)
@@ -414,30 +431,14 @@ class SlicePublisher:
                 raise ApiError("build the ResourceSlices", NO_ANSWER, "Invalid", "; ".join(problems[:5]))
         return desired
 
-    def _probe(self, obj: dict[str, Any], owner: str) -> bool:
-        """Does the API server keep device taints? A dry-run create of a tainted slice says."""
-        probe = copy.deepcopy(obj)
-        probe["metadata"]["ownerReferences"] = [self._owner_ref(owner)]
-        answer = self.client.request(
-            "POST",
-            PATH,
-            what="probe whether the API server keeps device taints (a dry-run create)",
-            query={"dryRun": "All"},
-            body=probe,
-        )
-        kept = _tainted(_devices(answer)) if isinstance(answer, dict) else False
-        self.on_count("probe", "taints-kept" if kept else "taints-dropped")
-        self._say_taints(kept)
-        return kept
+    @property
+    def taints(self) -> bool | None:
+        """Does the API server keep device taints? None: not asked yet."""
+        return self.probes["taints"].state
 
-    def _say_taints(self, kept: bool) -> None:
-        if kept:
-            log.info("the API server keeps device taints: unhealthy devices are published tainted")
-        else:
-            log.warning(
-                "the API server drops device taints (its DRADeviceTaints feature gate is off): unhealthy "
-                "devices are left out of the ResourceSlices instead"
-            )
+    @taints.setter
+    def taints(self, kept: bool | None) -> None:
+        self.probes["taints"].state = kept
 
     def _owner(self) -> str:
         if not self._owner_uid:
@@ -539,11 +540,8 @@ class SlicePublisher:
         ours, theirs = _devices(sent), _devices(answer)
         if _form(ours) == _form(theirs):
             return
-        if _tainted(ours) and not _tainted(theirs):
-            if self.taints is not False:
-                self.taints = False
-                self._say_taints(False)
-            self._poke()  # write the pool again, the unhealthy devices left out
+        if any([probe.took(ours, theirs) for probe in self.probes.values()]):
+            self._poke()  # write the pool again without what the server drops
             return
         if len(self._forms) >= MAX_REMEMBERED:
             self._forms.clear()
@@ -579,7 +577,8 @@ class SlicePublisher:
             "slices": self.slices,
             "devices": self.devices,
             "held_by_device_plugin": {name: list(pods) for name, pods in self._held.items()},
-            "taints": {None: "unknown", True: "kept", False: "dropped"}[self.taints],
+            "taints": self.probes["taints"].describe(),
+            "memory_sharing": self.probes["sharing"].describe(),
             "writes": dict(self.writes),
             "republished": self.republished,
             "passes": self.passes,

@@ -258,14 +258,18 @@ class DraSide:
         conditions = tuple(book.conditions()) if book is not None and publish else ()
         # What the slices show of a condition (its repeats move only last_event).
         shown = tuple((c.gpu_uuid, c.gi, c.ci, c.name, c.recovery, c.since) for c in conditions)
-        key = (publish, node, shown, device_plugin_running)
+        dra = plan.dra if plan is not None else None
+        memory = (
+            (dra.memory_step, dra.memory_default, dra.memory_minimum) if dra and dra.memory_step else None
+        )
+        key = (publish, node, shown, device_plugin_running, memory)
         if key == self._key:
             return
         self._key = key
         self._inputs = (plans, node, book)
         if publish and node is not None:
             wait = WAIT_FOR_DEVICE_PLUGIN if device_plugin_running else ""
-            self._want = PoolWant(True, node, conditions, wait)
+            self._want = PoolWant(True, node, conditions, wait, memory_sharing=memory)
         else:
             self._want = PoolWant(False)
         if self.publisher is not None:

@@ -32,6 +32,8 @@ wait failed), and for gpuvisor's other conditions `gpu.nvidia.com/ecc=<kind>` an
 DeviceTaintsMaxLength), `timeAdded` the condition's start. Where the API server drops device
 taints (DRADeviceTaints off), `taints=False` leaves unhealthy devices out instead, as NVIDIA's
 v25.12.0 does. A slice holds at most 128 devices, 64 when any carries taints (1.35's rule).
+With `memory_sharing` (gpuvisor.dra.memorySharing), each full GPU allows multiple allocations
+and carries a request policy on its `memory` (supervisor.dra.memshare).
 
 `slice_problems(obj)` checks an object against the API server's rules that the JSON schema does
 not carry (names, lengths, counts, semver): the publisher refuses to send what the server would
@@ -49,6 +51,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from common.model import Gpu, MigDevice, Node
+from supervisor.dra.memshare import MemoryPolicy, capacity_problems, share
+from supervisor.dra.memshare import binary as binary_quantity
 from supervisor.health.book import SEVERITY, ConditionView, overlaps
 from supervisor.node.draplan import DRIVER, dra_devices
 from supervisor.node.pcie import nvlib_bus_id
@@ -76,7 +80,6 @@ _SEMVER = re.compile(
     r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
     r"(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?"
 )
-_BINARY_SUFFIXES = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
 
 
 # ---------------------------------------------------------------------------------- values
@@ -98,14 +101,6 @@ def cuda_version(value: int) -> str | None:
     if value <= 0:
         return None
     return semver(f"{value // 1000}.{(value % 1000) // 10}")
-
-
-def binary_quantity(value: int) -> str:
-    """A byte count as Kubernetes writes a BinarySI quantity: the largest suffix that divides it."""
-    for suffix, shift in _BINARY_SUFFIXES:
-        if value and value % (1 << shift) == 0:
-            return f"{value >> shift}{suffix}"
-    return str(value)
 
 
 pci_bus_id = nvlib_bus_id  # NVML's bus id as go-nvlib's GetPCIBusID gives it: "0000:bd:00.0"
@@ -266,6 +261,7 @@ class PoolWant:
     node: Node | None = None
     conditions: tuple[ConditionView, ...] = ()
     wait: str = ""
+    memory_sharing: MemoryPolicy | None = None  # gpuvisor.dra.memorySharing: full GPUs shared by memory
 
 
 def build_slices(
@@ -277,18 +273,22 @@ def build_slices(
     taints: bool = True,
     driver: str = DRIVER,
     exclude: Container[str] = (),
+    memory_sharing: MemoryPolicy | None = None,
 ) -> list[dict[str, Any]]:
     """The pool's ResourceSlice objects (without owner references: the publisher adds the Node's UID).
 
     `generation` is the pool's (the publisher bumps it for each new content); `taints=False`
     leaves unhealthy devices out instead of tainting them; `exclude` names devices left out
-    (held by containers of the device plugin this node ran before).
+    (held by containers of the device plugin this node ran before); `memory_sharing` publishes
+    each full GPU for several claims by memory (supervisor.dra.memshare).
     """
     devices: list[dict[str, Any]] = []
     for gpu, mig, name in dra_devices(node):
         if name in exclude:
             continue
         device = gpu_device(gpu, node, name) if mig is None else mig_device(gpu, mig, node, name)
+        if mig is None and memory_sharing is not None:
+            share(device, gpu.memory_mib << 20, memory_sharing)
         marks = device_taints(gpu, mig, conditions)
         if marks and not taints:
             continue
@@ -406,4 +406,5 @@ def slice_problems(obj: Mapping[str, Any]) -> list[str]:
                 problems.append(f"{where}.attributes[{key!r}]: {value!r} is not semver 2.0")
         if "taints" in device:
             problems.extend(_taint_problems(device["taints"], where))
+        problems.extend(capacity_problems(device, where))
     return problems

@@ -27,9 +27,9 @@ template's order, `set_default_active_thread_percentage <n>` (when set) and then
 template ranges over the map); its full GPUs are put in EXCLUSIVE_PROCESS compute mode first, as NVIDIA
 does, and back in DEFAULT when the daemon stops (NVIDIA leaves them exclusive).
 
-Who wants a daemon: a claim in the DRA checkpoint (common/dracheckpoint.py, the one record of
-prepared claims both roles read), or a record asked for less than `grace` seconds ago (a prepare
-between its start and its checkpoint write). Any other daemon is stopped and its directory
+Who wants a daemon: its owner in the DRA checkpoint (`daemon_owners`: a claim, or for a GPU shared
+by memory any claim with a share of it), or a record asked for less than `grace` seconds ago (a
+prepare between its start and its checkpoint write). Any other daemon is stopped and its directory
 removed: an unprepare's stop, a claim the checkpoint dropped, and what a crash between start and
 checkpoint left (once its grace is over). A checkpoint that cannot be read stops nothing. After a
 supervisor restart the records are read from disk and each live daemon adopted by its pid file
@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.atomicfile import write_atomic
-from common.dracheckpoint import CheckpointError, read_claims
+from common.dracheckpoint import CheckpointError, daemon_owners
 from common.mpsmessages import START, STOP, MpsClaimReply, MpsClaimRequest
 from common.procutil import pid_alive
 from supervisor.mps.daemons import DaemonStatus, MpsDaemons
@@ -437,7 +437,7 @@ class ClaimDaemons:
             return
         self._next_read = now + self._checkpoint_every
         try:
-            self._prepared = frozenset(read_claims(self.checkpoint_path))
+            self._prepared = daemon_owners(self.checkpoint_path)
         except CheckpointError as exc:  # keep what was read last: a bad read stops nothing
             log.warning("MPS claim daemons: the DRA checkpoint cannot be read (%s): nothing stopped", exc)
 

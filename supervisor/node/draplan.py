@@ -186,5 +186,14 @@ def dra_plan(
             cdi_spec_dir=config.cdi_spec_dir,
             driver_root_ctr_path=config.driver_root_ctr_path,
             driver_version=node.driver_version,
+            **_memory_sharing(config),
         ),
     )
+
+
+def _memory_sharing(config: Config) -> dict[str, int]:
+    """gpuvisor.dra.memorySharing in the plan (bytes), for the slices and the DRA worker."""
+    policy = config.dra_memory_sharing
+    if policy is None:
+        return {}
+    return {"memory_step": policy.step, "memory_default": policy.default, "memory_minimum": policy.minimum}

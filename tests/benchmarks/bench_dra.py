@@ -11,6 +11,10 @@ A real supervisor and DRA worker, the DRA kubelet stand-in (v1 client) and claim
   `nvidia-cuda-mps-control` (a Python process forking its daemon), so the figure is gpuvisor's
   path around a daemon start, not a real daemon's own start time; then its unprepare (the daemon
   stopped);
+- prepare latency of a memory share (gpuvisor.dra.memorySharing: a result with a shareID and
+  consumedCapacity.memory): the first share of a GPU starts the GPU's one MPS daemon (the
+  fake's, as above), a second share of it joins the running daemon; each claim's spec carries
+  its own pinned limit; the last unprepare stops the daemon;
 - XID -> UNHEALTHY in the kubelet's health stream: `sim xid 48` on a GPU until the stand-in holds
   the device UNHEALTHY (its receive time), then `sim reset` until HEALTHY again;
 - ResourceSlice content after a health change: `build_slices` for the node with the book's
@@ -86,6 +90,7 @@ def run(quick: bool) -> list[Row]:
                 node.wait_registered()
                 prepare, unprepare, again = _claims(node, claims)
                 mps_prepare, mps_unprepare = _mps_claims(node, mps_claims)
+                first_share, joined = _memory_shares(node, mps_claims)
                 unhealthy, healthy = _health(node, events)
         finally:
             mpsfake.kill_daemons(Path(mps_base))  # only the daemons this benchmark's fake started
@@ -110,6 +115,22 @@ def run(quick: bool) -> list[Row]:
         Row(
             "unprepare p50 with an MPS claim", p50(mps_unprepare.ms()), "ms", "", "the claim's daemon stopped"
         ),
+        Row(
+            "prepare p50 with a memory share, daemon started",
+            p50(first_share.ms()),
+            "ms",
+            "",
+            f"{mps_claims} rounds: a GPU's first share (its MPS daemon started, the fake's)",
+        ),
+        Row("prepare p99 with a memory share, daemon started", p99(first_share.ms()), "ms"),
+        Row(
+            "prepare p50 with a memory share, daemon running",
+            p50(joined.ms()),
+            "ms",
+            "",
+            "a second share of the GPU: a client of its running daemon",
+        ),
+        Row("prepare p99 with a memory share, daemon running", p99(joined.ms()), "ms"),
         Row("xid->UNHEALTHY p50", p50(unhealthy), "ms", "", f"{events} events, at the health stream"),
         Row("xid->UNHEALTHY p99", p99(unhealthy), "ms"),
         Row("reset->HEALTHY p50", p50(healthy), "ms"),
@@ -173,6 +194,32 @@ def _mps_claims(node: DraNode, count: int) -> tuple[Timer, Timer]:
             unprepare.samples.pop()
         node.claims.delete("bench", f"m{i}")
     return prepare, unprepare
+
+
+def _memory_shares(node: DraNode, count: int) -> tuple[Timer, Timer]:
+    """Two memory shares of one GPU in turn: the first starts its daemon, the second joins it;
+    both unprepared (the daemon stopped with the second). 10 warm-up rounds."""
+    first, joined = Timer(), Timer()
+    for i in range(count + 10):
+        refs = []
+        for j, timer in enumerate((first, joined)):
+            obj = draconfigs.memory_share("bench", f"s{i}-{j}", f"gpu-{i % 4}", "4Gi", POOL)
+            node.claims.put(obj)
+            ref = ("bench", f"s{i}-{j}", obj["metadata"]["uid"])
+            with timer:
+                result = node.dra.prepare(DRIVER, [ref], timeout=WAIT_S * 3)
+            if result.claims[ref[2]].error:
+                raise RuntimeError(f"memory share prepare failed: {result.claims[ref[2]].error}")
+            refs.append(ref)
+        for ref in refs:
+            result = node.dra.unprepare(DRIVER, [ref], timeout=WAIT_S * 3)
+            if result.claims[ref[2]].error:
+                raise RuntimeError(f"memory share unprepare failed: {result.claims[ref[2]].error}")
+            node.claims.delete("bench", ref[1])
+        if i < 10:
+            first.samples.pop()
+            joined.samples.pop()
+    return first, joined
 
 
 def _gpu_uuids(node: DraNode) -> list[str]:

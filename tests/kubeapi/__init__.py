@@ -25,8 +25,11 @@ CA data and token, is exercised), with the real server's rules for them:
   wipes a node's slices, `dryRun=All`) and ResourceClaims (get, list, watch, create, delete),
   each checked against the `resource.k8s.io/v1` schema (kubernetes-validate's, strict) and the
   server's own rules (one controller owner, one of nodeName/nodeSelector/allNodes, device names,
-  counts, semver, taints); `device_taints=False` is a server without the DRADeviceTaints gate,
-  which drops `devices[].taints` on write; `dra=False` one that does not serve the API at all;
+  counts, semver, taints, consumable capacity's request policies: `capacity.py`); `device_taints=False`
+  is a server without the DRADeviceTaints gate, which drops `devices[].taints` on write;
+  `consumable_capacity` (off by default, as in 1.34 and 1.35) the DRAConsumableCapacity gate, without
+  which `allowMultipleAllocations` and `requestPolicy` are dropped; `kube_version` the schema's
+  version; `dra=False` one that does not serve the API at all;
 - RBAC: with `allow` set, a request whose (verb, resource) is not in it gets the real 403 text;
 - NFD's NodeFeature (checked against NFD v0.19.0's CRD schema, `tests/data/`, as the structural
   schema it is, so unknown fields fail too) and pods (read only);
@@ -41,7 +44,7 @@ port), and one injected failure per method (`fail_next`). Refusals of what gpuvi
 recorded in `errors`, which a test expects empty.
 
 Where each part lives: `state.py` (FakeApiServer: the objects, the watch history, the helpers tests
-call), `validation.py` (what the server refuses in an object), `patch.py` (strategic merge, JSON
+call), `validation.py` (what the server refuses in an object; `capacity.py` its consumable-capacity rules), `patch.py` (strategic merge, JSON
 merge and JSON patch), `resources.py` (groups, kinds, the token, the Status of an error),
 `handler.py` (the checks every request passes and the dispatch by path) over one part per resource
 (`nodes.py`, `events.py`, `slices.py`, `claims.py`, `nodefeatures.py`), `listwatch.py` (field

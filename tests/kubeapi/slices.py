@@ -5,7 +5,9 @@ get, list and watch (by `spec.nodeName`, `spec.driver`, `metadata.name`); create
 the immutable driver, pool name and node name; delete with `preconditions`; deletecollection, as the
 kubelet wipes a node's slices; `dryRun=All`. Each object is checked by
 validation.resource_slice_problems; without the DRADeviceTaints gate (`device_taints=False`)
-`devices[].taints` are dropped on write (dropDisabledDRADeviceTaintsFields).
+`devices[].taints` are dropped on write (dropDisabledDRADeviceTaintsFields), and without
+DRAConsumableCapacity (`consumable_capacity=False`, 1.34's and 1.35's default) a device's
+`allowMultipleAllocations` and its capacities' `requestPolicy` (capacity.drop_consumable_capacity).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import random
 import uuid
 from typing import Any
 
+from tests.kubeapi.capacity import drop_consumable_capacity, uses_consumable_capacity
 from tests.kubeapi.listwatch import ListWatch
 from tests.kubeapi.resources import RESOURCE_GROUP, status
 from tests.kubeapi.state import now_rfc3339
@@ -81,9 +84,11 @@ class SliceHandler(ListWatch):
             )
         if not state.device_taints:
             drop_taints(obj.get("spec") or {})
+        if not state.consumable_capacity:
+            drop_consumable_capacity(obj.get("spec") or {})
         for key in ("resourceVersion", "uid", "creationTimestamp", "generation"):
             meta.pop(key, None)
-        problems = resource_slice_problems(obj)
+        problems = resource_slice_problems(obj, state.kube_version)
         if problems:
             self._invalid("resourceslices", str(meta.get("name", "")), problems)
             return
@@ -123,7 +128,9 @@ class SliceHandler(ListWatch):
             spec, old = obj.get("spec") or {}, current["spec"]
             if not state.device_taints and not any(d.get("taints") for d in old.get("devices") or []):
                 drop_taints(spec)
-            problems = resource_slice_problems(obj)
+            if not state.consumable_capacity and not uses_consumable_capacity(old):
+                drop_consumable_capacity(spec)
+            problems = resource_slice_problems(obj, state.kube_version)
             for key in ("driver", "nodeName"):
                 if spec.get(key) != old.get(key):
                     problems.append(f"spec.{key}: Invalid value: {spec.get(key)!r}: field is immutable")

@@ -71,6 +71,10 @@ class FakeApiServer:
     device_taints: bool = True  # the DRADeviceTaints gate: off, devices[].taints are dropped on write
     dra: bool = True  # resource.k8s.io/v1 is served (off: a plain 404, as a server without it)
     claim_device_status: bool = True  # the DRAResourceClaimDeviceStatus gate (beta, on since 1.33)
+    # The DRAConsumableCapacity gate (alpha, off, in 1.34 and 1.35; beta, on, in 1.36): off, a
+    # slice's allowMultipleAllocations and requestPolicy are dropped on write.
+    consumable_capacity: bool = False
+    kube_version: str = "1.34.0"  # the schema objects are checked against (kubernetes-validate's)
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = field(init=False)
     version: int = 0

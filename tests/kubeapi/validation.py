@@ -28,6 +28,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from tests.kubeapi.capacity import result_problems, slice_capacity_problems
+
 SCHEMA_FILE = Path(__file__).parent.parent / "data" / "nfd-nodefeature-v1alpha1-schema.yaml"
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
@@ -153,14 +155,15 @@ DEVICE_MAX_TAINTS = 4  # DeviceTaintsMaxLength (1.34)
 DEVICE_MAX_ATTRIBUTES = 32  # attributes and capacities together
 
 
-def schema_problems(obj: Any) -> list[str]:
-    """What the resource.k8s.io/v1 OpenAPI schema (strict: an unknown field fails) refuses."""
+def schema_problems(obj: Any, version: str = SCHEMA_VERSION) -> list[str]:
+    """What the resource.k8s.io/v1 OpenAPI schema of Kubernetes `version` (strict: an unknown
+    field fails) refuses."""
     try:  # the test extra's validator, with the bundled schemas
         kubernetes_validate: Any = importlib.import_module("kubernetes_validate")
     except ImportError:  # pragma: no cover - without it only the server's own rules below apply
         return []
     try:
-        kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+        kubernetes_validate.validate(obj, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         where = ".".join(str(p) for p in exc.path) or "(object)"
         return [f"{where}: {exc.message}"]
@@ -212,12 +215,13 @@ def _taint_problems(taints: Any, where: str) -> list[str]:
     return problems
 
 
-def resource_slice_problems(obj: Any) -> list[str]:
-    """What the API server refuses in a ResourceSlice: its schema, then the rules of
-    validation.ValidateResourceSlice (1.34) that gpuvisor's slices touch."""
+def resource_slice_problems(obj: Any, version: str = SCHEMA_VERSION) -> list[str]:
+    """What the API server of Kubernetes `version` refuses in a ResourceSlice: its schema, then
+    the rules of validation.ValidateResourceSlice (1.34) that gpuvisor's slices touch, consumable
+    capacity's included (tests/kubeapi/capacity.py)."""
     if not isinstance(obj, dict):
         return ["not an object"]
-    problems = schema_problems(obj)
+    problems = schema_problems(obj, version)
     if (obj.get("apiVersion"), obj.get("kind")) != ("resource.k8s.io/v1", "ResourceSlice"):
         problems.append(
             f"apiVersion/kind {obj.get('apiVersion')}/{obj.get('kind')} is not resource.k8s.io/v1 ResourceSlice"
@@ -286,6 +290,7 @@ def resource_slice_problems(obj: Any) -> list[str]:
                     f"{at}.attributes[{key}].version: Invalid value: {value!r}: must be semantic version 2.0.0"
                 )
         problems += _taint_problems(device.get("taints") or [], at)
+        problems += slice_capacity_problems(device, at)
     return problems
 
 
@@ -307,6 +312,9 @@ def resource_claim_problems(obj: Any, namespace: str) -> list[str]:
         problems.append(
             f"status.allocation.devices.results: Too many: {len(results)}: must have at most 32 items"
         )
+    for i, result in enumerate(results if isinstance(results, list) else []):
+        if isinstance(result, dict):
+            problems += result_problems(result, f"status.allocation.devices.results[{i}]")
     return problems
 
 

@@ -291,3 +291,34 @@ def test_an_unreadable_checkpoint_stops_nothing(tmp_path: Path, fake: Path) -> N
     checkpoint.drop([UID])  # readable again, without the claim: now it goes
     daemons.tick(time.monotonic(), 5001.0)
     assert daemons.counts() == (0, 0)
+
+
+def test_a_gpus_memory_share_daemon_lives_while_any_claim_shares_the_gpu(tmp_path: Path, fake: Path) -> None:
+    """The daemon of a GPU shared by memory (owner memshare-<GPU UUID>, common/dracheckpoint.py)
+    is kept, without any grace, while a checkpointed claim shares that GPU by memory, whichever
+    claim it is, and stopped once none does."""
+    from common.dracheckpoint import MEMORY_SHARE, DeviceSharing, memory_share_uid
+
+    claims = Claims(tmp_path, fake, grace=0.0)
+    owner = memory_share_uid(GPUS[0])
+    assert claims.start(owner, gpu_uuids=GPUS[0]).error == ""
+    home = daemon_dir(claims, owner, (GPUS[0],))
+    assert recorded(home)[1:] == []  # no daemon-wide limit: each client brings its own
+
+    def shares(*uids: str) -> None:
+        checkpoint = Checkpoint(str(claims.plugin))
+        checkpoint.load()
+        checkpoint.drop(c.uid for c in checkpoint.claims())
+        sharing = DeviceSharing(MEMORY_SHARE, GPUS[0], GPUS[0], pinned_memory_limit=4 << 30)
+        device = PreparedDevice(
+            ("gpu",), "node", "gpu-0", ("k8s.gpu.nvidia.com/claim=x",), "s", sharing=sharing
+        )
+        checkpoint.put([PreparedClaim(uid, "default", f"c-{uid}", (device,), time.time()) for uid in uids])
+        claims.daemons.checkpoint_changed()
+
+    shares("claim-a", "claim-b")
+    pid = pids(home)[0]
+    shares("claim-b")  # the claim that started it is gone; another still shares the GPU
+    assert not claims.tick_until(lambda: dead(pid), timeout=1.0)
+    shares()
+    assert claims.tick_until(lambda: dead(pid) and not home.exists())

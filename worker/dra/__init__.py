@@ -10,7 +10,8 @@ containers, and the sharing steps that add it), `config` (a claim's opaque confi
 `GpuConfig` and `MigDeviceConfig`, resolved per device), `quantity` (Kubernetes quantities, for
 its memory limits), `sharing` (applying and undoing a claim's sharing: the GPUs' timeslice
 through nvidia-smi, the claim's MPS daemon), `mps` (an MPS claim's daemon, asked of the
-supervisor, which runs it), `claimspec` (each prepared claim's own CDI spec) and `figures` (the
+supervisor, which runs it), `memshare` (a GPU shared by memory: the claim's share as an MPS
+client's pinned memory limit, through the GPU's one daemon), `claimspec` (each prepared claim's own CDI spec) and `figures` (the
 per-claim request figures NVIDIA's plugin counts, for the supervisor's `gpuvisor_dra_*`). The
 prepared claims on disk are `common.dracheckpoint`, which the supervisor reads too. May import:
 `common/` and the rest of `worker/`.

@@ -69,6 +69,7 @@ class AllocatedDevice:
     admin_access: bool = False
     share_id: str | None = None
     result_request: str = ""  # the request as the result names it (`<request>/<subrequest>`)
+    consumed_memory: int | None = None  # consumedCapacity.memory in bytes: a GPU shared by memory
 
 
 class ClaimSource(Protocol):
@@ -236,6 +237,16 @@ def allocated_devices(
         if device not in devices:
             raise ClaimError(f"claim {ref}: device {device} of pool {pool} is not on this node (any more)")
         share = result.get("shareID")
+        memory = (result.get("consumedCapacity") or {}).get("memory")
+        if memory is not None:
+            from worker.dra.quantity import QuantityError, json_quantity  # only a share needs it
+
+            try:
+                memory = json_quantity(memory)
+            except QuantityError as exc:
+                raise ClaimError(
+                    f"claim {ref}: allocation result {i}: consumedCapacity.memory: {exc}"
+                ) from None
         out.append(
             AllocatedDevice(
                 request=base_request(request),
@@ -244,6 +255,7 @@ def allocated_devices(
                 admin_access=result.get("adminAccess") is True,
                 share_id=share if isinstance(share, str) and share else None,
                 result_request=request,
+                consumed_memory=memory,
             )
         )
     if not out:

@@ -29,7 +29,8 @@ An MPS claim's control daemon is the supervisor's too (`mps`, worker.dra.mps.Sup
 
 A plan update with new devices (a MIG change, a reload) waits for their health snapshot and then
 swaps the device list in place; prepared claims keep what they were answered. A draining plan (a
-switch to device-plugin mode) is taken the same way, in place. A plan update that changes the
+switch to device-plugin mode) is taken the same way, in place, as is gpuvisor.dra.memorySharing
+(the slices' policy; a claim's share comes in its allocation). A plan update that changes the
 DRA settings themselves (sockets' directories, pool, claims dir) ends the process cleanly, so
 that the supervisor restarts it on the new plan file with fresh sockets.
 
@@ -62,7 +63,7 @@ from common.messages import (
     Message,
     PlanUpdate,
 )
-from common.model import ResourcePlan
+from common.model import DraSettings, ResourcePlan
 from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
 from worker.dra.claimspec import ClaimSpecs
@@ -85,10 +86,15 @@ STANDALONE_TICK_S = 1.0
 
 
 def same_settings(a: ResourcePlan, b: ResourcePlan) -> bool:
-    """Do two plans need the same sockets and claim source? (A drain is taken in place.)"""
+    """Do two plans need the same sockets and claim source? (A drain is taken in place, and so is
+    the memory-sharing policy: the slices use it; a claim's share comes in its allocation.)"""
     if a.dra is None or b.dra is None:
         return a.dra is b.dra
-    return dataclasses.replace(a.dra, drain=False) == dataclasses.replace(b.dra, drain=False)
+    return _sockets_and_source(a.dra) == _sockets_and_source(b.dra)
+
+
+def _sockets_and_source(dra: DraSettings) -> DraSettings:
+    return dataclasses.replace(dra, drain=False, memory_step=0, memory_default=0, memory_minimum=0)
 
 
 class DraWorker:

@@ -212,6 +212,10 @@ class Preparer:
         allocated = allocated_devices(claim, ref, driver=plan.dra.driver, pool=plan.dra.pool, devices=by_id)
         results = [Result(a.result_request or a.request, by_id[a.device], a.admin_access) for a in allocated]
         sharing = resolve(claim, ref, plan.dra.driver, results, skipped=log.info)
+        if any(a.consumed_memory is not None for a in allocated):  # a GPU shared by memory
+            from worker.dra.memshare import memory_sharing
+
+            sharing = memory_sharing(ref, allocated, [r.device for r in results], sharing)
         return Fetched(ref, allocated, sharing)
 
     def _record(self, fetched: list[Fetched]) -> dict[str, PrepareResult]:

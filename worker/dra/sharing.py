@@ -22,9 +22,17 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from common.dracheckpoint import MPS, TIME_SLICING, DeviceSharing, PreparedClaim
+from common.dracheckpoint import (
+    MEMORY_SHARE,
+    MPS,
+    TIME_SLICING,
+    DeviceSharing,
+    PreparedClaim,
+    memory_share_uid,
+)
 from worker.dra.config import INTERVALS
 from worker.dra.edits import CdiMount, ClaimMps, ContainerEdits, MpsLimits, SharingError
+from worker.dra.memshare import memory_edits, still_shared
 
 log = logging.getLogger("gpuvisor.worker")
 
@@ -164,8 +172,8 @@ def _intervals(claim: PreparedClaim) -> dict[str, str]:
     }
 
 
-def _mps_devices(claim: PreparedClaim) -> list[DeviceSharing]:
-    return [d.sharing for d in claim.devices if d.sharing is not None and d.sharing.strategy == MPS]
+def _devices(claim: PreparedClaim, strategy: str) -> list[DeviceSharing]:
+    return [d.sharing for d in claim.devices if d.sharing is not None and d.sharing.strategy == strategy]
 
 
 class SharingSteps:
@@ -188,13 +196,15 @@ class SharingSteps:
                     )
                 self.timeslicer.set(gpu, interval)
                 done.append(gpu)
-            mps = _mps_devices(claim)
-            if not mps:
+            mps, memory = _devices(claim, MPS), _devices(claim, MEMORY_SHARE)
+            if not (mps or memory):
                 return ContainerEdits()
             if self.mps is None:
                 raise SharingError(
                     "MPS sharing needs gpuvisor's MPS control daemons for claims, which this DRA worker does not run"
                 )
+            if memory:  # a GPU shared by memory: a client of its daemon (worker.dra.memshare)
+                return memory_edits(self.mps, memory[0])
             uuids = sorted({s.uuid for s in mps})
             return self.mps.start(claim.uid, uuids, mps_limits(mps[0]))
         except Exception as exc:
@@ -206,7 +216,10 @@ class SharingSteps:
     def teardown(self, claim: PreparedClaim, others: Iterable[PreparedClaim]) -> None:
         """Undo the claim's sharing at its unprepare: stop its MPS daemon, and set Default on each
         GPU no other prepared claim time-slices. Raises SharingError (the claim stays prepared)."""
-        if _mps_devices(claim):
+        for s in _devices(claim, MEMORY_SHARE):
+            if self.mps is not None and not still_shared(s.gpu_uuid, others):
+                self.mps.stop(memory_share_uid(s.gpu_uuid))  # the GPU's last share: its daemon goes
+        if _devices(claim, MPS):
             if self.mps is None:
                 log.warning(
                     "claim %s/%s had an MPS daemon, but this worker runs none to stop",
