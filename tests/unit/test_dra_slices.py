@@ -12,10 +12,10 @@ import pytest
 
 from common.model import Node
 from supervisor.config import config_from_data
+from supervisor.dra.memshare import binary as binary_quantity
 from supervisor.dra.slices import (
     MAX_DEVICES_WITH_TAINTS,
     MAX_TAINTS,
-    binary_quantity,
     build_slices,
     cuda_version,
     pci_bus_id,

@@ -51,6 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from common.dracheckpoint import (
+    MEMORY_SHARE,
     MPS,
     Checkpoint,
     CheckpointError,
@@ -388,7 +389,10 @@ class Preparer:
         none = ContainerEdits()
         self._specs.write(
             ref.uid,
-            [(by_id[d.device], edits if d.sharing and d.sharing.strategy == MPS else none) for d in devices],
+            [
+                (by_id[d.device], edits if d.sharing and d.sharing.strategy in (MPS, MEMORY_SHARE) else none)
+                for d in devices
+            ],
         )
         return tuple(
             dataclasses.replace(d, cdi_device_ids=(claim_device_id(ref.uid, d.device),)) for d in devices
