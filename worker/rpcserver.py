@@ -21,6 +21,7 @@ forked child starts its own (the zygote never starts one before it forks).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +30,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import grpc.aio
+
+log = logging.getLogger("gpuvisor.worker")
 
 
 class _Aborted(Exception):
@@ -69,7 +72,10 @@ class CallContext:
         with self._lock:
             callbacks, self._callbacks = self._callbacks or [], None
         for callback in callbacks:
-            callback()
+            try:
+                callback()
+            except Exception:  # one callback's bug must not cost the others (a stop waits on them)
+                log.exception("a call's end callback failed")
 
 
 class _Loop:
@@ -190,11 +196,17 @@ class RpcServer:
         self._loop = _event_loop()
         self._server: grpc.aio.Server | None = None
 
-    def _run(self, coro: Any, timeout: float) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+    def _run(self, coro: Any, timeout: float, what: str) -> Any:
+        """Run `coro` on the loop; RuntimeError when it takes over `timeout` (it is cancelled)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise RuntimeError(f"gRPC server {what} took over {timeout:g}s") from None
 
     def start(self, target: str, timeout: float = 10.0) -> None:
-        """Serve on `target` (`unix://<path>`). Raises RuntimeError when it cannot bind."""
+        """Serve on `target` (`unix://<path>`). Raises RuntimeError when it cannot bind or start."""
 
         async def start() -> grpc.aio.Server:
             server = grpc.aio.server(
@@ -206,10 +218,13 @@ class RpcServer:
             await server.start()
             return server
 
-        self._server = self._run(start(), timeout)
+        self._server = self._run(start(), timeout, f"start on {target}")
 
     def stop(self, grace: float) -> None:
         """Stop: calls still running get `grace` seconds, then are cancelled."""
         server, self._server = self._server, None
         if server is not None:
-            self._run(server.stop(grace), grace + 2.0)
+            try:
+                self._run(server.stop(grace), grace + 2.0, "stop")
+            except RuntimeError as exc:  # a stop never fails its caller: the socket still goes
+                log.warning("%s", exc)

@@ -327,7 +327,34 @@ class WorkerSet:
             for h in self.workers.values()
             if h.state is WState.STOPPING and h.proc is not None
         ]
+        # A worker that goes silent must be found at its limit even on a loop that sleeps long.
+        out += [
+            self._heard(h) + self._silence_limit(h) + 0.01 for h in self.workers.values() if self._watched(h)
+        ]
         return out
+
+    @staticmethod
+    def _watched(handle: WorkerHandle) -> bool:
+        """Is this worker's heartbeat watched now (a live process, no kill under way)?"""
+        return (
+            handle.wanted
+            and handle.state in (WState.STARTING, WState.RUNNING)
+            and handle.proc is not None
+            and not handle.kill_cause
+        )
+
+    @staticmethod
+    def _heard(handle: WorkerHandle) -> float:
+        """When the worker was last heard from: its last heartbeat, or its start."""
+        return handle.last_heartbeat if handle.heartbeats else handle.started_at
+
+    def _silence_limit(self, handle: WorkerHandle) -> float:
+        """How long the worker may stay silent. It beats at the interval it was started with: a
+        timeout lowered by a reload must not declare an older worker hung for beating as told."""
+        limit = max(self.policy.heartbeat_timeout, 2.0 * handle.beat_interval)
+        if not handle.heartbeats:
+            limit = max(limit, self.policy.register_timeout)  # imports and first connect take a while
+        return limit
 
     # ------------------------------------------------------------------ reconcile
     def tick(self, now: float) -> None:
@@ -418,17 +445,13 @@ class WorkerSet:
             or (state is WState.FATAL and (handle.retry_fatal or now >= handle.backoff_until))
         ):
             self._spawn(handle, now)
-        elif state in (WState.STARTING, WState.RUNNING) and handle.proc is not None and not handle.kill_cause:
+        elif self._watched(handle):
             self._check_heartbeat(handle, now)
 
     def _check_heartbeat(self, handle: WorkerHandle, now: float) -> None:
         assert handle.proc is not None
-        silent = now - (handle.last_heartbeat if handle.heartbeats else handle.started_at)
-        # A worker beats at the interval it was started with: a timeout lowered by a reload must
-        # not declare an older worker hung for beating as it was told to.
-        limit = max(self.policy.heartbeat_timeout, 2.0 * handle.beat_interval)
-        if not handle.heartbeats:
-            limit = max(limit, self.policy.register_timeout)  # imports and first connect take a while
+        silent = now - self._heard(handle)
+        limit = self._silence_limit(handle)
         if silent <= limit:
             return
         # One kill per silence (kill_cause is set until the reaper sees the death); the reaper

@@ -104,7 +104,8 @@ def test_a_posted_call_that_raises_is_counted_and_the_next_still_runs(sup: Super
 
 
 def test_reconcile_wakes_the_loop_when_a_backoff_ends(sup: Supervisor) -> None:
-    """A worker backing off puts its deadline on the scheduler; none left, the timer goes."""
+    """A worker backing off puts its deadline on the scheduler; once it is started again the timer
+    is its wait for a first heartbeat instead."""
     clock = sup.clock
     assert isinstance(clock, FakeClock)
     sup.workers.want(GPU, "/plans/gpu.json")
@@ -120,7 +121,11 @@ def test_reconcile_wakes_the_loop_when_a_backoff_ends(sup: Supervisor) -> None:
     assert sup.timers.when("workers") == handle.backoff_until
     clock.advance(handle.backoff_until - clock.now)
     sup.timers.run_due()
-    assert handle.state is WState.STARTING and sup.timers.when("workers") is None
+    # the backoff's timer is gone; what is left is the new start's wait for its first heartbeat
+    assert handle.state is WState.STARTING
+    assert sup.timers.when("workers") == pytest.approx(
+        handle.started_at + sup.workers.policy.register_timeout + 0.01
+    )
 
 
 def test_status_is_one_document_of_the_parts_views(sup: Supervisor) -> None:

@@ -211,7 +211,9 @@ def test_fatal_is_retried_at_a_capped_interval_forever() -> None:
         ws.tick(now)
         assert st(handle) is S.STARTING
     assert waits == pytest.approx([4.0, 8.0, 16.0, 30.0, 30.0, 30.0, 30.0, 30.0, 30.0])
-    assert ws.deadlines() == [] and len(spawner.procs) == 15
+    # left: only the last start's wait for its first heartbeat (the register timeout)
+    assert ws.deadlines() == [pytest.approx(handle.started_at + ws.policy.register_timeout + 0.01)]
+    assert len(spawner.procs) == 15
 
 
 def test_first_failure_restarts_in_the_same_tick() -> None:
@@ -321,6 +323,20 @@ def test_a_beating_worker_is_not_killed() -> None:
         ws.heartbeat(R, spawner.last.pid, True, "s", float(t))
         ws.tick(t + 0.5)
     assert spawner.last.signals == [] and st(handle) is S.RUNNING
+
+
+def test_a_silent_workers_limit_is_a_deadline_of_the_loop() -> None:
+    """The moment a worker's silence passes its limit is among the deadlines, so a loop that sleeps
+    long while idle (up to 10 s) still kills a hung worker at its limit: before the first heartbeat
+    the register timeout from its start, then the heartbeat timeout from its last beat."""
+    ws, spawner, _ = make(Policy(heartbeat_timeout=2.0, register_timeout=20.0))
+    ws.tick(0.0)
+    assert ws.deadlines() == [pytest.approx(20.01)]
+    ws.heartbeat(R, spawner.last.pid, True, "/p/gpuvisor-gpu-1.sock", 3.0)
+    assert ws.deadlines() == [pytest.approx(5.01)]
+    ws.tick(5.01)
+    assert spawner.last.signals == [signal.SIGKILL]
+    assert ws.deadlines() == []  # the kill is under way: no heartbeat is watched until the restart
 
 
 def test_first_heartbeat_gets_the_register_timeout() -> None:
