@@ -10,7 +10,10 @@ server waits on its completion queue with no timeout, so an idle worker's server
 The servicers stay as they are, written for a thread each: every call runs on the worker's pool
 (`RPC_THREADS` of worker.server, and so the same bounds on streams and unary calls), a stream's
 generator in one pool thread from its first response to its last, each response written before
-the next is asked for. They get a `CallContext`, the part of `grpc.ServicerContext` they use:
+the next is asked for. A server whose unary methods never block (the device plugin's Allocate
+and its kin compute their answer from what the worker holds) answers those on the loop's own
+thread instead (`inline_unary`): no thread hop each way, most of what an aio call costs over a
+sync one. They get a `CallContext`, the part of `grpc.ServicerContext` they use:
 `abort` (the call ends with that status and details), `add_callback` (run once when the call is
 over on our side, its status sent, or False when it is over already) and `is_active`.
 
@@ -104,12 +107,14 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 
 
 def _unary(
-    behaviour: Callable[[Any, Any], Any], pool: futures.ThreadPoolExecutor
+    behaviour: Callable[[Any, Any], Any], pool: futures.ThreadPoolExecutor | None
 ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]:
     async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         ctx = CallContext(context)
         context.add_done_callback(ctx.over)  # type: ignore[arg-type]  # (the stub's DoneCallback is a class)
         try:
+            if pool is None:  # a quick answer, on the loop itself: no thread hop each way
+                return behaviour(request, ctx)
             return await asyncio.get_running_loop().run_in_executor(pool, behaviour, request, ctx)
         except _Aborted as exc:
             await context.abort(exc.code, exc.details)
@@ -157,9 +162,12 @@ else:
 class _Adapted(_Handler):
     """A servicer's generic handler, its unary and server-streaming methods run on the pool."""
 
-    def __init__(self, inner: grpc.GenericRpcHandler[Any, Any], pool: futures.ThreadPoolExecutor) -> None:
+    def __init__(
+        self, inner: grpc.GenericRpcHandler[Any, Any], pool: futures.ThreadPoolExecutor, inline_unary: bool
+    ) -> None:
         self._inner = inner
         self._pool = pool
+        self._unary_pool = None if inline_unary else pool
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = self._inner.service(details)
@@ -176,7 +184,7 @@ class _Adapted(_Handler):
             )
         assert handler.unary_unary is not None
         return grpc.unary_unary_rpc_method_handler(
-            _unary(handler.unary_unary, self._pool),
+            _unary(handler.unary_unary, self._unary_pool),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
@@ -190,8 +198,12 @@ class RpcServer:
         handlers: Sequence[grpc.GenericRpcHandler[Any, Any]],
         pool: futures.ThreadPoolExecutor,
         max_rpcs: int,
+        *,
+        inline_unary: bool = False,
     ) -> None:
-        self._handlers = tuple(_Adapted(h, pool) for h in handlers)
+        """`inline_unary`: the unary methods answer on the loop's thread (they must never block:
+        the device plugin's Allocate and its kin compute an answer from what the worker holds)."""
+        self._handlers = tuple(_Adapted(h, pool, inline_unary) for h in handlers)
         self._max_rpcs = max_rpcs
         self._loop = _event_loop()
         self._server: grpc.aio.Server | None = None

@@ -155,7 +155,7 @@ class PluginServer:
         executor = self._executor or futures.ThreadPoolExecutor(
             max_workers=RPC_THREADS, thread_name_prefix="rpc"
         )
-        server = RpcServer((self.service.handler_for(self),), executor, MAX_RPCS)
+        server = RpcServer((self.service.handler_for(self),), executor, MAX_RPCS, inline_unary=True)
         self.service.server = self
         server.start(unix_target(self.path))
         self._server = server

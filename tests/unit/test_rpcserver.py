@@ -130,3 +130,31 @@ def test_a_socket_that_cannot_be_bound_raises_runtime_error() -> None:
             RpcServer((), pool, max_rpcs=1).start("unix:///nonexistent-gpuvisor-dir/s.sock")
     finally:
         pool.shutdown()
+
+
+def test_inline_unary_answers_on_the_loop_and_streams_stay_on_the_pool() -> None:
+    """With `inline_unary` a unary method runs on the loop's own thread ("grpc-aio": no thread hop
+    each way, for the device plugin's quick Allocate); without it, on the pool; a stream always
+    runs on the pool, where it may wait."""
+    threads: list[str] = []
+
+    def where(request: bytes, context: Any) -> bytes:
+        threads.append(threading.current_thread().name)
+        return request
+
+    handler = grpc.method_handlers_generic_handler(
+        SERVICE, {"Echo": grpc.unary_unary_rpc_method_handler(where, _ident, _ident)}
+    )
+    pool = futures.ThreadPoolExecutor(2, thread_name_prefix="pool")
+    with short_tmpdir() as tmp:
+        for n, inline in enumerate((True, False)):
+            target = f"unix://{Path(tmp) / f's{n}.sock'}"
+            server = RpcServer((handler,), pool, max_rpcs=4, inline_unary=inline)
+            server.start(target)
+            try:
+                with grpc.insecure_channel(target) as channel:
+                    assert channel.unary_unary(f"/{SERVICE}/Echo", _ident, _ident)(b"x", timeout=10) == b"x"
+            finally:
+                server.stop(0.5)
+    pool.shutdown()
+    assert threads[0] == "grpc-aio" and threads[1].startswith("pool")
