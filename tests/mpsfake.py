@@ -186,24 +186,24 @@ sys.exit(0)
 """
 
 
-def install_client(tmp_path: Path) -> Path:
-    """The fake MPS client (`FAKE_CLIENT`) in tmp_path/bin."""
+def _install(tmp_path: Path, name: str, source: str) -> Path:
+    """`source` as an executable script `name` in tmp_path/bin, run by this interpreter."""
     bindir = tmp_path / "bin"
     bindir.mkdir(exist_ok=True)
-    path = bindir / "fake-mps-client"
-    path.write_text(f"#!{sys.executable} -S\n{FAKE_CLIENT}")
+    path = bindir / name
+    path.write_text(f"#!{sys.executable} -S\n{source}")
     path.chmod(0o755)
     return path
+
+
+def install_client(tmp_path: Path) -> Path:
+    """The fake MPS client (`FAKE_CLIENT`) in tmp_path/bin."""
+    return _install(tmp_path, "fake-mps-client", FAKE_CLIENT)
 
 
 def install(tmp_path: Path) -> Path:
     """The fake control binary in tmp_path/bin."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir(exist_ok=True)
-    path = bindir / "nvidia-cuda-mps-control"
-    path.write_text(f"#!{sys.executable} -S\n{FAKE_CONTROL}")
-    path.chmod(0o755)
-    return path
+    return _install(tmp_path, "nvidia-cuda-mps-control", FAKE_CONTROL)
 
 
 def kill_daemons(tmp_path: Path) -> None:

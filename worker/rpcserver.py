@@ -67,9 +67,6 @@ class CallContext:
         with self._lock:
             return self._callbacks is not None
 
-    def invocation_metadata(self) -> Any:
-        return self._call.invocation_metadata()
-
     def over(self, _call: object = None) -> None:
         """The call is done (aio's done callback, on the loop's thread): run the callbacks, once."""
         with self._lock:
