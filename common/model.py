@@ -54,6 +54,26 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class MigOption:
+    """One MIG device a GPU could have (gpuvisor.dra.migOnDemand): a GPU instance profile whose
+    compute instance spans it, at one of its possible placements (nvmlDeviceGetGpuInstanceProfileInfo,
+    nvmlDeviceGetGpuInstancePossiblePlacements), with that profile's sizes."""
+
+    profile: str  # "1g.10gb", "1g.10gb+me"
+    gi_profile_id: int  # the profile info's `id`: what the device name and the create call take
+    ci_profile_id: int  # the compute instance profile spanning it (NVML_COMPUTE_INSTANCE_PROFILE_*)
+    placement_start: int
+    placement_size: int  # memory slices
+    memory_mib: int
+    multiprocessors: int = 0
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpeg_engines: int = 0
+    ofa_engines: int = 0
+
+
+@dataclass(frozen=True)
 class Gpu:
     """A physical GPU as NVML describes it."""
 
@@ -77,6 +97,9 @@ class Gpu:
     pcie_root: str = ""
     pci_numa_node: int | None = None
     addressing_mode: str = ""
+    # Every MIG device the GPU could have, read only where MIG on demand is on (and the GPU
+    # supports MIG): what its partitionable DRA devices are (supervisor.dra.partitions).
+    mig_options: tuple[MigOption, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -126,6 +149,15 @@ class AllocatableDevice:
     mig_gi: int | None = None
     mig_ci: int | None = None
     mig_profile: str | None = None
+    # A MIG device made on demand (gpuvisor.dra.migOnDemand): its GPU instance profile id and
+    # placement start. With `uuid` "" it does not exist yet: the DRA worker has it made at prepare.
+    mig_gi_profile_id: int = -1
+    mig_placement_start: int = -1
+
+    @property
+    def on_demand(self) -> bool:
+        """A MIG device not made yet: a placement the scheduler may pick (gpuvisor.dra.migOnDemand)."""
+        return not self.uuid and self.mig_placement_start >= 0
 
     @property
     def is_mig(self) -> bool:
@@ -181,6 +213,9 @@ class DraSettings:
     memory_step: int = 0
     memory_default: int = 0
     memory_minimum: int = 0
+    # gpuvisor.dra.migOnDemand: MIG-capable GPUs published as partitionable (the full GPU and every
+    # placement of every profile); a claim's MIG device is made at prepare and destroyed after.
+    mig_on_demand: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,6 +280,7 @@ def node_from_json(text: str) -> Node:
         g = dict(g)
         g["compute_capability"] = tuple(g["compute_capability"])
         g["mig_devices"] = tuple(MigDevice(**m) for m in g.get("mig_devices", ()))
+        g["mig_options"] = tuple(MigOption(**o) for o in g.get("mig_options", ()))
         gpus.append(Gpu(**g))
     return Node(
         gpus=tuple(gpus),
