@@ -171,6 +171,7 @@ def dra_plan(
         nvidia_ctk_path=config.nvidia_cdi_hook_path,
         mig_minors_path=config.mig_minors_path,
     )
+    step, default, minimum = _memory_sharing(config)
     return ResourcePlan(
         resource=DRIVER,
         devices=devices,
@@ -186,14 +187,16 @@ def dra_plan(
             cdi_spec_dir=config.cdi_spec_dir,
             driver_root_ctr_path=config.driver_root_ctr_path,
             driver_version=node.driver_version,
-            **_memory_sharing(config),
+            memory_step=step,
+            memory_default=default,
+            memory_minimum=minimum,
         ),
     )
 
 
-def _memory_sharing(config: Config) -> dict[str, int]:
-    """gpuvisor.dra.memorySharing in the plan (bytes), for the slices and the DRA worker."""
+def _memory_sharing(config: Config) -> tuple[int, int, int]:
+    """gpuvisor.dra.memorySharing in the plan (bytes: step, default, minimum; step 0: off)."""
     policy = config.dra_memory_sharing
     if policy is None:
-        return {}
-    return {"memory_step": policy.step, "memory_default": policy.default, "memory_minimum": policy.minimum}
+        return 0, 0, 0
+    return policy.step, policy.default, policy.minimum
