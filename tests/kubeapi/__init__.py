@@ -28,8 +28,12 @@ CA data and token, is exercised), with the real server's rules for them:
   counts, semver, taints, consumable capacity's request policies: `capacity.py`); `device_taints=False`
   is a server without the DRADeviceTaints gate, which drops `devices[].taints` on write;
   `consumable_capacity` (off by default, as in 1.34 and 1.35) the DRAConsumableCapacity gate, without
-  which `allowMultipleAllocations` and `requestPolicy` are dropped; `kube_version` the schema's
-  version; `dra=False` one that does not serve the API at all;
+  which `allowMultipleAllocations` and `requestPolicy` are dropped; `partitionable_devices` (off by
+  default, as in 1.33 to 1.35) the DRAPartitionableDevices gate, without which `sharedCounters` and
+  `consumesCounters` are dropped, with them checked by the served version's rules (`partitions.py`:
+  1.34's counter sets in the devices' own slice, 1.35's in a slice of their own); `kube_version`
+  the served version (the schema's, the rules', and `GET /version`'s answer, `version_info()`);
+  `dra=False` one that does not serve the API at all;
 - RBAC: with `allow` set, a request whose (verb, resource) is not in it gets the real 403 text;
 - NFD's NodeFeature (checked against NFD v0.19.0's CRD schema, `tests/data/`, as the structural
   schema it is, so unknown fields fail too) and pods (read only);
@@ -44,7 +48,8 @@ port), and one injected failure per method (`fail_next`). Refusals of what gpuvi
 recorded in `errors`, which a test expects empty.
 
 Where each part lives: `state.py` (FakeApiServer: the objects, the watch history, the helpers tests
-call), `validation.py` (what the server refuses in an object; `capacity.py` its consumable-capacity rules), `patch.py` (strategic merge, JSON
+call), `validation.py` (what the server refuses in an object; `capacity.py` its consumable-capacity rules,
+`partitions.py` its partitionable-devices rules), `patch.py` (strategic merge, JSON
 merge and JSON patch), `resources.py` (groups, kinds, the token, the Status of an error),
 `handler.py` (the checks every request passes and the dispatch by path) over one part per resource
 (`nodes.py`, `events.py`, `slices.py`, `claims.py`, `nodefeatures.py`), `listwatch.py` (field

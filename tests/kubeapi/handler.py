@@ -7,7 +7,8 @@ server's filters do before a resource sees it: a bearer token the server does no
 a throttled one (`throttle()`) priority and fairness's 429 with `Retry-After`, an injected
 failure (`fail_next`) answers, a POST or PUT that is not JSON is 415 and a body that is
 not an object 400. The path picks the part (one class per resource in this package, joined here):
-pods (read only), nodes, events, ResourceSlices and ResourceClaims (while `dra`), NodeFeatures
+`GET /version` (the served version's k8s.io/apimachinery version.Info, to anyone, the anonymous
+user too), pods (read only), nodes, events, ResourceSlices and ResourceClaims (while `dra`), NodeFeatures
 (while the CRD is installed); any other path gets the mux's plain `404 page not found`.
 """
 
@@ -26,6 +27,7 @@ from tests.kubeapi.resources import NFD_GROUP, status
 from tests.kubeapi.slices import SliceHandler
 from tests.kubeapi.state import Request
 
+VERSION_PATH = "/version"
 NF_PATH = re.compile(r"^/apis/nfd\.k8s-sigs\.io/v1alpha1/namespaces/([^/]+)/nodefeatures(?:/([^/]+))?$")
 POD_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)$")
 NODE_PATH = re.compile(r"^/api/v1/nodes(?:/([^/]+)(?:/(status))?)?$")
@@ -61,7 +63,10 @@ class ApiHandler(NodeHandler, EventHandler, SliceHandler, ClaimHandler, NodeFeat
         state.tally.count(method, path, query, self.user)
         while state.frozen.is_set():  # a hung server: the request waits, unanswered
             state.thawed.wait(0.2)
-        if not self.user:
+        # /version is served to anyone, the anonymous user too (the system:public-info-viewer
+        # ClusterRole binds it to system:authenticated and system:unauthenticated); a bearer
+        # token the server does not know still fails authentication first.
+        if not self.user and not (path == VERSION_PATH and not auth):
             self._send(401, status(401, "Unauthorized", "Unauthorized"))
             return
         with state.lock:
@@ -87,6 +92,9 @@ class ApiHandler(NodeHandler, EventHandler, SliceHandler, ClaimHandler, NodeFeat
         )
         if not isinstance(body, dict | None) and not (json_patch_body and isinstance(body, list)):
             self._send(400, status(400, "BadRequest", "the body is not a JSON object"))
+            return
+        if path == VERSION_PATH and method == "GET":
+            self._send(200, state.version_info())
             return
         if (m := POD_PATH.match(path)) and method == "GET":
             if self._allowed("get", "pods", m[1], m[2]):

@@ -7,7 +7,10 @@ kubelet wipes a node's slices; `dryRun=All`. Each object is checked by
 validation.resource_slice_problems; without the DRADeviceTaints gate (`device_taints=False`)
 `devices[].taints` are dropped on write (dropDisabledDRADeviceTaintsFields), and without
 DRAConsumableCapacity (`consumable_capacity=False`, 1.34's and 1.35's default) a device's
-`allowMultipleAllocations` and its capacities' `requestPolicy` (capacity.drop_consumable_capacity).
+`allowMultipleAllocations` and its capacities' `requestPolicy` (capacity.drop_consumable_capacity),
+and without DRAPartitionableDevices (`partitionable_devices=False`, 1.33's to 1.35's default)
+`sharedCounters`, `perDeviceNodeSelection` and the devices' `consumesCounters` and node selection
+(partitions.drop_partitionable); on update each is kept where the stored slice already uses it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from tests.kubeapi.capacity import drop_consumable_capacity, uses_consumable_capacity
 from tests.kubeapi.listwatch import ListWatch
+from tests.kubeapi.partitions import drop_partitionable, uses_partitionable
 from tests.kubeapi.resources import RESOURCE_GROUP, status
 from tests.kubeapi.state import now_rfc3339
 from tests.kubeapi.validation import drop_taints, resource_slice_problems
@@ -86,6 +90,8 @@ class SliceHandler(ListWatch):
             drop_taints(obj.get("spec") or {})
         if not state.consumable_capacity:
             drop_consumable_capacity(obj.get("spec") or {})
+        if not state.partitionable_devices:
+            drop_partitionable(obj.get("spec") or {})
         for key in ("resourceVersion", "uid", "creationTimestamp", "generation"):
             meta.pop(key, None)
         problems = resource_slice_problems(obj, state.kube_version)
@@ -130,6 +136,8 @@ class SliceHandler(ListWatch):
                 drop_taints(spec)
             if not state.consumable_capacity and not uses_consumable_capacity(old):
                 drop_consumable_capacity(spec)
+            if not state.partitionable_devices and not uses_partitionable(old):
+                drop_partitionable(spec)
             problems = resource_slice_problems(obj, state.kube_version)
             for key in ("driver", "nodeName"):
                 if spec.get(key) != old.get(key):

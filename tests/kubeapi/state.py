@@ -4,7 +4,8 @@
 ResourceClaims), one `resourceVersion` counter for every write and one watch history for every
 resource (compacted as etcd compacts, `HISTORY` events kept), every request with its user agent
 and field manager, the refusals of what gpuvisor sent (`errors`), and the trouble a test injects
-(`fail_next`, `freeze()`, `compact()`, `expire_watches()`, the feature gates). Its helpers write as
+(`fail_next`, `freeze()`, `compact()`, `expire_watches()`, the feature gates), and the version
+it serves (`kube_version`, `version_info()`). Its helpers write as
 the other writers of a cluster do: the kubelet (`add_node`, `kubelet_status`, as
 pkg/kubelet/kubelet_node_status.go tryUpdateNodeStatus writes, `touch_node`, `delete_slices`), an
 operator (`set_node_label`), the scheduler (`add_claim`). The HTTP side is tests/kubeapi/handler.py.
@@ -74,7 +75,14 @@ class FakeApiServer:
     # The DRAConsumableCapacity gate (alpha, off, in 1.34 and 1.35; beta, on, in 1.36): off, a
     # slice's allowMultipleAllocations and requestPolicy are dropped on write.
     consumable_capacity: bool = False
-    kube_version: str = "1.34.0"  # the schema objects are checked against (kubernetes-validate's)
+    # The DRAPartitionableDevices gate (alpha, off, in 1.33 to 1.35; beta, on, in 1.36): off, a
+    # slice's sharedCounters and its devices' consumesCounters (and per-device node selection) are
+    # dropped on write; on, they are kept and checked by kube_version's rules (partitions.py).
+    partitionable_devices: bool = False
+    # The served version: the schema and the validation rules objects are checked against, and
+    # what GET /version answers (version_info()).
+    kube_version: str = "1.34.0"
+    version_overrides: dict[str, str] = field(default_factory=dict)  # /version fields to replace
     lock: threading.RLock = field(default_factory=threading.RLock)
     changed: threading.Condition = field(init=False)
     version: int = 0
@@ -194,6 +202,29 @@ class FakeApiServer:
                 and e["involvedObject"].get("name") == node
             ]
 
+    def version_info(self) -> dict[str, str]:
+        """GET /version as kube-apiserver answers it: k8s.io/apimachinery pkg/version/types.go
+        Info (major, minor, the emulation and minimum-compatibility versions since 1.33,
+        gitVersion, ...) for `kube_version`, with `version_overrides` on top (a provider's
+        "minor": "34+" or gitVersion "v1.34.2-eks-4f9c3a1")."""
+        major, minor, *_ = self.kube_version.split(".")
+        info = {
+            "major": major,
+            "minor": minor,
+            "emulationMajor": major,
+            "emulationMinor": minor,
+            "minCompatibilityMajor": major,
+            "minCompatibilityMinor": str(int(minor) - 1),
+            "gitVersion": f"v{self.kube_version}",
+            "gitCommit": "0" * 40,
+            "gitTreeState": "clean",
+            "buildDate": "2026-01-01T00:00:00Z",
+            "goVersion": "go1.24.6",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
+        return {**info, **self.version_overrides}
+
     # ------------------------------------------------------------------ resource.k8s.io/v1
     def slices(self, node: str | None = None, driver: str | None = None) -> list[dict[str, Any]]:
         """The stored ResourceSlices (of a node, of a driver), by name."""
@@ -206,9 +237,10 @@ class FakeApiServer:
             ]
 
     def put_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Store a slice as another writer would (an earlier life, another tool): checked, then
-        kept with the metadata the server adds, and a watch event."""
-        problems = resource_slice_problems(obj)
+        """Store a slice as another writer would (an earlier life, another tool): checked by the
+        served version's rules, then kept as given (no gate drops a field: a slice written while
+        the gates were on) with the metadata the server adds, and a watch event."""
+        problems = resource_slice_problems(obj, self.kube_version)
         if problems:
             raise ValueError("; ".join(problems))
         with self.lock:

@@ -8,8 +8,9 @@ them on its own objects too:
 - NFD's NodeFeature: NFD v0.19.0's CRD schema (tests/data/) as the structural schema it is, so an
   unknown field fails as the server would prune it, and the metadata rules (`node_feature_problems`);
 - resource.k8s.io/v1 ResourceSlices and ResourceClaims: kubernetes-validate's OpenAPI schema (strict)
-  and then the rules of pkg/apis/resource/validation/validation.go (1.34) that gpuvisor's objects
-  touch: validation.ValidateResourceSlice (`resource_slice_problems`), a claim's name, namespace and
+  and then the rules of pkg/apis/resource/validation/validation.go (1.34; 1.35's where they
+  differ, by the served `version`) that gpuvisor's objects touch: validation.ValidateResourceSlice
+  (`resource_slice_problems`; its counter rules in tests/kubeapi/partitions.py), a claim's name, namespace and
   results (`resource_claim_problems`), validateResourceClaimStatusUpdate for status.devices
   (`claim_status_problems`) with apimachinery's metav1validation.ValidateConditions
   (`condition_list_problems`);
@@ -29,6 +30,7 @@ import jsonschema
 import yaml
 
 from tests.kubeapi.capacity import result_problems, slice_capacity_problems
+from tests.kubeapi.partitions import consumes_counters, counter_problems, minor
 
 SCHEMA_FILE = Path(__file__).parent.parent / "data" / "nfd-nodefeature-v1alpha1-schema.yaml"
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -150,8 +152,12 @@ C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?(\+[0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*)?$"
 )
-SLICE_MAX_DEVICES = 128  # ResourceSliceMaxDevices (1.34)
-DEVICE_MAX_TAINTS = 4  # DeviceTaintsMaxLength (1.34)
+SLICE_MAX_DEVICES = 128  # ResourceSliceMaxDevices
+# ResourceSliceMaxDevicesWithTaintsOrConsumesCounters (1.35; ResourceSliceMaxDevicesWithAdvancedFeatures
+# in 1.36): the devices of a slice one of whose devices has taints or consumes counters
+SLICE_MAX_DEVICES_WITH_COUNTERS = 64
+DEVICE_MAX_TAINTS = 4  # DeviceTaintsMaxLength (1.34; 16 from 1.35)
+DEVICE_MAX_TAINTS_135 = 16
 DEVICE_MAX_ATTRIBUTES = 32  # attributes and capacities together
 
 
@@ -184,12 +190,10 @@ def _owner_problems(meta: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _taint_problems(taints: Any, where: str) -> list[str]:
+def _taint_problems(taints: Any, where: str, limit: int = DEVICE_MAX_TAINTS) -> list[str]:
     problems = []
-    if len(taints) > DEVICE_MAX_TAINTS:
-        problems.append(
-            f"{where}.taints: Too many: {len(taints)}: must have at most {DEVICE_MAX_TAINTS} items"
-        )
+    if len(taints) > limit:
+        problems.append(f"{where}.taints: Too many: {len(taints)}: must have at most {limit} items")
     for j, taint in enumerate(taints):
         at = f"{where}.taints[{j}]"
         key = str(taint.get("key", ""))
@@ -217,8 +221,9 @@ def _taint_problems(taints: Any, where: str) -> list[str]:
 
 def resource_slice_problems(obj: Any, version: str = SCHEMA_VERSION) -> list[str]:
     """What the API server of Kubernetes `version` refuses in a ResourceSlice: its schema, then
-    the rules of validation.ValidateResourceSlice (1.34) that gpuvisor's slices touch, consumable
-    capacity's included (tests/kubeapi/capacity.py)."""
+    the rules of validation.ValidateResourceSlice (1.34's, and 1.35's where they differ) that
+    gpuvisor's slices touch, consumable capacity's (tests/kubeapi/capacity.py) and partitionable
+    devices' (tests/kubeapi/partitions.py) included."""
     if not isinstance(obj, dict):
         return ["not an object"]
     problems = schema_problems(obj, version)
@@ -253,10 +258,12 @@ def resource_slice_problems(obj: Any, version: str = SCHEMA_VERSION) -> list[str
             f"`perDeviceNodeSelection` is required, got {where}"
         )
     devices = spec.get("devices") or []
-    if len(devices) > SLICE_MAX_DEVICES:
-        problems.append(
-            f"spec.devices: Too many: {len(devices)}: must have at most {SLICE_MAX_DEVICES} items"
-        )
+    later = minor(version) >= 35
+    most = SLICE_MAX_DEVICES
+    if later and (consumes_counters(spec) or any(d.get("taints") for d in devices)):
+        most = SLICE_MAX_DEVICES_WITH_COUNTERS
+    if len(devices) > most:
+        problems.append(f"spec.devices: Too many: {len(devices)}: must have at most {most} items")
     names: set[str] = set()
     for i, device in enumerate(devices):
         at = f"spec.devices[{i}]"
@@ -289,9 +296,10 @@ def resource_slice_problems(obj: Any, version: str = SCHEMA_VERSION) -> list[str
                 problems.append(
                     f"{at}.attributes[{key}].version: Invalid value: {value!r}: must be semantic version 2.0.0"
                 )
-        problems += _taint_problems(device.get("taints") or [], at)
+        taints = device.get("taints") or []
+        problems += _taint_problems(taints, at, DEVICE_MAX_TAINTS_135 if later else DEVICE_MAX_TAINTS)
         problems += slice_capacity_problems(device, at)
-    return problems
+    return problems + counter_problems(spec, version)
 
 
 def resource_claim_problems(obj: Any, namespace: str) -> list[str]:
