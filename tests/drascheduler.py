@@ -14,7 +14,11 @@ allocated it, and which claims the kubelet sends for which pod.
   extension; a runtime error, e.g. an attribute the device does not have, fails the claim as
   the scheduler fails it), `count` of them (1 by default), none allocated to another claim,
   `matchAttribute` constraints across the listed requests (all when empty), searched with
-  backtracking. The result names request, driver, pool and device; `config` holds, per request,
+  backtracking; with the DRAPartitionableDevices gate (`counters`, tests/dracounters.py) a device
+  that consumes counters only where its counter sets, less what the devices allocated before
+  (this allocator's and, with `state`, every allocated claim's in the fake API server) consume,
+  still hold what this claim's devices consume; without it no such device at all
+  (`Allocator.from_state` reads the pool, the gate and the version from the fake API server). The result names request, driver, pool and device; `config` holds, per request,
   its class's `spec.config` with source `FromClass`, then the claim's with `FromClaim`
   (allocator.go `allocateOne` / `Allocate`: class config first). `reservedFor` names the pod.
 - `KubeletClaims`: the kubelet's DRA manager (pkg/kubelet/cm/dra/manager.go `prepareResources`:
@@ -37,6 +41,9 @@ from cel_expr_python import cel
 from cel_expr_python.ext import ext_strings
 
 from supervisor.sim.drakubelet import DraKubeletStandin
+from tests.dracounters import Consumption, PoolCounters, consumption, gather
+from tests.kubeapi.partitions import split_layout
+from tests.kubeapi.state import FakeApiServer
 
 DRIVER = "gpu.nvidia.com"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
@@ -90,6 +97,8 @@ def _value(attribute: dict[str, Any]) -> Any:
 class Device:
     name: str
     attributes: dict[str, Any]  # qualified name ("gpu.nvidia.com/type") -> value
+    consumes: Consumption = field(default_factory=dict)  # consumesCounters: set -> counter -> amount
+    slice: str = ""  # the ResourceSlice it is published in
 
     def cel(self) -> dict[str, Any]:
         """The `device` CEL variable: driver, attributes by domain then name."""
@@ -100,32 +109,82 @@ class Device:
         return {"driver": DRIVER, "attributes": by_domain}
 
 
-def pool_devices(slices: Sequence[dict[str, Any]]) -> list[Device]:
+def pool_devices(slices: Sequence[dict[str, Any]], counter_slices_hold_none: bool = False) -> list[Device]:
     """The devices of a pool's newest generation, in slice and device order; an attribute without
-    a domain is the driver's (resource.k8s.io/v1 DeviceAttribute names)."""
+    a domain is the driver's (resource.k8s.io/v1 DeviceAttribute names). A slice of counter sets
+    only has none; with `counter_slices_hold_none` (1.35's buildPool) neither has a slice with
+    sharedCounters and devices."""
     newest = max(s["spec"]["pool"]["generation"] for s in slices)
     out = []
     for s in sorted(slices, key=lambda s: s["metadata"]["name"]):
         if s["spec"]["pool"]["generation"] != newest:
             continue
-        for d in s["spec"]["devices"]:
+        if counter_slices_hold_none and s["spec"].get("sharedCounters"):
+            continue
+        for d in s["spec"].get("devices") or []:
             attrs = {
                 (k if "/" in k else f"{DRIVER}/{k}"): _value(v) for k, v in d.get("attributes", {}).items()
             }
-            out.append(Device(d["name"], attrs))
+            out.append(Device(d["name"], attrs, consumption(d), s["metadata"]["name"]))
     return out
 
 
 class Allocator:
-    """Allocates claims on one pool: devices are handed out once until `release`."""
+    """Allocates claims on one pool: devices are handed out once until `release` (and, with
+    `state`, while a claim in the fake API server has them in its allocation); with `counters`
+    (the DRAPartitionableDevices gate on) within their counter sets."""
 
-    def __init__(self, pool: str, devices: Sequence[Device], classes: dict[str, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        pool: str,
+        devices: Sequence[Device],
+        classes: dict[str, dict[str, Any]],
+        counters: PoolCounters | None = None,
+        state: FakeApiServer | None = None,
+    ) -> None:
         self.pool = pool
         self.devices = list(devices)
+        self.by_name = {d.name: d for d in self.devices}
         self.classes = classes
+        self.counters = counters
+        self.state = state
         self.in_use: dict[str, str] = {}  # device -> claim uid
         self._env = cel.NewEnv(variables={"device": cel.Type.DYN}, extensions=[ext_strings.ExtStrings()])
         self._compiled: dict[str, Any] = {}
+
+    @classmethod
+    def from_state(cls, state: FakeApiServer, pool: str, classes: dict[str, dict[str, Any]]) -> Allocator:
+        """The scheduler of the fake API server's cluster for one pool: its slices, its gate
+        (`partitionable_devices`) and version (`kube_version`: 1.34's counters per slice, 1.35's
+        per pool), its allocated claims."""
+        slices = [s for s in state.slices(driver=DRIVER) if s["spec"]["pool"]["name"] == pool]
+        split = split_layout(state.kube_version)
+        on = state.partitionable_devices
+        devices = pool_devices(slices, counter_slices_hold_none=on and split) if slices else []
+        counters = gather(slices, state.kube_version) if on else None
+        return cls(pool, devices, classes, counters, state)
+
+    def allocated(self) -> set[str]:
+        """The pool's devices allocated before: this allocator's, and every allocated claim's in
+        the fake API server (allocatedState.AllocatedDevices)."""
+        names = set(self.in_use)
+        if self.state is not None:
+            with self.state.lock:
+                claims = list(self.state.resource_claims.values())
+            for claim in claims:
+                allocation = (claim.get("status") or {}).get("allocation") or {}
+                for r in (allocation.get("devices") or {}).get("results") or []:
+                    if r.get("driver") == DRIVER and r.get("pool") == self.pool:
+                        names.add(str(r.get("device")))
+        return names
+
+    def _counters_fit(self, chosen: Sequence[Device], allocated: set[str]) -> bool:
+        if self.counters is None:
+            return True
+        before = [self.by_name[n] for n in allocated if n in self.by_name]
+        return self.counters.fits(
+            ((d.slice, d.consumes) for d in chosen), ((d.slice, d.consumes) for d in before)
+        )
 
     def _matches(self, expression: str, device: Device, where: str) -> bool:
         if expression not in self._compiled:
@@ -135,7 +194,9 @@ class Allocator:
             raise Unschedulable(f"{where}: CEL runtime error: {value.value()}")
         return value.plain_value() is True
 
-    def _candidates(self, claim: str, request: dict[str, Any], taken: set[str]) -> list[Device]:
+    def _candidates(
+        self, claim: str, request: dict[str, Any], taken: set[str], allocated: set[str]
+    ) -> list[Device]:
         exactly = request["exactly"]
         device_class = self.classes.get(exactly["deviceClassName"])
         if device_class is None:
@@ -151,7 +212,11 @@ class Allocator:
         ]
         out = []
         for device in self.devices:
-            if device.name in self.in_use or device.name in taken:
+            if device.name in allocated or device.name in taken:
+                continue
+            if device.consumes and self.counters is None:  # isSelectable without the gate
+                continue
+            if not self._counters_fit([device], allocated):  # alone it does not fit: skip early
                 continue
             if all(self._matches(expression, device, where) for where, expression in selectors):
                 out.append(device)
@@ -166,8 +231,15 @@ class Allocator:
         requests = devices["requests"]
         constraints = devices.get("constraints", [])
         chosen: dict[str, list[Device]] = {}
+        before = self.allocated()
+        if self.counters is not None and self.counters.invalid:
+            raise Unschedulable(
+                f"claim {key}: invalid resource pools were encountered: pool {self.pool}: {self.counters.invalid}"
+            )
 
         def consistent() -> bool:
+            if not self._counters_fit([d for ds in chosen.values() for d in ds], before):
+                return False
             for c in constraints:
                 names = c.get("requests") or [r["name"] for r in requests]
                 picked = [d for n in names for d in chosen.get(n, [])]
@@ -182,7 +254,7 @@ class Allocator:
             request = requests[i]
             taken = {d.name for ds in chosen.values() for d in ds}
             count = int(request["exactly"].get("count", 1))
-            for combo in itertools.combinations(self._candidates(key, request, taken), count):
+            for combo in itertools.combinations(self._candidates(key, request, taken, before), count):
                 chosen[request["name"]] = list(combo)
                 if consistent() and search(i + 1):
                     return True
