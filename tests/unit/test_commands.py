@@ -58,6 +58,16 @@ class Parts:
         self.asked.append(f"mig {gpu_index} {profiles}")
         return profiles
 
+    def create_instance(
+        self, gpu_uuid: str, gi_profile_id: int, placement_start: int
+    ) -> dict[str, str | int]:
+        self.asked.append(f"create-instance {gpu_uuid} {gi_profile_id} {placement_start}")
+        return {"gpu_uuid": gpu_uuid, "gi_id": 2, "ci_id": 0}
+
+    def mig_instances(self, gpu_uuid: str) -> list[dict[str, str | int]]:
+        self.asked.append(f"instances {gpu_uuid}")
+        return [{"gpu_uuid": gpu_uuid, "gi_id": 2, "ci_id": 0}]
+
 
 def target(parts: Parts, *, simulated: bool = True) -> CommandTarget:
     return CommandTarget(
