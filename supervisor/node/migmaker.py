@@ -403,7 +403,15 @@ class MigMaker:
             found[gi_id] = self._described(gpu_uuid, h, gi_id, ci_id, uuid, what)
         for gi_id in range(GI_ID_LIMIT):
             if gi_id not in found:
-                gi = self._gone_or(what, "nvmlDeviceGetGpuInstanceById", h, gi_id)
+                # nvml.h: NOT_FOUND for an id without an instance, INVALID_ARGUMENT for an id the GPU
+                # does not have at all.
+                gi = self._gone_or(
+                    what,
+                    "nvmlDeviceGetGpuInstanceById",
+                    h,
+                    gi_id,
+                    gone=(NVML_ERROR_NOT_FOUND, NVML_ERROR_INVALID_ARGUMENT),
+                )
                 if gi is not None:
                     found[gi_id] = self._described(gpu_uuid, h, gi_id, -1, "", what, gi)
         return sorted(found.values(), key=lambda m: (m.placement_start, m.gi_id))

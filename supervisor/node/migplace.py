@@ -16,7 +16,7 @@ cmd/gpu-kubelet-plugin/nvlib.go `inspectMigProfilesAndPlacements` over go-nvlib'
 - Each profile's placements come from `nvmlDeviceGetGpuInstancePossiblePlacements` (the count
   first, then the array); NotSupported or InvalidArgument skip the profile.
 - The sizes are the GPU instance profile's (what partitions.go `PartCapacities` publishes).
-- The name is go-nvlib's `MigProfileInfo.String()` (`NewMigProfile`, `getMigMemorySizeGB`): the
+- The name is what go-nvlib's MigProfileInfo String method gives (NewMigProfile, getMigMemorySizeGB): the
   slice count of the profile enum, the memory as the GPU's share in eighths of its whole GB
   (rounded half away from zero, as Go's math.Round), and the enum's attribute ("+me", "+me.all",
   "+gfx", "-me"): "1g.10gb", "1g.10gb+me", "3g.71gb" on a 141 GB GPU (`mig_profile_name`).

@@ -98,6 +98,21 @@ def test_a_mig_change_reloads_unless_asked_not_to() -> None:
     assert parts.asked == ["mig 2 ['3g.40gb']", "reload: MIG layout changed", "mig 2 None"]
 
 
+def test_a_hand_made_instance_is_created_shown_and_reloads() -> None:
+    """`sim create-instance` makes the instance, returns it and reloads (unless `reload: false`);
+    `sim instances` returns the GPU's instances."""
+    parts = Parts()
+    made = run_command(
+        target(parts),
+        "sim",
+        {"action": "create-instance", "device": "GPU-1", "gi_profile": 9, "placement": 4},
+    )
+    listed = run_command(target(parts), "sim", {"action": "instances", "device": "GPU-1"})
+    assert made["instance"] == {"gpu_uuid": "GPU-1", "gi_id": 2, "ci_id": 0}
+    assert listed["instances"] == [{"gpu_uuid": "GPU-1", "gi_id": 2, "ci_id": 0}]
+    assert parts.asked == ["create-instance GPU-1 9 4", "reload: MIG instance created", "instances GPU-1"]
+
+
 def test_fault_injection_is_refused_on_real_nvml() -> None:
     """A supervisor that is not simulated refuses fault injection, saying why."""
     with pytest.raises(CommandError, match="not a simulated node: fault injection is refused"):
@@ -116,6 +131,21 @@ def test_fault_injection_is_refused_on_real_nvml() -> None:
         ),
         ("sim", {"action": "xid", "device": "nope", "xid": 48}, "no GPU or MIG device with UUID 'nope'"),
         ("sim", {"action": "mig", "gpu": 0, "layout": [1]}, "layout must be a list of profile names or null"),
+        (
+            "sim",
+            {"action": "create-instance", "device": "GPU-1", "placement": 4},
+            "argument 'gi_profile' is required",
+        ),
+        (
+            "sim",
+            {"action": "create-instance", "device": "GPU-1", "gi_profile": 9},
+            "argument 'placement' is required",
+        ),
+        (
+            "sim",
+            {"action": "create-instance", "device": "GPU-1", "gi_profile": "9", "placement": 4},
+            "argument 'gi_profile' must be an integer, not str",
+        ),
         ("restart", {}, "unknown command 'restart'"),
     ],
 )
