@@ -209,10 +209,17 @@ class MigMaker:
             why = "the GPU is in use (processes run on it), so it could not be switched"
         else:
             kind = "reset-required"
-            why = f"the change needs a GPU reset (activation status {status})"
+            why = f"the change needs a GPU reset (activation status: {self._status_text(status)})"
         raise MigError(
             kind, f"GPU {gpu_uuid}: MIG mode cannot be turned {wanted} now: {why}; {reverted}", status
         )
+
+    def _status_text(self, status: int) -> str:
+        """An NVML return code as the binding words it, with the code."""
+        try:
+            return f"{self.module.NVMLError(status)} ({status})"
+        except Exception:  # a binding that cannot word it
+            return str(status)
 
     def _revert_pending(self, gpu_uuid: str, h: Any, before: MigMode) -> str:
         """Set the pending mode back to what it was before our call; say what was done."""
@@ -243,7 +250,8 @@ class MigMaker:
                     "unsupported", f"{where}: not a placement of {prof.name} (they start at {sorted(starts)})"
                 )
             size = starts[placement_start]
-            self._set_mode(gpu_uuid, h, True)
+            if not self._mode(gpu_uuid, h).current:  # on already: its pending mode is not ours to touch
+                self._set_mode(gpu_uuid, h, True)
             try:
                 gi = self._nvml.call(
                     "nvmlDeviceCreateGpuInstanceWithPlacement",

@@ -23,6 +23,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from supervisor.node import migplace
 from supervisor.node.migmaker import MigError, MigMaker
 from supervisor.sim.nvml import Simulator
 from tests.conformance.test_mig_on_demand import A100_OFF, A100_ON, H100, L4, LAYOUT_UUID, UUIDS, node_spec
@@ -126,7 +127,24 @@ def cleanup_after_a_failure(nvml: Any, control: Any) -> list[Any]:
     return out
 
 
-SCENARIOS = [create_taken_busy_destroy, layout_and_placements, mig_mode_refusals, cleanup_after_a_failure]
+def options_of_every_gpu(nvml: Any, control: Any) -> list[Any]:
+    """Every GPU's MIG options (supervisor/node/migplace.py): the A100s' and the H100's 25,
+    whatever their MIG mode and layout, the L4's none."""
+    out = [
+        [dataclasses.asdict(o) for o in migplace.mig_options(nvml, nvml.nvmlDeviceGetHandleByIndex(i))]
+        for i in range(int(nvml.nvmlDeviceGetCount()))
+    ]
+    assert [len(o) for o in out] == [25, 25, 25, 0]
+    return out
+
+
+SCENARIOS = [
+    create_taken_busy_destroy,
+    layout_and_placements,
+    mig_mode_refusals,
+    cleanup_after_a_failure,
+    options_of_every_gpu,
+]
 
 CHILD = """
 import json, os, sys

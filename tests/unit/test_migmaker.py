@@ -242,3 +242,17 @@ def test_an_unknown_gpu_is_an_nvml_error() -> None:
     with pytest.raises(MigError, match="GPU GPU-00000000-0000-0000-0000-000000000000: no such GPU") as err:
         maker.create("GPU-00000000-0000-0000-0000-000000000000", 9, 0)
     assert err.value.kind == "nvml" and err.value.code == pynvml.NVML_ERROR_NOT_FOUND
+
+
+def test_create_on_a_gpu_with_mig_on_leaves_its_pending_mode_alone() -> None:
+    """With MIG on and an operator's disable pending (an H100 in use when asked), create makes the
+    device without touching the mode: the pending change is the operator's."""
+    sim, maker, gpu = started("dgx-h100")
+    maker.set_mig_mode(gpu, True)
+    sim.set_processes(gpu, 1)
+    h = sim.nvmlDeviceGetHandleByIndex(0)
+    assert sim.nvmlDeviceSetMigMode(h, pynvml.NVML_DEVICE_MIG_DISABLE) == pynvml.NVML_ERROR_IN_USE
+    assert maker.mig_mode(gpu) == MigMode(True, False)
+    maker.create(gpu, 19, 0)
+    assert maker.mig_mode(gpu) == MigMode(True, False)
+    assert sim.call_count("nvmlDeviceSetMigMode") == 2  # set_mig_mode's and the operator's only
