@@ -4,6 +4,7 @@
 adapter (`supervisor.node.nvml.Nvml`) uses exactly as it uses the real `pynvml` module, plus fault
 injection: `inject_xid`, `inject_ecc`, `lose`, `restore`, `reset`, `set_pending_retirement`,
 `set_remapped_rows_pending`, `set_row_remap_failure`, `set_mig_layout`, `set_processes`,
+`create_instance`/`mig_instances`, to make a MIG device by hand (through `supervisor.node.migmaker`),
 `fail`/`clear_failures`. MIG on demand (`nvmlDeviceCreateGpuInstanceWithPlacement`, ...,
 `nvmlDeviceSetMigMode`) follows NVML's rules and codes (`migcreate`).
 
