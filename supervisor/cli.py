@@ -112,6 +112,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         ("reset", "a GPU reset"),
     ):
         common_args(sim_sub.add_parser(action, help=text))
+    made = sim_sub.add_parser(
+        "create-instance",
+        help="a MIG device made by hand: a GPU instance at a placement and its compute instance",
+    )
+    common_args(made)
+    made.add_argument(
+        "--gi-profile", type=int, required=True, help="GPU instance profile id, e.g. 9 (3g.40gb)"
+    )
+    made.add_argument("--placement", type=int, required=True, help="its first memory slice, e.g. 4")
+    common_args(sim_sub.add_parser("instances", help="list a GPU's GPU and compute instances"))
     mig = sim_sub.add_parser("mig", help="change a GPU's MIG layout (then the supervisor rediscovers)")
     common_args(mig, device=False)
     mig.add_argument("--gpu", type=int, required=True, help="GPU index")
@@ -194,11 +204,16 @@ def cmd_sim(args: argparse.Namespace) -> int:
     elif args.action == "mig":
         payload["gpu"] = args.gpu
         payload["layout"] = [p for p in args.layout.split(",") if p] or None
+    elif args.action == "create-instance":
+        payload.update(gi_profile=args.gi_profile, placement=args.placement)
     try:
-        send_command(args.run_dir, "sim", payload)
+        reply = send_command(args.run_dir, "sim", payload)
     except CommandError as exc:
         print(f"gpuvisor sim {args.action}: {exc}", file=sys.stderr)
         return 1
+    if args.action in ("create-instance", "instances"):
+        print(json.dumps(reply.get("instance", reply.get("instances")), indent=2, sort_keys=True))
+        return 0
     print(f"injected: {args.action} {payload.get('device', '')}".rstrip())
     return 0
 

@@ -123,7 +123,10 @@ class SimNode:
         self.kubelet = KubeletStandin(self.plugin_dir, legacy_keying=legacy_keying)
         self.profile = profile
         self.args = list(args)
-        self.env = env or {}
+        # Every simulated node keeps its MIG layout across supervisor restarts, as a real driver's
+        # outlives the supervisor (supervisor.sim.nvml.state); a test's own env may say otherwise.
+        self.sim_state_path = os.path.join(self.base, "sim-state.json")
+        self.env = {"GPUVISOR_SIMULATE_STATE": self.sim_state_path, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.start_kubelet = start_kubelet
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()

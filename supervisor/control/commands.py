@@ -25,7 +25,7 @@ class CommandError(Exception):
     """A command that cannot be carried out; its text goes back to the CLI."""
 
 
-SIM_ACTIONS = ("xid", "ecc", "lose", "restore", "reset", "mig")
+SIM_ACTIONS = ("xid", "ecc", "lose", "restore", "reset", "mig", "create-instance", "instances")
 
 
 class FaultInjector(Protocol):
@@ -44,6 +44,12 @@ class FaultInjector(Protocol):
     def reset(self, uuid: str) -> None: ...
 
     def set_mig_layout(self, gpu_index: int, profiles: list[str] | None) -> object: ...
+
+    def create_instance(
+        self, gpu_uuid: str, gi_profile_id: int, placement_start: int
+    ) -> dict[str, str | int]: ...
+
+    def mig_instances(self, gpu_uuid: str) -> list[dict[str, str | int]]: ...
 
 
 class Replanning(Protocol):
@@ -91,6 +97,8 @@ class SimRequest:
     gpu: int = 0
     layout: list[str] | None = None
     reload: bool = True
+    gi_profile: int = 0
+    placement: int = 0
 
     @classmethod
     def parse(cls, args: dict[str, Json]) -> SimRequest:
@@ -110,6 +118,8 @@ class SimRequest:
             gpu=_number(args, "gpu", 0, required=action == "mig"),
             layout=[str(p) for p in layout] if isinstance(layout, list) else None,
             reload=_flag(args, "reload", True),
+            gi_profile=_number(args, "gi_profile", 0, required=action == "create-instance"),
+            placement=_number(args, "placement", 0, required=action == "create-instance"),
         )
 
 
@@ -172,6 +182,7 @@ def _sim(target: CommandTarget, args: dict[str, Json]) -> dict[str, Json]:
             "this supervisor runs on real NVML, not a simulated node: fault injection is refused"
         )
     req = SimRequest.parse(args)
+    result: dict[str, Json] = {"action": req.action, "device": req.device}
     try:
         if req.action == "xid":
             sim.inject_xid(req.device, req.xid, req.gpu_instance, req.compute_instance)
@@ -186,6 +197,14 @@ def _sim(target: CommandTarget, args: dict[str, Json]) -> dict[str, Json]:
             # NVML sends no event for a reset: the supervisor learns of it from whoever reset the
             # GPU (here the simulator's command) and clears the until-reset conditions.
             target.health.gpu_reset(req.device)
+        elif req.action == "create-instance":
+            # A MIG device made by hand, as an operator's `nvidia-smi mig` makes one; the reload
+            # shows it at once, like the layout change below.
+            result["instance"] = dict(sim.create_instance(req.device, req.gi_profile, req.placement))
+            if req.reload:
+                target.replan.reload("MIG instance created")
+        elif req.action == "instances":
+            result["instances"] = [dict(m) for m in sim.mig_instances(req.device)]
         else:  # mig
             sim.set_mig_layout(req.gpu, req.layout)
             # Like a `nvidia-smi mig` run by an operator; the reload makes the change show at
@@ -196,4 +215,4 @@ def _sim(target: CommandTarget, args: dict[str, Json]) -> dict[str, Json]:
         raise CommandError(f"sim {req.action}: {exc}") from None
     except Exception as exc:  # the simulator raises NVMLError for unknown devices and such
         raise CommandError(f"sim {req.action}: {type(exc).__name__}: {exc}") from None
-    return {"action": req.action, "device": req.device}
+    return result

@@ -34,6 +34,9 @@ NVML_RETRY_MAX_S = 60.0
 # Test-only hook: with a simulated node, fail the first N nvmlInit calls with
 # NVML_ERROR_LIBRARY_NOT_FOUND, as on a node without a driver. Ignored on real NVML.
 SIM_FAIL_INIT_ENV = "GPUVISOR_SIM_FAIL_INIT"
+# With a simulated node: the file its MIG layout is kept in across restarts (as a real driver's
+# outlives the supervisor), restored from at start (supervisor.sim.nvml.state). Ignored on real NVML.
+SIM_STATE_ENV = "GPUVISOR_SIMULATE_STATE"
 
 
 class StartupError(Exception):
@@ -49,10 +52,12 @@ def open_nvml(config: Config, environ: Mapping[str, str]) -> tuple[Any, Simulato
     if config.simulate:
         from supervisor.sim.nvml import load_simulator
 
+        state_file = environ.get(SIM_STATE_ENV, "").strip() or None
         try:
-            sim = load_simulator(config.simulate)
+            sim = load_simulator(config.simulate, state_file=state_file)
         except (ValueError, OSError) as exc:  # SimulatorConfigError is a ValueError naming file, key, why
-            raise StartupError(f"config error: --simulate: {exc}", EXIT_CONFIG_ERROR) from None
+            what = f"--simulate (with {SIM_STATE_ENV}={state_file})" if state_file else "--simulate"
+            raise StartupError(f"config error: {what}: {exc}", EXIT_CONFIG_ERROR) from None
         fail_init = environ.get(SIM_FAIL_INIT_ENV, "").strip()
         if fail_init:
             import pynvml

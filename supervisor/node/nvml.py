@@ -21,6 +21,8 @@ Choices worth knowing:
   `nvidia-smi topo -m` shows NV12/NV18 there.
 - NUMA comes from `nvmlDeviceGetNumaNodeId`; where the driver or binding lacks it, from
   `/sys/bus/pci/devices/<bus id>/numa_node`.
+- `Nvml(..., mig_options=True)` also fills each MIG-capable GPU's `mig_options` (every profile at
+  every placement, `supervisor.node.migplace`), whether MIG mode is on or not; off by default.
 - A GPU that is lost at discovery is left out of the `Node` (with a warning): it cannot be
   described, and the health pipeline learns of it through probes and XID 79.
 - `sysfs_root=None` says the GPUs have no sysfs here (a simulated node without a simulated PCIe
@@ -33,14 +35,15 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
-from common.model import TOPOLOGY_SYSTEM, Gpu, GpuPair, MigDevice, Node
+from common.model import TOPOLOGY_SYSTEM, Gpu, GpuPair, MigDevice, MigOption, Node
+from supervisor.node import migplace
+from supervisor.node.migplace import mig_profile_name as mig_profile_name
 from supervisor.node.pcie import nvlib_bus_id, pci_numa_node, pcie_root
 
 log = logging.getLogger("gpuvisor.nvml")
@@ -162,21 +165,14 @@ def sysfs_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest.lower()}"
 
 
-def mig_profile_name(
-    slices: int, memory_mib: int, gpu_memory_mib: int, media_extensions: bool = False
-) -> str:
-    """A MIG profile name rebuilt from sizes: memory is named by its share of the GPU, in eighths."""
-    total_gb = math.ceil(gpu_memory_mib / 1024)
-    eighths = math.ceil(memory_mib * 8 / gpu_memory_mib) if gpu_memory_mib else 0
-    gb = round(eighths * total_gb / 8)
-    return f"{slices}g.{gb}gb" + ("+me" if media_extensions else "")
-
-
 class Nvml:
     """NVML access for gpuvisor over `module`: the real `pynvml` or a simulator."""
 
-    def __init__(self, module: Any, sysfs_root: str | Path | None = "/sys") -> None:
+    def __init__(
+        self, module: Any, sysfs_root: str | Path | None = "/sys", mig_options: bool = False
+    ) -> None:
         self.module = module
+        self.with_mig_options = mig_options  # discovery fills Gpu.mig_options (MIG on demand)
         self.sysfs = None if sysfs_root is None else Path(sysfs_root)
         self._initialized = False
         self._lost: set[int] = set()  # GPU indexes discovery already reported lost (said once)
@@ -256,7 +252,7 @@ class Nvml:
         memory_mib = int(self.call("nvmlDeviceGetMemoryInfo", h).total) // MIB
         bus_id = text(self.call("nvmlDeviceGetPciInfo", h).busId)
         major, minor_cc = self.call("nvmlDeviceGetCudaComputeCapability", h)
-        _capable, mig_enabled = self.mig_mode(h)
+        capable, mig_enabled = self.mig_mode(h)
         brand = self.try_call("nvmlDeviceGetBrand", h)
         arch = self.try_call("nvmlDeviceGetArchitecture", h)
         nvlib_bus = nvlib_bus_id(bus_id)
@@ -278,7 +274,23 @@ class Nvml:
             pcie_root=(pcie_root(self.sysfs, nvlib_bus) or "") if self.sysfs is not None else "",
             pci_numa_node=pci_numa_node(self.sysfs, nvlib_bus) if self.sysfs is not None else None,
             addressing_mode=self._addressing_mode(index, h),
+            mig_options=self._mig_options(index, h) if capable and self.with_mig_options else (),
         )
+
+    def _mig_options(self, index: int, h: Any) -> tuple[MigOption, ...]:
+        """Every placement of every profile (`migplace`). A lost GPU fails its discovery (and is left
+        out, as always); any other failure leaves it without options, with a warning."""
+        try:
+            return migplace.mig_options(self.module, h)
+        except self.module.NVMLError as exc:
+            code = int(getattr(exc, "value", NVML_ERROR_UNKNOWN))
+            if code == NVML_ERROR_GPU_IS_LOST:
+                raise NvmlCallError("nvmlDeviceGetGpuInstanceProfileInfo", code, exc) from exc
+            log.warning(
+                "GPU %d: reading its MIG profiles and placements failed (%s, NVML code %d); it offers"
+                " no MIG device on demand", index, exc, code, extra={"device": str(index)},
+            )  # fmt: skip
+            return ()
 
     def _addressing_mode(self, index: int, h: Any) -> str:
         """NVML's addressing mode as go-nvlib's GetAddressingModeAsString names it ("ATS", "HMM",

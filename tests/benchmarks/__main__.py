@@ -48,6 +48,7 @@ BENCHES = [
     "bench_kube",
     "bench_dra",
     "bench_fleet",
+    "bench_migmaker",
 ]
 PACKAGE = "tests.benchmarks"
 

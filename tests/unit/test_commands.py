@@ -58,6 +58,16 @@ class Parts:
         self.asked.append(f"mig {gpu_index} {profiles}")
         return profiles
 
+    def create_instance(
+        self, gpu_uuid: str, gi_profile_id: int, placement_start: int
+    ) -> dict[str, str | int]:
+        self.asked.append(f"create-instance {gpu_uuid} {gi_profile_id} {placement_start}")
+        return {"gpu_uuid": gpu_uuid, "gi_id": 2, "ci_id": 0}
+
+    def mig_instances(self, gpu_uuid: str) -> list[dict[str, str | int]]:
+        self.asked.append(f"instances {gpu_uuid}")
+        return [{"gpu_uuid": gpu_uuid, "gi_id": 2, "ci_id": 0}]
+
 
 def target(parts: Parts, *, simulated: bool = True) -> CommandTarget:
     return CommandTarget(
@@ -88,6 +98,21 @@ def test_a_mig_change_reloads_unless_asked_not_to() -> None:
     assert parts.asked == ["mig 2 ['3g.40gb']", "reload: MIG layout changed", "mig 2 None"]
 
 
+def test_a_hand_made_instance_is_created_shown_and_reloads() -> None:
+    """`sim create-instance` makes the instance, returns it and reloads (unless `reload: false`);
+    `sim instances` returns the GPU's instances."""
+    parts = Parts()
+    made = run_command(
+        target(parts),
+        "sim",
+        {"action": "create-instance", "device": "GPU-1", "gi_profile": 9, "placement": 4},
+    )
+    listed = run_command(target(parts), "sim", {"action": "instances", "device": "GPU-1"})
+    assert made["instance"] == {"gpu_uuid": "GPU-1", "gi_id": 2, "ci_id": 0}
+    assert listed["instances"] == [{"gpu_uuid": "GPU-1", "gi_id": 2, "ci_id": 0}]
+    assert parts.asked == ["create-instance GPU-1 9 4", "reload: MIG instance created", "instances GPU-1"]
+
+
 def test_fault_injection_is_refused_on_real_nvml() -> None:
     """A supervisor that is not simulated refuses fault injection, saying why."""
     with pytest.raises(CommandError, match="not a simulated node: fault injection is refused"):
@@ -106,6 +131,21 @@ def test_fault_injection_is_refused_on_real_nvml() -> None:
         ),
         ("sim", {"action": "xid", "device": "nope", "xid": 48}, "no GPU or MIG device with UUID 'nope'"),
         ("sim", {"action": "mig", "gpu": 0, "layout": [1]}, "layout must be a list of profile names or null"),
+        (
+            "sim",
+            {"action": "create-instance", "device": "GPU-1", "placement": 4},
+            "argument 'gi_profile' is required",
+        ),
+        (
+            "sim",
+            {"action": "create-instance", "device": "GPU-1", "gi_profile": 9},
+            "argument 'placement' is required",
+        ),
+        (
+            "sim",
+            {"action": "create-instance", "device": "GPU-1", "gi_profile": "9", "placement": 4},
+            "argument 'gi_profile' must be an integer, not str",
+        ),
         ("restart", {}, "unknown command 'restart'"),
     ],
 )

@@ -4,13 +4,15 @@
 adapter (`supervisor.node.nvml.Nvml`) uses exactly as it uses the real `pynvml` module, plus fault
 injection: `inject_xid`, `inject_ecc`, `lose`, `restore`, `reset`, `set_pending_retirement`,
 `set_remapped_rows_pending`, `set_row_remap_failure`, `set_mig_layout`, `set_processes`,
+`create_instance`/`mig_instances`, to make a MIG device by hand (through `supervisor.node.migmaker`),
 `fail`/`clear_failures`. MIG on demand (`nvmlDeviceCreateGpuInstanceWithPlacement`, ...,
 `nvmlDeviceSetMigMode`) follows NVML's rules and codes (`migcreate`).
 
 Its modules: `core` (the `Simulator` object), `base` (handles, per-GPU state, the decorator every
 NVML function wears), `devices`, `migfuncs`, `migcreate` and `events` (the NVML functions by
 area; `migcreate`: creating and destroying MIG instances, MIG mode changes), `faults`
-(fault injection), `mig` (MIG profile catalogues and placement), `config` (loading and checking
+(fault injection), `mig` (MIG profile catalogues and placement), `state` (the MIG layout kept in a
+file across restarts: `load_simulator(profile, state_file=PATH)`), `config` (loading and checking
 a node description), `pcitree` (the node's PCIe tree written out as a sysfs directory:
 `Simulator.write_sysfs(root)`, then `Nvml(sim, sysfs_root=root)` or `--sysfs-root`), `mockprofile` (NVIDIA's mock NVML profiles read as descriptions) and
 `profiles` (the built-in descriptions, as package data).
@@ -115,8 +117,16 @@ def list_profiles() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def load_simulator(profile_or_path: str) -> Simulator:
-    """A fresh simulator for a built-in profile name or a path to a node description."""
+def load_simulator(profile_or_path: str, state_file: str | Path | None = None) -> Simulator:
+    """A fresh simulator for a built-in profile name or a path to a node description; with a
+    `state_file`, its MIG layout is kept there and restored from it (`state`)."""
+    sim = _load(profile_or_path)
+    if state_file is not None:
+        sim.keep_state(state_file)
+    return sim
+
+
+def _load(profile_or_path: str) -> Simulator:
     if profile_or_path in list_profiles():
         resource = resources.files(_PROFILES_PACKAGE).joinpath(f"{profile_or_path}.yaml")
         return Simulator(parse_spec(resource.read_text(encoding="utf-8"), f"profile {profile_or_path}"))

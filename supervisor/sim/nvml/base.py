@@ -11,16 +11,21 @@ modules share no other locking rule.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pynvml
 
 from supervisor.sim.nvml import mig
+from supervisor.sim.nvml import state as statefile
 from supervisor.sim.nvml.config import GpuSpec, MigSpec, NodeSpec
+
+log = logging.getLogger("gpuvisor.sim")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -194,6 +199,7 @@ class SimulatorBase:
             self._index_gis(state)
         self._gpu_handles = [SimDeviceHandle(i) for i in range(len(spec.gpus))]
         self._mig_handles: dict[str, SimDeviceHandle] = {}
+        self._state_file: Path | None = None  # where MIG changes are kept (`state`), if anywhere
         # NVLink wiring per GPU: link number -> remote bus id and whether the remote is a GPU.
         self._links: list[list[tuple[str, bool]]] = [[] for _ in spec.gpus]
         for (a, b), count in sorted(spec.nvlinks.items()):
@@ -203,6 +209,41 @@ class SimulatorBase:
         for g in spec.switch_gpus:
             for k in range(spec.switch_links):
                 self._links[g].append((spec.switch_bus_ids[k % len(spec.switch_bus_ids)], False))
+
+    # ---------------------------------------------------------------- the state file
+
+    def keep_state(self, path: str | Path) -> None:
+        """Keep the node's MIG layout in `path` (`state`): restored from it now if it exists (raises
+        SimulatorConfigError if it is corrupt), written to it at every MIG change from now on."""
+        where = Path(path)
+        data = statefile.read(where)
+        with self._cond:
+            if data is not None:
+                for r in statefile.check(str(where), data, self._gpus):
+                    self._restore(r)
+            self._state_file = where
+
+    def _restore(self, r: statefile.Restored) -> None:
+        gpu = self._gpus[r.index]
+        for m in gpu.mig:
+            self._mig_handles.pop(m.uuid, None)
+        gpu.mig_enabled, gpu.mig_pending = r.mig_enabled, r.mig_pending
+        gpu.created, gpu.mig_generation = r.created, r.generation
+        gpu.mig = list(r.mig_devices)
+        gpu.gis = {}
+        for gi, (profile, start) in r.gpu_instances.items():
+            self._serial += 1
+            gpu.gis[gi] = GiRecord(profile, start, self._serial)
+
+    def _save_state(self) -> None:
+        """After a MIG change: write the layout to the state file, if there is one. A failed write
+        is logged, not raised: the NVML call it follows did what it did."""
+        if self._state_file is None:
+            return
+        try:
+            statefile.write(self._state_file, statefile.snapshot(self._gpus))
+        except OSError as exc:
+            log.error("the simulator's MIG state could not be written to %s: %s", self._state_file, exc)
 
     # ---------------------------------------------------------------- plumbing
 
@@ -297,6 +338,7 @@ class SimulatorBase:
             self._mig_handles.pop(m.uuid, None)
         state.mig, state.gis = [], {}
         state.mig_generation += 1
+        self._save_state()
 
     def _catalogue(self, state: GpuState) -> dict[str, mig.MigProfile]:
         cat = state.spec.catalogue

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pynvml
 
+from supervisor.node.migmaker import MigMaker
 from supervisor.sim.nvml import mig
 from supervisor.sim.nvml.base import NO_INSTANCE, GpuState, SimEventData, SimulatorBase
 from supervisor.sim.nvml.config import MigSpec, derived_mig_uuid
@@ -172,7 +175,22 @@ class FaultInjection(SimulatorBase):
             state.mig_generation += 1
             state.mig = new
             self._index_gis(state)
+            self._save_state()
             return [m.uuid for m in new]
+
+    def create_instance(
+        self, gpu_uuid: str, gi_profile_id: int, placement_start: int
+    ) -> dict[str, str | int]:
+        """A MIG device made by hand (as an operator's `nvidia-smi mig` makes one, not gpuvisor): the
+        GPU instance of a profile (by id) at a placement and the compute instance spanning it,
+        through this node's own NVML functions (`supervisor.node.migmaker`, which turns MIG mode
+        on first where the GPU allows it without a reset). Raises MigError saying why not."""
+        made = MigMaker(self).create(gpu_uuid, gi_profile_id, placement_start)
+        return dataclasses.asdict(made)
+
+    def mig_instances(self, gpu_uuid: str) -> list[dict[str, str | int]]:
+        """The GPU's GPU instances and their compute instances (`MigMaker.instances`), by placement."""
+        return [dataclasses.asdict(m) for m in MigMaker(self).instances(gpu_uuid)]
 
     def fail(self, function_name: str, error_code: int, count: int | None = None) -> None:
         """Make an NVML function raise `NVMLError(error_code)` `count` times (None: until cleared)."""

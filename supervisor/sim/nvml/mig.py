@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from supervisor.node.migplace import go_round
+
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
 
@@ -103,7 +105,7 @@ def _derived(memory_mib: int) -> dict[str, MigProfile]:
         total_gb = -(-memory_mib // 1024)
         out: dict[str, MigProfile] = {}
         for p in _a100_80gb().values():
-            gb = round(p.memory_slices * total_gb / 8)
+            gb = go_round(p.memory_slices * total_gb / 8)  # as go-nvlib names it (migplace)
             name = f"{p.compute_slices}g.{gb}gb" + ("+me" if p.name.endswith("+me") else "")
             # Below the profile's share by a little, as a real GPU keeps some for itself; the share
             # still rounds up to the profile's number of memory slices.

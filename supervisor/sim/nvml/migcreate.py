@@ -163,6 +163,7 @@ class MigLifecycle(MigFunctions):
         gi = mig.gi_id_for(prof, start)
         self._serial += 1
         state.gis[gi] = GiRecord(prof.name, start, self._serial)
+        self._save_state()
         return SimGpuInstanceHandle(state.spec.index, gi, self._serial)
 
     @nvml_function()
@@ -206,6 +207,7 @@ class MigLifecycle(MigFunctions):
         if any(m.gi == gpuInstance.gi for m in state.mig):
             raise nvml_error(pynvml.NVML_ERROR_IN_USE)
         del state.gis[gpuInstance.gi]
+        self._save_state()
         return _SUCCESS
 
     @nvml_function()
@@ -294,6 +296,7 @@ class MigLifecycle(MigFunctions):
             [*state.mig, MigSpec(profile=record.profile, placement=record.start, gi=gi, ci=0, uuid=uuid)],
             key=lambda m: order.index(m.gi),
         )
+        self._save_state()
         return SimComputeInstanceHandle(state.spec.index, gi, 0, uuid)
 
     @nvml_function()
@@ -360,6 +363,7 @@ class MigLifecycle(MigFunctions):
             raise nvml_error(pynvml.NVML_ERROR_IN_USE)
         state.mig = [x for x in state.mig if x.uuid != m.uuid]
         self._mig_handles.pop(m.uuid, None)
+        self._save_state()
         return _SUCCESS
 
     # ---------------------------------------------------------------- MIG mode
@@ -393,7 +397,9 @@ class MigLifecycle(MigFunctions):
         wanted = value == pynvml.NVML_DEVICE_MIG_ENABLE
         if not wanted and state.mig_enabled and state.gis:
             raise nvml_error(pynvml.NVML_ERROR_IN_USE)
-        state.mig_pending = wanted
+        if state.mig_pending != wanted:
+            state.mig_pending = wanted
+            self._save_state()
         if state.mig_pending == state.mig_enabled:
             return _SUCCESS
         if self._busy(state):
