@@ -2,7 +2,7 @@
 
 The kubelet's device-plugin API (`kubeletapi`) and its DRA-side APIs (`draapi`), the device and
 plan model (`model`), the ZeroMQ messages (`messages`, decoded with the field readers of
-`messagefields`; an MPS claim's daemon's kinds in `mpsmessages`), socket names (`socketnames`), exit codes
+`messagefields`; an MPS claim's daemon's kinds in `mpsmessages`, MIG devices made on demand in `migmessages`), socket names (`socketnames`), exit codes
 (`exitcodes`), the one `Backoff` (`backoff`), the one atomic file write (`atomicfile`), the DRA
 worker's checkpoint of prepared claims (`dracheckpoint`: the worker keeps it, the supervisor
 reads which devices it holds), process

@@ -7,8 +7,9 @@ The DRA worker keeps it (`Checkpoint`); the supervisor only reads which devices 
 worker) holds every prepared claim by UID with what the kubelet was answered: namespace, name
 and, per device, the request, pool, device name and CDI device IDs, and how the claim's
 configuration shares the device (`DeviceSharing`: TimeSlicing with its interval, MPS with its
-limits, as worker.dra.config resolves them) with the claim's container edits, so an unprepare
-after a restart undoes the sharing (a file written before them reads as claims without
+limits, as worker.dra.config resolves them; `madeMig`, the MIG device made for it under
+gpuvisor.dra.migOnDemand) with the claim's container edits, so an unprepare
+after a restart undoes the sharing and destroys what was made (a file written before them reads as claims without
 sharing). A prepare of a claim already
 in it answers from it (no fetch: a kubelet that restarts re-prepares running pods' claims even
 while the API server is away), an unprepare drops the claim, and a claim not in it unprepares as
@@ -162,6 +163,26 @@ class DeviceSharing:
 
 
 @dataclass(frozen=True)
+class MadeMigRecord:
+    """A MIG device made for its claim at prepare (gpuvisor.dra.migOnDemand): what its unprepare
+    destroys, and what the supervisor keeps when it destroys instances no claim holds."""
+
+    gpu_uuid: str
+    gi_id: int
+    ci_id: int
+    uuid: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpuUUID": self.gpu_uuid, "gi": self.gi_id, "ci": self.ci_id, "uuid": self.uuid}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> MadeMigRecord:
+        if not isinstance(raw, dict):
+            raise ValueError(f"a made MIG device is not an object: {raw!r:.80}")
+        return cls(_string(raw["gpuUUID"]), _int(raw["gi"]), _int(raw["ci"]), _string(raw["uuid"]))
+
+
+@dataclass(frozen=True)
 class PreparedDevice:
     """One device of a prepared claim, as the kubelet was answered."""
 
@@ -172,6 +193,7 @@ class PreparedDevice:
     share_id: str | None = None
     admin_access: bool = False  # beside whoever uses the device (monitoring): holds it for no one
     sharing: DeviceSharing | None = None  # None: the device is not shared by its claim's config
+    made: MadeMigRecord | None = None  # the MIG device made for this claim (gpuvisor.dra.migOnDemand)
 
     @property
     def exclusive(self) -> bool:
@@ -192,8 +214,8 @@ class PreparedClaim:
 
     @property
     def shared(self) -> bool:
-        """Does any device carry sharing that an unprepare must undo?"""
-        return any(d.sharing is not None for d in self.devices)
+        """Does any device carry sharing, or a MIG device made for it, that an unprepare must undo?"""
+        return any(d.sharing is not None or d.made is not None for d in self.devices)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -210,6 +232,7 @@ class PreparedClaim:
                     **({"shareID": d.share_id} if d.share_id is not None else {}),
                     **({"adminAccess": True} if d.admin_access else {}),
                     **({"sharing": d.sharing.to_json()} if d.sharing is not None else {}),
+                    **({"madeMig": d.made.to_json()} if d.made is not None else {}),
                 }
                 for d in self.devices
             ],
@@ -234,6 +257,7 @@ class PreparedClaim:
                     share_id=None if share is None else _string(share),
                     admin_access=d.get("adminAccess") is True,
                     sharing=None if d.get("sharing") is None else DeviceSharing.from_json(d["sharing"]),
+                    made=None if d.get("madeMig") is None else MadeMigRecord.from_json(d["madeMig"]),
                 )
             )
         edits = raw.get("containerEdits", {})

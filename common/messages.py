@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, get_args
 
 from common.messagefields import CONTROL_TOPIC as CONTROL_TOPIC
 
@@ -55,6 +55,7 @@ from common.messagefields import (
     _require,
     _str,
 )
+from common.migmessages import MigClaimReply, MigClaimRequest
 from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 
 PROTOCOL_VERSION = 1
@@ -443,28 +444,16 @@ Message = (
     | ClaimReply
     | MpsClaimRequest
     | MpsClaimReply
+    | MigClaimRequest
+    | MigClaimReply
     | Command
     | Reply
 )
 
-_ALL_KINDS = (
-    HealthDelta,
-    HealthBeacon,
-    Hello,
-    Heartbeat,
-    StatusReport,
-    SnapshotRequest,
-    SnapshotReply,
-    Reregister,
-    Shutdown,
-    PlanUpdate,
-    ClaimRequest,
-    ClaimReply,
-    MpsClaimRequest,
-    MpsClaimReply,
-    Command,
-    Reply,
-)
+_ALL_KINDS: tuple[type[Message], ...] = get_args(Message)
+# What a DRA worker asks the supervisor for and gets a reply to later: a claim, an MPS claim's
+# daemon, a MIG device made on demand.
+WorkerRequest = ClaimRequest | MpsClaimRequest | MigClaimRequest
 _KINDS: dict[str, Callable[[Mapping[str, Json]], Message]] = {
     cls.KIND: cls.from_payload for cls in _ALL_KINDS
 }

@@ -149,15 +149,18 @@ class AllocatableDevice:
     mig_gi: int | None = None
     mig_ci: int | None = None
     mig_profile: str | None = None
-    # A MIG device made on demand (gpuvisor.dra.migOnDemand): its GPU instance profile id and
-    # placement start. With `uuid` "" it does not exist yet: the DRA worker has it made at prepare.
+    # gpuvisor.dra.migOnDemand: a device of a GPU published as partitionable, the full GPU or one
+    # of its MIG placements (GPU instance profile id and placement start >= 0). The DRA worker has
+    # a placement's MIG device made at prepare; `uuid` is "" until one is there (then `mig_gi`,
+    # `mig_ci` and `uuid` are the instance's, for its health).
+    partitionable: bool = False
     mig_gi_profile_id: int = -1
     mig_placement_start: int = -1
 
     @property
     def on_demand(self) -> bool:
-        """A MIG device not made yet: a placement the scheduler may pick (gpuvisor.dra.migOnDemand)."""
-        return not self.uuid and self.mig_placement_start >= 0
+        """A MIG placement whose device is made at prepare (gpuvisor.dra.migOnDemand)."""
+        return self.partitionable and self.mig_placement_start >= 0
 
     @property
     def is_mig(self) -> bool:

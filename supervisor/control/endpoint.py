@@ -30,7 +30,6 @@ import zmq
 
 from common.messages import (
     MAX_MESSAGE_BYTES,
-    ClaimRequest,
     Command,
     HealthSnapshot,
     Heartbeat,
@@ -44,11 +43,11 @@ from common.messages import (
     SnapshotReply,
     SnapshotRequest,
     StatusReport,
+    WorkerRequest,
     decode,
     encode,
     split_routed,
 )
-from common.mpsmessages import MpsClaimRequest
 
 log = logging.getLogger("gpuvisor.control")
 
@@ -83,9 +82,9 @@ class ControlHandlers(Protocol):
         """The health snapshot for a worker's request, or None (the resource is going away)."""
         ...
 
-    def on_claim_request(self, request: ClaimRequest | MpsClaimRequest) -> None:
-        """The DRA worker asks for a ResourceClaim, or for an MPS claim's daemon; the answer goes
-        back later (`tell`)."""
+    def on_claim_request(self, request: WorkerRequest) -> None:
+        """The DRA worker asks for a ResourceClaim, an MPS claim's daemon or a MIG device made on
+        demand; the answer goes back later (`tell`)."""
         ...
 
 
@@ -210,9 +209,7 @@ class ControlEndpoint:
             self._bind(route[0], binding)
             handlers.on_bound(binding)
             return
-        if not isinstance(
-            message, Heartbeat | StatusReport | SnapshotRequest | ClaimRequest | MpsClaimRequest
-        ):
+        if not isinstance(message, Heartbeat | StatusReport | SnapshotRequest | WorkerRequest):
             self._drop(f"{message.KIND} is not for the supervisor")
             return
         binding = self._routes.get(route[0]) if len(route) == 1 else None
@@ -235,7 +232,7 @@ class ControlEndpoint:
             handlers.on_heartbeat(message)
         elif isinstance(message, StatusReport):
             handlers.on_status_report(message)
-        elif isinstance(message, ClaimRequest | MpsClaimRequest):
+        elif isinstance(message, WorkerRequest):
             handlers.on_claim_request(message)
         else:
             snapshot = handlers.snapshot_for(message.resource)

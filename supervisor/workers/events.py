@@ -25,7 +25,6 @@ from typing import Protocol
 
 from common.messages import (
     ClaimReply,
-    ClaimRequest,
     DraBeat,
     HealthSnapshot,
     Heartbeat,
@@ -33,7 +32,9 @@ from common.messages import (
     Message,
     Reregister,
     StatusReport,
+    WorkerRequest,
 )
+from common.migmessages import MigClaimReply, MigClaimRequest
 from common.model import ResourcePlan
 from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 from common.socketnames import KUBELET_SOCKET_NAME, SOCKET_PREFIX
@@ -107,7 +108,7 @@ class WorkerEvents:
         metrics: Metrics,
         clock: Clock,
         sockets: Sockets,
-        claims: Callable[[ClaimRequest | MpsClaimRequest], None] | None = None,
+        claims: Callable[[WorkerRequest], None] | None = None,
         on_dra: tuple[Callable[[DraBeat], None], ...] = (),
     ) -> None:
         self.workers = workers
@@ -168,14 +169,14 @@ class WorkerEvents:
                 report.resource, handle.pid, True, handle.socket_path, self.clock.monotonic()
             )
 
-    def on_claim_request(self, request: ClaimRequest | MpsClaimRequest) -> None:
+    def on_claim_request(self, request: WorkerRequest) -> None:
         self.claims(request)
 
-    def _no_claims(self, request: ClaimRequest | MpsClaimRequest) -> None:
-        if isinstance(request, MpsClaimRequest):
-            reply: Message = MpsClaimReply(
-                request.request_id, error="this supervisor runs no MPS claim daemons"
-            )
+    def _no_claims(self, request: WorkerRequest) -> None:
+        if isinstance(request, MigClaimRequest):
+            reply: Message = MigClaimReply(request.request_id, error="this supervisor makes no MIG devices")
+        elif isinstance(request, MpsClaimRequest):
+            reply = MpsClaimReply(request.request_id, error="this supervisor runs no MPS claim daemons")
         else:
             reply = ClaimReply(request.request_id, error="this supervisor fetches no ResourceClaims")
         self.control.tell(request.resource, reply)

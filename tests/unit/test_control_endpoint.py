@@ -21,10 +21,10 @@ from common.messages import (
     SnapshotReply,
     SnapshotRequest,
     StatusReport,
+    WorkerRequest,
     decode,
     encode,
 )
-from common.mpsmessages import MpsClaimRequest
 from supervisor.control.endpoint import DRAIN_BATCH, Binding, ControlEndpoint
 
 GPU = "nvidia.com/gpu"
@@ -53,7 +53,7 @@ class Handlers:
         self.beats: list[Heartbeat] = []
         self.reports: list[StatusReport] = []
         self.bound: list[Binding] = []
-        self.claims: list[ClaimRequest | MpsClaimRequest] = []
+        self.claims: list[WorkerRequest] = []
         self.fail_on_beat = False
 
     def accept_hello(self, hello: Hello) -> Binding | None:
@@ -74,7 +74,7 @@ class Handlers:
     def snapshot_for(self, resource: str) -> HealthSnapshot | None:
         return HealthSnapshot(seq=3, resource=resource, devices=(), epoch="e") if resource == GPU else None
 
-    def on_claim_request(self, request: ClaimRequest | MpsClaimRequest) -> None:
+    def on_claim_request(self, request: WorkerRequest) -> None:
         self.claims.append(request)
 
     def on_command(self, command: Command) -> Reply:

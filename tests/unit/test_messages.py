@@ -40,6 +40,7 @@ from common.messages import (
     encode,
     split_routed,
 )
+from common.migmessages import MigClaimReply, MigClaimRequest
 from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 
 GOOD = DeviceHealth("GPU-a", True, "", 1.5)
@@ -90,6 +91,19 @@ EXAMPLES: list[Message] = [
     MpsClaimRequest(resource="gpu.nvidia.com", request_id="10", action="stop", claim_uid="u"),
     MpsClaimReply(request_id="9", pipe_dir="/run/nvidia/mps/dra/u-1a2b3/pipe", shm_dir="/x/shm"),
     MpsClaimReply(request_id="10", error="no MPS control binary"),
+    MigClaimRequest(
+        resource="gpu.nvidia.com",
+        request_id="11",
+        action="create",
+        claim_uid="u",
+        gpu_uuid="GPU-1",
+        gi_profile_id=19,
+        placement_start=6,
+        worker_pid=4242,
+    ),
+    MigClaimRequest("gpu.nvidia.com", "12", "destroy", "u", "GPU-1", gi_id=13, ci_id=0),
+    MigClaimReply(request_id="11", uuid="MIG-9", gi_id=13, ci_id=0),
+    MigClaimReply(request_id="12", error="GPU instance 13 is in use"),
     Command(name="sim-xid", args={"gpu": 0, "xid": 79, "nested": {"a": [1, 2, None]}}),
     Reply(ok=False, error="no GPU with index 9", data={}),
     Reply(ok=True, data={"workers": [{"resource": "nvidia.com/gpu", "state": "RUNNING"}]}),
