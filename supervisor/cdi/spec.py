@@ -117,6 +117,8 @@ def build_spec(
     for plan in sorted(wanted, key=lambda p: p.resource):
         settings = plan.allocate
         for device in plan.devices:
+            if not device.uuid:
+                continue  # a MIG placement not made yet (MIG on demand): its claim's spec names it once made
             name = cdi_device_id(device, settings.device_id_strategy)
             if name in devices:
                 continue  # a replica of a device already listed: one CDI device per backing device
@@ -194,7 +196,7 @@ def expected_device_names(plans: Mapping[str, ResourcePlan]) -> set[str]:
     names: set[str] = set()
     for plan in plans.values():
         if CDI_STRATEGIES.intersection(plan.allocate.device_list_strategies):
-            names.update(cdi_device_id(d, plan.allocate.device_id_strategy) for d in plan.devices)
+            names.update(cdi_device_id(d, plan.allocate.device_id_strategy) for d in plan.devices if d.uuid)
     return names
 
 

@@ -153,6 +153,7 @@ class Config:
     dra_claims_dir: str
     pod_resources_socket: str
     dra_memory_sharing: MemorySharing | None
+    dra_mig_on_demand: bool
     disable_healthchecks: tuple[str, ...]
     enable_healthchecks: tuple[str, ...]
     resources: ResourcesConfig = ResourcesConfig()

@@ -437,6 +437,11 @@ SETTINGS: Final[tuple[Setting, ...]] = (
        "capacity, Kubernetes 1.34+ with DRAConsumableCapacity), each claim's share enforced as an MPS "
        "client's pinned memory limit: {step, default, minimum} (e.g. step=1Gi,default=4Gi,minimum=1Gi; "
        "docs/dra.md).", default_doc="(off)", gpuvisor=True),
+    _s("dra_mig_on_demand", ("--dra-mig-on-demand",), ("GPUVISOR_DRA_MIG_ON_DEMAND",), "gpuvisor.dra.migOnDemand",
+       "bool", False, go_bool_text,
+       "In mode dra, publish each MIG-capable GPU as partitionable (the full GPU and every placement of every "
+       "MIG profile, sharing the GPU's counters; Kubernetes 1.34+ with DRAPartitionableDevices): a claim's "
+       "MIG device is made at prepare and destroyed after (docs/dra.md).", gpuvisor=True),
     _s("disable_healthchecks", (), ("DP_DISABLE_HEALTHCHECKS",), None, "string", (), token_list,
        "NVIDIA's health-check switch: all, xids, or a comma list of XIDs to ignore.", gpuvisor=True),
     _s("enable_healthchecks", (), ("DP_ENABLE_HEALTHCHECKS",), None, "string", (), token_list,

@@ -166,7 +166,7 @@ class EarlierPool:
         self._close()
 
     def _withdraw(self) -> None:
-        from supervisor.dra.publish import node_slices
+        from supervisor.dra.sliceview import node_slices
         from supervisor.kube.errors import ApiError
         from supervisor.kube.watch import quote
 

@@ -86,3 +86,18 @@ class FieldProbe:
 def _devices(obj: dict[str, Any]) -> list[Any]:
     devices = (obj.get("spec") or {}).get("devices")
     return devices if isinstance(devices, list) else []
+
+
+def server_version(client: KubeClient) -> tuple[int, int]:
+    """The API server's (major, minor) from `/version` (k8s.io/apimachinery version.Info: `major`
+    and `minor` strings, a minor like "35+" on some providers). Raises ApiError."""
+    from supervisor.kube.errors import NO_ANSWER, ApiError
+
+    answer = client.get("/version", what="read the API server's version (it decides the slices' layout)")
+    info = answer if isinstance(answer, dict) else {}
+    try:
+        return int(str(info.get("major", ""))), int(str(info.get("minor", "")).rstrip("+"))
+    except ValueError:
+        raise ApiError(
+            "read the API server's version", NO_ANSWER, "BadVersion", f"not a version: {str(info)[:120]}"
+        ) from None

@@ -44,12 +44,11 @@ ever ends the thread, and the kubelet path never waits on it. `stop()` aborts th
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from common.backoff import Backoff
@@ -57,8 +56,20 @@ from common.messages import Json
 from common.model import Node
 from supervisor.dra.held import describe, held_by_pods
 from supervisor.dra.memshare import shared
-from supervisor.dra.probe import FieldProbe
+from supervisor.dra.partitions import layout_for
+from supervisor.dra.probe import FieldProbe, server_version
 from supervisor.dra.slices import PoolWant, build_slices, slice_problems, unhealthy_devices
+from supervisor.dra.sliceview import (
+    PATH,
+    _devices,
+    _form,
+    _generation,
+    _meta,
+    _partitioned,
+    _pool,
+    _tainted,
+    node_slices,
+)
 from supervisor.kube.client import KubeClient
 from supervisor.kube.errors import NO_ANSWER, ApiError, Stopped
 from supervisor.kube.failing import Failing
@@ -68,7 +79,6 @@ from supervisor.observe.allocations import AllocationsView
 
 log = logging.getLogger("gpuvisor.dra")
 
-PATH = "/apis/resource.k8s.io/v1/resourceslices"
 RESYNC_S = 300.0
 MIN_INTERVAL_S = 0.2  # between two passes that wrote (a health storm is a few generations a second)
 HELD_POLL_S = 10.0
@@ -77,63 +87,18 @@ MAX_REMEMBERED = 256
 TAINTS_KEPT = "the API server keeps device taints: unhealthy devices are published tainted"
 TAINTS_DROPPED = ("the API server drops device taints (its DRADeviceTaints feature gate is off): unhealthy "
                   "devices are left out of the ResourceSlices instead")  # fmt: skip
+PARTITIONS_KEPT = "the API server keeps shared counters: MIG-capable GPUs are published partitionable"
+PARTITIONS_DROPPED = (
+    "gpuvisor.dra.migOnDemand is set, but the API server drops sharedCounters and consumesCounters (its "
+    "DRAPartitionableDevices feature gate is off; alpha in Kubernetes 1.34 and 1.35, beta in 1.36): the GPUs "
+    "are published whole until it keeps them (asked again every 5 minutes)"
+)
 SHARING_KEPT = "the API server keeps consumable capacity: full GPUs are published shared by memory"
 SHARING_DROPPED = (
     "gpuvisor.dra.memorySharing is set, but the API server drops allowMultipleAllocations and requestPolicy "
     "(its DRAConsumableCapacity feature gate is off; alpha in Kubernetes 1.34 and 1.35, beta in 1.36): the "
     "GPUs are published whole, each for one claim, until it keeps them (asked again every 5 minutes)"
 )
-
-
-def _devices(obj: Mapping[str, Any]) -> list[Any]:
-    devices = (obj.get("spec") or {}).get("devices")
-    return devices if isinstance(devices, list) else []
-
-
-def _form(devices: Sequence[Any]) -> str:
-    return json.dumps(devices, sort_keys=True, separators=(",", ":"))
-
-
-def _meta(obj: Mapping[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
-def _pool(obj: Mapping[str, Any]) -> dict[str, Any]:
-    pool = (obj.get("spec") or {}).get("pool")
-    return pool if isinstance(pool, dict) else {}
-
-
-def _generation(obj: Mapping[str, Any]) -> int:
-    value = _pool(obj).get("generation")
-    return value if isinstance(value, int) else 0
-
-
-def _tainted(devices: Sequence[Any]) -> bool:
-    return any(isinstance(d, dict) and d.get("taints") for d in devices)
-
-
-def node_slices(client: KubeClient, node_name: str, driver: str) -> list[dict[str, Any]]:
-    """The ResourceSlices of one node and driver at the API server, by name."""
-    answer = client.get(
-        PATH,
-        what=f"list the ResourceSlices of Node {node_name}",
-        query={"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}"},
-    )
-    items = answer.get("items") if isinstance(answer, dict) else None
-    if not isinstance(items, list):
-        raise ApiError("list ResourceSlices", 200, "BadList", "the answer is not a list")
-    # The selector again: not every server (or proxy) honours field selectors.
-    return sorted(
-        (
-            o
-            for o in items
-            if isinstance(o, dict)
-            and (o.get("spec") or {}).get("nodeName") == node_name
-            and (o.get("spec") or {}).get("driver") == driver
-        ),
-        key=lambda o: str(_meta(o).get("name", "")),
-    )
 
 
 class SlicePublisher:
@@ -185,7 +150,10 @@ class SlicePublisher:
         self.probes = {  # does the API server keep these gated fields?
             "taints": FieldProbe("taints", _tainted, on_count=on_count, kept=TAINTS_KEPT, dropped=TAINTS_DROPPED),
             "sharing": FieldProbe("sharing", shared, on_count=on_count, kept=SHARING_KEPT, dropped=SHARING_DROPPED),
+            "partitions": FieldProbe("partitions", _partitioned, on_count=on_count, kept=PARTITIONS_KEPT,
+                                     dropped=PARTITIONS_DROPPED),
         }  # fmt: skip
+        self.server_version: tuple[int, int] | None = None  # (major, minor): the slices' layout
         # The view for status and metrics.
         self.state = "starting"  # published, withdrawn, waiting, failing
         self.generation = 0
@@ -297,6 +265,8 @@ class SlicePublisher:
         for probe in self.probes.values():
             if resync:
                 probe.resync()  # ask again where dropped: the API server may have been upgraded
+        if resync:
+            self.server_version = None
         if not want.publish:
             wrote = self._withdraw()
         elif want.wait or want.node is None:
@@ -361,8 +331,8 @@ class SlicePublisher:
         generation = max((_generation(o) for o in ours), default=0)
         current = [o for o in ours if _generation(o) == generation]
         stale = [o for o in ours if _generation(o) < generation]
-        have = sorted(_form(_devices(o)) for o in current)
-        wanted = sorted(self._forms.get(f, f) for f in (_form(_devices(d)) for d in desired))
+        have = sorted(_form(o) for o in current)
+        wanted = sorted(self._forms.get(f, f) for f in (_form(d) for d in desired))
         in_step = (
             not others
             and not stale
@@ -413,9 +383,11 @@ class SlicePublisher:
     ) -> list[dict[str, Any]]:
         def build() -> list[dict[str, Any]]:
             sharing = want.memory_sharing if self.probes["sharing"].state is not False else None
+            partitioned = want.partitions and self.probes["partitions"].state is not False
             return build_slices(
                 node, want.conditions, node_name=self.node_name, taints=self.taints is not False,
                 driver=self.driver, exclude=held, memory_sharing=sharing,
+                layout=layout_for(self._version()) if partitioned else "",
             )  # fmt: skip
 
         desired = build()
@@ -430,6 +402,12 @@ class SlicePublisher:
             if problems:  # the API server would refuse it: say what, send nothing
                 raise ApiError("build the ResourceSlices", NO_ANSWER, "Invalid", "; ".join(problems[:5]))
         return desired
+
+    def _version(self) -> tuple[int, int]:
+        """The API server's (major, minor), read once per resync (`/version`). Raises ApiError."""
+        if self.server_version is None:
+            self.server_version = server_version(self.client)
+        return self.server_version
 
     @property
     def taints(self) -> bool | None:
@@ -537,15 +515,14 @@ class SlicePublisher:
             self._written.append((str(meta.get("name", "")), str(meta.get("resourceVersion", ""))))
         if self._known is not None:
             self._known[str(meta.get("name", ""))] = copy.deepcopy(answer)
-        ours, theirs = _devices(sent), _devices(answer)
-        if _form(ours) == _form(theirs):
+        if _form(sent) == _form(answer):
             return
-        if any([probe.took(ours, theirs) for probe in self.probes.values()]):
+        if any([probe.took(_devices(sent), _devices(answer)) for probe in self.probes.values()]):
             self._poke()  # write the pool again without what the server drops
             return
         if len(self._forms) >= MAX_REMEMBERED:
             self._forms.clear()
-        self._forms[_form(ours)] = _form(theirs)
+        self._forms[_form(sent)] = _form(answer)
 
     # ------------------------------------------------------------------ failures and status
     def _failed(self, exc: ApiError) -> None:
@@ -579,6 +556,8 @@ class SlicePublisher:
             "held_by_device_plugin": {name: list(pods) for name, pods in self._held.items()},
             "taints": self.probes["taints"].describe(),
             "memory_sharing": self.probes["sharing"].describe(),
+            "partitions": self.probes["partitions"].describe(),
+            "server_version": ".".join(map(str, self.server_version)) if self.server_version else None,
             "writes": dict(self.writes),
             "republished": self.republished,
             "passes": self.passes,

@@ -45,31 +45,31 @@ slices) is `supervisor.dra.publish`'s.
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from common.model import Gpu, MigDevice, Node
+from common.model import Node
+from supervisor.dra.devices import (
+    MAX_TAINTS,
+    device_conditions,
+    device_taints,
+    gpu_device,
+    mig_device,
+)
 from supervisor.dra.memshare import MemoryPolicy, capacity_problems, share
-from supervisor.dra.memshare import binary as binary_quantity
-from supervisor.health.book import SEVERITY, ConditionView, overlaps
+from supervisor.dra.partitions import part_specs, parts
+from supervisor.health.book import ConditionView
 from supervisor.node.draplan import DRIVER, dra_devices
-from supervisor.node.pcie import nvlib_bus_id
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
-PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
-PCIE_ROOT = "resource.kubernetes.io/pcieRoot"  # deviceattribute.StandardDeviceAttributePCIeRoot
-NUMA_NODE = "resource.kubernetes.io/numaNode"  # NVIDIA's standardNumaNodeAttribute (deviceinfo.go)
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_WITH_TAINTS = 64  # 1.35: a slice whose devices carry taints or consume counters
-MAX_TAINTS = 4  # DeviceTaintsMaxLength in 1.34 (16 from 1.35)
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_VALUE_LENGTH = 64  # DeviceAttributeMaxValueLength (strings and versions)
 MAX_ID_LENGTH = 32  # DeviceMaxIDLength: an attribute name's part after the domain
 MAX_DOMAIN_LENGTH = 63
-NO_SCHEDULE = "NoSchedule"
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -82,156 +82,6 @@ _SEMVER = re.compile(
 )
 
 
-# ---------------------------------------------------------------------------------- values
-
-
-def semver(text: str) -> str | None:
-    """A version as semver, as NVIDIA's driver reads it (Masterminds' lenient parser: missing
-    parts are 0, leading zeros dropped): "550.54.15" -> "550.54.15", "535.104.05" -> "535.104.5",
-    "9.0" -> "9.0.0". None for what is not numbers and dots."""
-    parts = text.strip().split(".")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-        return None
-    numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
-    return ".".join(str(n) for n in numbers)
-
-
-def cuda_version(value: int) -> str | None:
-    """NVML's CUDA driver version (12040) as NVIDIA's driver publishes it: "12.4" -> "12.4.0"."""
-    if value <= 0:
-        return None
-    return semver(f"{value // 1000}.{(value % 1000) // 10}")
-
-
-pci_bus_id = nvlib_bus_id  # NVML's bus id as go-nvlib's GetPCIBusID gives it: "0000:bd:00.0"
-
-
-Attribute = dict[str, str | int]
-
-
-def _string(value: str) -> Attribute:
-    return {"string": value}
-
-
-def _version(value: str) -> Attribute:
-    return {"version": value}
-
-
-def _count(value: int) -> dict[str, str]:
-    """A count as NVIDIA's `intcap` makes it: a BinarySI quantity (1024 would read "1Ki")."""
-    return {"value": binary_quantity(value)}
-
-
-def _common_attributes(gpu: Gpu, node: Node) -> dict[str, Attribute]:
-    """The attributes a MIG device shares with its parent GPU."""
-    attrs = {"productName": _string(gpu.name)}
-    if gpu.brand:
-        attrs["brand"] = _string(gpu.brand)
-    if gpu.architecture:
-        attrs["architecture"] = _string(gpu.architecture)
-    for name, version in (
-        ("cudaComputeCapability", semver("{}.{}".format(*gpu.compute_capability))),
-        ("driverVersion", semver(node.driver_version)),
-        ("cudaDriverVersion", cuda_version(node.cuda_driver_version)),
-    ):
-        if version is not None:
-            attrs[name] = _version(version)
-    attrs[PCI_BUS_ID] = _string(pci_bus_id(gpu.pci_bus_id))
-    if gpu.pcie_root:
-        attrs[PCIE_ROOT] = _string(gpu.pcie_root)
-    if gpu.pci_numa_node is not None and gpu.pci_numa_node >= 0:
-        attrs[NUMA_NODE] = {"int": gpu.pci_numa_node}
-    if gpu.addressing_mode:
-        attrs["addressingMode"] = _string(gpu.addressing_mode)
-    return attrs
-
-
-def gpu_device(gpu: Gpu, node: Node, name: str) -> dict[str, Any]:
-    attrs = {"type": _string("gpu"), "uuid": _string(gpu.uuid), **_common_attributes(gpu, node)}
-    return {
-        "name": name,
-        "attributes": attrs,
-        "capacity": {"memory": {"value": binary_quantity(gpu.memory_mib << 20)}},
-    }
-
-
-def mig_device(gpu: Gpu, mig: MigDevice, node: Node, name: str) -> dict[str, Any]:
-    attrs = {
-        "type": _string("mig"),
-        "uuid": _string(mig.uuid),
-        "parentUUID": _string(gpu.uuid),
-        "profile": _string(mig.profile),
-        **_common_attributes(gpu, node),
-    }
-    capacity: dict[str, dict[str, str]] = {
-        "multiprocessors": _count(mig.multiprocessors),
-        "copyEngines": _count(mig.copy_engines),
-        "decoders": _count(mig.decoders),
-        "encoders": _count(mig.encoders),
-        "jpegEngines": _count(mig.jpeg_engines),
-        "ofaEngines": _count(mig.ofa_engines),
-        "memory": {"value": binary_quantity(mig.memory_mib << 20)},
-    }
-    if mig.placement_start >= 0:
-        for i in range(mig.placement_start, mig.placement_start + mig.placement_size):
-            capacity[f"memorySlice{i}"] = _count(1)
-    return {"name": name, "attributes": attrs, "capacity": capacity}
-
-
-# ---------------------------------------------------------------------------------- health -> taints
-
-
-def _label_value(text: str) -> str:
-    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-_.")[:63]
-    return value.rstrip("-_.")
-
-
-def condition_taint(condition: ConditionView) -> dict[str, str]:
-    """The taint (key, value, effect, timeAdded) that says why the device is unhealthy."""
-    name = condition.name
-    key, value = f"{DRIVER}/unhealthy", _label_value(name)
-    if name.startswith("xid:"):
-        key, value = f"{DRIVER}/xid", name.partition(":")[2]
-    elif name == "lost":
-        key, value = f"{DRIVER}/gpu-lost", ""
-    elif name == "event-wait":
-        key, value = f"{DRIVER}/unmonitored", ""
-    elif name.startswith("ecc:"):
-        key, value = f"{DRIVER}/ecc", _label_value(name.partition(":")[2])
-    taint = {"key": key, "effect": NO_SCHEDULE, "timeAdded": _rfc3339(condition.since)}
-    if value:
-        taint["value"] = value
-    return taint
-
-
-def _rfc3339(wall: float) -> str:
-    return datetime.fromtimestamp(int(wall), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def device_taints(
-    gpu: Gpu, mig: MigDevice | None, conditions: Iterable[ConditionView]
-) -> list[dict[str, str]]:
-    """The taints of one device: every condition that overlaps it, the most severe first."""
-    out: list[dict[str, str]] = []
-    for condition in _device_conditions(gpu, mig, conditions):
-        taint = condition_taint(condition)
-        if not any((t["key"], t.get("value")) == (taint["key"], taint.get("value")) for t in out):
-            out.append(taint)
-    return out[:MAX_TAINTS]
-
-
-def _device_conditions(
-    gpu: Gpu, mig: MigDevice | None, conditions: Iterable[ConditionView]
-) -> list[ConditionView]:
-    """The conditions that overlap one device, the most severe first."""
-    gi = mig.gi_id if mig is not None else None
-    ci = mig.ci_id if mig is not None else None
-    return sorted(
-        (c for c in conditions if c.gpu_uuid == gpu.uuid and overlaps(c.gi, c.ci, gi, ci)),
-        key=lambda c: (SEVERITY[c.recovery], c.since, c.name),
-    )
-
-
 def unhealthy_devices(
     node: Node, conditions: Sequence[ConditionView], exclude: Container[str] = ()
 ) -> dict[str, tuple[str, ...]]:
@@ -239,7 +89,7 @@ def unhealthy_devices(
     conditions (the most severe first); those in `exclude` are left out for another reason."""
     out: dict[str, tuple[str, ...]] = {}
     for gpu, mig, name in dra_devices(node):
-        hits = _device_conditions(gpu, mig, conditions)
+        hits = device_conditions(gpu, mig, conditions)
         if hits and name not in exclude:
             out[name] = tuple(dict.fromkeys(c.name for c in hits))
     return out
@@ -262,6 +112,7 @@ class PoolWant:
     conditions: tuple[ConditionView, ...] = ()
     wait: str = ""
     memory_sharing: MemoryPolicy | None = None  # gpuvisor.dra.memorySharing: full GPUs shared by memory
+    partitions: bool = False  # gpuvisor.dra.migOnDemand: MIG-capable GPUs published partitionable
 
 
 def build_slices(
@@ -274,17 +125,20 @@ def build_slices(
     driver: str = DRIVER,
     exclude: Container[str] = (),
     memory_sharing: MemoryPolicy | None = None,
+    layout: str = "",
 ) -> list[dict[str, Any]]:
     """The pool's ResourceSlice objects (without owner references: the publisher adds the Node's UID).
 
     `generation` is the pool's (the publisher bumps it for each new content); `taints=False`
     leaves unhealthy devices out instead of tainting them; `exclude` names devices left out
     (held by containers of the device plugin this node ran before); `memory_sharing` publishes
-    each full GPU for several claims by memory (supervisor.dra.memshare).
+    each full GPU for several claims by memory (supervisor.dra.memshare); `layout` publishes
+    partitionable GPUs (gpuvisor.dra.migOnDemand) in that layout (supervisor.dra.partitions), ""
+    as plain full GPUs (an API server that drops shared counters).
     """
     devices: list[dict[str, Any]] = []
     for gpu, mig, name in dra_devices(node):
-        if name in exclude:
+        if name in exclude or (layout and gpu.mig_options):
             continue
         device = gpu_device(gpu, node, name) if mig is None else mig_device(gpu, mig, node, name)
         if mig is None and memory_sharing is not None:
@@ -297,7 +151,10 @@ def build_slices(
         devices.append(device)
     tainted = any("taints" in d for d in devices)
     size = MAX_DEVICES_WITH_TAINTS if tainted else MAX_DEVICES
-    chunks = [devices[i : i + size] for i in range(0, len(devices), size)] or [[]]
+    specs: list[dict[str, Any]] = [{"devices": devices[i : i + size]} for i in range(0, len(devices), size)]
+    if layout:
+        specs += part_specs(parts(node, conditions, taints=taints, exclude=exclude), layout)
+    specs = specs or [{"devices": []}]
     return [
         {
             "apiVersion": API_VERSION,
@@ -305,12 +162,12 @@ def build_slices(
             "metadata": {"generateName": f"{node_name}-{driver}-"},
             "spec": {
                 "driver": driver,
-                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(specs)},
                 "nodeName": node_name,
-                "devices": chunk,
+                **part,
             },
         }
-        for chunk in chunks
+        for part in specs
     ]
 
 

@@ -166,6 +166,9 @@ class _Device:
         return (self.resource, self.device.id)
 
 
+NO_PLACEMENT_GI = -1  # `overlaps`' instance of a device that has none yet
+
+
 def overlaps(cond_gi: int | None, cond_ci: int | None, dev_gi: int | None, dev_ci: int | None) -> bool:
     """Does a condition on (gi, ci) touch a device backed by (gi, ci)? None means "all of it"."""
     if cond_gi is None or dev_gi is None:
@@ -480,7 +483,10 @@ class HealthBook:
         conds = self._conditions.get(dev.device.gpu_uuid)
         if not conds:
             return None
-        hits = [c for c in conds.values() if overlaps(c.gi, c.ci, dev.device.mig_gi, dev.device.mig_ci)]
+        # A MIG placement not made yet (MIG on demand) has no instance a condition can be on: only
+        # the GPU's own conditions touch it (NO_PLACEMENT_GI matches no instance's).
+        gi = NO_PLACEMENT_GI if dev.device.on_demand and not dev.device.uuid else dev.device.mig_gi
+        hits = [c for c in conds.values() if overlaps(c.gi, c.ci, gi, dev.device.mig_ci)]
         if not hits:
             return None
         hits.sort(key=lambda c: (SEVERITY[c.recovery], c.since, c.name))

@@ -9,7 +9,12 @@ them, so a claim allocated against either driver's ResourceSlices names the same
   `gpu-<parent minor>-mig-<profile>-<GPU instance profile id>-<placement start>`, the profile
   without its dots and in RFC 1123 form (`1g.10gb+me` -> `1g10gb-me`); the GPU itself is not a
   device then. Two compute instances of one GPU instance would get one name: those names get
-  `-ci<id>` appended (NVIDIA's driver has no name for them).
+  `-ci<id>` appended (NVIDIA's driver has no name for them);
+- with gpuvisor.dra.migOnDemand, a GPU whose MIG options discovery read (`Gpu.mig_options`) is
+  partitionable, whatever its MIG mode: the full GPU `gpu-<minor>` and every placement of every
+  profile (`partitions`), named as above (NVIDIA's DynamicMIG names them so, partitions.go
+  `ToCanonicalName`). A placement whose instance exists is listed with it (its UUID and
+  instances, for its health); one without is made by the DRA worker at prepare.
 
 The plan is a `ResourcePlan` for the DRA worker: `resource` is the driver's name, each device's
 `id` its DRA device name (what health deltas, ResourceSlices and claims name), its `uuid` and
@@ -20,11 +25,21 @@ pool and the sockets' directories.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
 
-from common.model import AllocatableDevice, AllocateSettings, DraSettings, Gpu, MigDevice, Node, ResourcePlan
+from common.model import (
+    AllocatableDevice,
+    AllocateSettings,
+    DraSettings,
+    Gpu,
+    MigDevice,
+    MigOption,
+    Node,
+    ResourcePlan,
+)
 from supervisor.config import DRA_DRIVER, Config
 
 DRIVER = DRA_DRIVER
@@ -52,11 +67,28 @@ def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
     return f"{base}-gi{mig.gi_id}-ci{mig.ci_id}"
 
 
+def partitions(gpu: Gpu) -> list[tuple[MigOption, MigDevice | None, str]]:
+    """A partitionable GPU's placements (gpuvisor.dra.migOnDemand), in `mig_options` order: (the
+    option, the instance at it or None, its DRA device name)."""
+    made = {(m.gi_profile_id, m.placement_start): m for m in gpu.mig_devices}
+    return [
+        (
+            option,
+            made.get((option.gi_profile_id, option.placement_start)),
+            f"gpu-{gpu.minor}-mig-{profile_label(option.profile)}-{option.gi_profile_id}-"
+            f"{option.placement_start}"[:MAX_NAME].rstrip("-"),
+        )
+        for option in gpu.mig_options
+    ]
+
+
 def dra_devices(node: Node) -> list[tuple[Gpu, MigDevice | None, str]]:
-    """Every device of the pool, in the node's order: (GPU, MIG device or None, DRA device name)."""
+    """Every device of the pool, in the node's order: (GPU, MIG device or None, DRA device name).
+    A partitionable GPU (gpuvisor.dra.migOnDemand) is its full GPU here; its placements are
+    `partitions(gpu)`'s."""
     out: list[tuple[Gpu, MigDevice | None, str]] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
-        if not gpu.mig_enabled:
+        if not gpu.mig_enabled or gpu.mig_options:
             out.append((gpu, None, gpu_device_name(gpu)))
             continue
         migs = sorted(gpu.mig_devices, key=lambda m: m.index)
@@ -65,6 +97,41 @@ def dra_devices(node: Node) -> list[tuple[Gpu, MigDevice | None, str]]:
             if names.count(name) > 1:
                 name = f"{name}-ci{mig.ci_id}"
             out.append((gpu, mig, name[:MAX_NAME].rstrip("-")))
+    return out
+
+
+def _static(node: Node) -> list[AllocatableDevice]:
+    return [
+        gpu_record(gpu, name) if mig is None else mig_record(gpu, mig, name)
+        for gpu, mig, name in dra_devices(node)
+        if not gpu.mig_options
+    ]
+
+
+def _partitionable(node: Node) -> list[AllocatableDevice]:
+    """The devices of partitionable GPUs (gpuvisor.dra.migOnDemand: discovery reads a GPU's MIG
+    options only with it): each full GPU, then its placements."""
+    out: list[AllocatableDevice] = []
+    for gpu in sorted(node.gpus, key=lambda g: g.index):
+        if not gpu.mig_options:
+            continue
+        whole = gpu_record(gpu, gpu_device_name(gpu))
+        out.append(dataclasses.replace(whole, partitionable=True))
+        for option, made, name in partitions(gpu):
+            record = (
+                mig_record(gpu, made, name)
+                if made is not None
+                else dataclasses.replace(whole, id=name, uuid="", index="", memory_mib=option.memory_mib)
+            )
+            out.append(
+                dataclasses.replace(
+                    record,
+                    partitionable=True,
+                    mig_profile=option.profile,
+                    mig_gi_profile_id=option.gi_profile_id,
+                    mig_placement_start=option.placement_start,
+                )
+            )
     return out
 
 
@@ -148,6 +215,12 @@ def held_uuids(node: Node, names: frozenset[str]) -> HeldUuids:
         else:
             migs.add(mig.uuid)
             parents.add(gpu.uuid)
+    for gpu in node.gpus:  # a placement held (MIG on demand): its instance and its GPU
+        for _, made, name in partitions(gpu):
+            if name in names:
+                parents.add(gpu.uuid)
+                if made is not None:
+                    migs.add(made.uuid)
     return HeldUuids(frozenset(gpus), frozenset(migs), frozenset(parents))
 
 
@@ -157,11 +230,7 @@ def dra_plan(
     """The DRA worker's plan for this node (see the module docstring). `drain`: the node runs as
     a device plugin, and the worker only finishes the claims it prepared, whose devices are
     `only` (the plan lists those that still exist)."""
-    devices = tuple(
-        gpu_record(gpu, name) if mig is None else mig_record(gpu, mig, name)
-        for gpu, mig, name in dra_devices(node)
-        if only is None or name in only
-    )
+    devices = tuple(d for d in (*_static(node), *_partitionable(node)) if only is None or d.id in only)
     allocate = AllocateSettings(
         # The claims' devices reach containers through CDI only: the supervisor's spec names them.
         device_list_strategies=("cdi-cri",),
@@ -187,6 +256,7 @@ def dra_plan(
             cdi_spec_dir=config.cdi_spec_dir,
             driver_root_ctr_path=config.driver_root_ctr_path,
             driver_version=node.driver_version,
+            mig_on_demand=config.dra_mig_on_demand,
             memory_step=step,
             memory_default=default,
             memory_minimum=minimum,

@@ -21,6 +21,7 @@ from supervisor.dra import publish
 from supervisor.dra.held import held_by_pods
 from supervisor.dra.publish import SlicePublisher
 from supervisor.dra.slices import PoolWant, build_slices
+from supervisor.dra.sliceview import PATH
 from supervisor.health.book import ConditionView, Recovery
 from supervisor.kube.client import KubeClient
 from supervisor.kube.credentials import load_credentials
@@ -61,8 +62,8 @@ class Pub:
 
     def lists(self) -> int:
         """The lists of slices the server got (watches not counted)."""
-        calls = self.api.state.calls("GET", publish.PATH)
-        return sum(1 for r in calls if r.path == publish.PATH and r.query.get("watch") != "true")
+        calls = self.api.state.calls("GET", PATH)
+        return sum(1 for r in calls if r.path == PATH and r.query.get("watch") != "true")
 
     def devices(self) -> list[dict[str, Any]]:
         return [d for s in self.slices() for d in s["spec"]["devices"]]
@@ -176,7 +177,7 @@ def test_a_health_storm_is_updates_without_a_list_per_generation(pub: Pub) -> No
         pub.publisher.want(PoolWant(True, node, conditions))
         assert wait_until(lambda c=conditions: pub.published(node, c))  # type: ignore[misc]
     assert pub.lists() == lists
-    assert len(pub.api.state.calls("PUT", publish.PATH)) == 5
+    assert len(pub.api.state.calls("PUT", PATH)) == 5
     (obj,) = pub.slices()
     obj["spec"]["devices"] = obj["spec"]["devices"][:1]
     pub.api.state.put_slice(obj)

@@ -12,16 +12,9 @@ import pytest
 
 from common.model import Node
 from supervisor.config import config_from_data
+from supervisor.dra.devices import MAX_TAINTS, cuda_version, pci_bus_id, semver
 from supervisor.dra.memshare import binary as binary_quantity
-from supervisor.dra.slices import (
-    MAX_DEVICES_WITH_TAINTS,
-    MAX_TAINTS,
-    build_slices,
-    cuda_version,
-    pci_bus_id,
-    semver,
-    slice_problems,
-)
+from supervisor.dra.slices import MAX_DEVICES_WITH_TAINTS, build_slices, slice_problems
 from supervisor.health.book import ConditionView, HealthBook, Recovery
 from supervisor.health.policy import HealthPolicy
 from supervisor.node.draplan import DRIVER
