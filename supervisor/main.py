@@ -223,6 +223,7 @@ class Supervisor:
             rediscover=self.replan.rediscover,
             kubelet_plugins_dir=config.kubelet_plugins_dir,
             mps=self.mps,  # an MPS claim's daemon runs as the MPS resources' daemons do
+            mig_maker=self.nvml.mig_maker,  # MIG devices made on demand, through the one NVML
         )
         self.events = WorkerEvents(
             workers=self.workers,

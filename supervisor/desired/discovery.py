@@ -23,6 +23,7 @@ from supervisor.config import Config
 from supervisor.node.nvml import Nvml, NvmlCallError
 
 if TYPE_CHECKING:
+    from supervisor.node.migmaker import MigMaker
     from supervisor.sim.nvml import Simulator
 
 log = logging.getLogger("gpuvisor.supervisor")
@@ -127,9 +128,24 @@ class NvmlSession:
         self.attempts = 0
         self.backoff = Backoff(NVML_RETRY_START_S, NVML_RETRY_MAX_S)
         self.kept_gpus: tuple[str, ...] = ()
+        # gpuvisor.dra.migOnDemand: discovery reads each MIG-capable GPU's options (the replanner
+        # sets it from the config it plans with).
+        self.mig_options = config.dra_mig_on_demand
+        self._mig_maker: MigMaker | None = None
 
     def discover(self) -> Node:
+        self.nvml.with_mig_options = self.mig_options
         return self.nvml.discover()
+
+    def mig_maker(self) -> MigMaker | None:
+        """NVML's MIG calls (MIG on demand, supervisor.dra.migs), while NVML is up."""
+        if not self.up:
+            return None
+        if self._mig_maker is None:
+            from supervisor.node.migmaker import MigMaker
+
+            self._mig_maker = MigMaker(self.module)
+        return self._mig_maker
 
     def attempt(self, fail_on_init_error: bool) -> tuple[Node | None, float]:
         """One try at NVML init and first discovery: (the node, 0) or (None, seconds to the next try).

@@ -263,6 +263,7 @@ class Replanner:
         running, node_now = self.reconciler.config, self.reconciler.node
         # Armed first: whatever happens below, periodic rediscovery goes on.
         self.schedule_rediscovery(self.reconciler.wanted_config)
+        self.nvml.mig_options = config.dra_mig_on_demand  # the MIG options its plan needs
         try:
             node = self.nvml.rediscover(node_now)
         except Exception as exc:  # NVML trouble during rediscovery: keep what runs

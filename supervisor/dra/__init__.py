@@ -4,12 +4,20 @@ DRA worker's claims, and its drain when the node turns device plugin.
 - `slices`   the node's ResourceSlices as NVIDIA's DRA driver publishes them (devices, attributes,
              capacities, health taints): a pure function of the node and the health book's
              conditions, the API server's rules for them, and `PoolWant` (what the pool should show);
+- `devices`  one device described (attribute values, attributes, capacities, health taints), for
+             `slices` and `partitions`;
 - `publish`  `SlicePublisher`: the thread that keeps them at the API server (owned by the Node,
              a new pool generation per change, republished after the kubelet wipes them, taints
              where the server keeps them), and withdraws them when the node turns device plugin;
 - `memshare` full GPUs shared by memory in the slices (consumable capacity: `allowMultipleAllocations`,
              a request policy on `memory`), the API server's rules for it, and the claim status's share;
-- `probe`    `FieldProbe`: whether the API server keeps a gated slice field (taints, sharing);
+- `partitions` partitionable GPUs in the slices (MIG on demand: counter sets, the full GPU and every
+             placement, the layout by Kubernetes version);
+- `sliceview` what the publisher reads of slice objects, and the listing of one node's;
+- `probe`    `FieldProbe`: whether the API server keeps a gated slice field (taints, sharing,
+             shared counters), and the API server's version;
+- `migs`     `MigRequests`: the DRA worker's MIG devices made on demand, created and destroyed on
+             their thread, and what no claim holds destroyed;
 - `held`     devices the device plugin's containers still hold, as DRA device names (left out);
 - `claims`   `ClaimFetcher`: the DRA worker's ResourceClaims, fetched with the node's API client;
 - `earlier`  `EarlierPool`: the pool an earlier DRA life published on this node, withdrawn (within a

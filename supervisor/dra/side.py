@@ -36,9 +36,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from common.messages import ClaimRequest, DraBeat, Json, Message
+from common.messages import ClaimRequest, DraBeat, Json, Message, WorkerRequest
+from common.migmessages import MigClaimReply, MigClaimRequest
 from common.model import Node, ResourcePlan
-from common.mpsmessages import MpsClaimReply, MpsClaimRequest
+from common.mpsmessages import MpsClaimReply
 from supervisor.config import Config
 from supervisor.dra.claims import ClaimFetcher
 from supervisor.dra.drain import DraDrain
@@ -55,6 +56,7 @@ from supervisor.workers.lifecycle import WorkerSet
 if TYPE_CHECKING:
     from common.dracheckpoint import PreparedClaim
     from supervisor.dra.claimstatus import ClaimStatusWriter, DeviceHealthView
+    from supervisor.dra.migs import Maker, MigRequests
     from supervisor.dra.publish import SlicePublisher
     from supervisor.dra.released import ReleasedResources
     from supervisor.dra.slices import PoolWant
@@ -64,6 +66,7 @@ log = logging.getLogger("gpuvisor.dra")
 
 WAIT_FOR_DEVICE_PLUGIN = "the device plugin's workers are still stopping"
 NO_MPS = "this supervisor runs no MPS claim daemons"
+NO_MIG = "this supervisor makes no MIG devices (gpuvisor.dra.migOnDemand needs NVML)"
 
 
 class PlanState(Protocol):
@@ -96,6 +99,7 @@ class DraSide:
         rediscover: Callable[[str], object],
         kubelet_plugins_dir: str = "",
         mps: MpsWiring | None = None,
+        mig_maker: Callable[[], Maker | None] | None = None,
     ) -> None:
         self.node_name = node_name
         self.workers = workers  # asked whether a device-plugin worker still runs
@@ -133,6 +137,11 @@ class DraSide:
         self.drain = DraDrain(
             workers=workers, reconciler=reconciler, earlier=self.earlier, rediscover=rediscover
         )
+        # MIG devices made on demand (supervisor.dra.migs), made when the first plan asks for them.
+        self._mig_maker = mig_maker
+        self._rediscover = rediscover
+        self.migs: MigRequests | None = None
+        self._dra_pid = 0  # the DRA worker process last seen: a new one has what no claim holds cleaned up
         self.publisher: SlicePublisher | None = None
         self.released: ReleasedResources | None = None
         self.claim_status: ClaimStatusWriter | None = None
@@ -198,11 +207,19 @@ class DraSide:
         self.earlier.stop()
         if self.mps_claims is not None:
             self.mps_claims.close()  # their daemons keep serving the claims' containers
+        if self.migs is not None:
+            self.migs.close()
 
     # ------------------------------------------------------------------ from the main loop
-    def request_claim(self, request: ClaimRequest | MpsClaimRequest) -> None:
+    def request_claim(self, request: WorkerRequest) -> None:
         if isinstance(request, ClaimRequest):
             self.claims.request(request)
+        elif isinstance(request, MigClaimRequest):
+            migs = self._migs()
+            if migs is None:
+                self._reply(request.resource, MigClaimReply(request.request_id, error=NO_MIG))
+            else:
+                migs.request(request)
         elif self.mps_claims is not None:
             self.mps_claims.request(request)
         else:
@@ -213,8 +230,39 @@ class DraSide:
         return self.drain.hold(config)
 
     def turn(self) -> None:
-        """Every loop turn: once the last device-plugin worker is gone, the slices may go out."""
+        """Every loop turn: once the last device-plugin worker is gone, the slices may go out; a
+        new DRA worker process has the MIG devices no claim holds cleaned up."""
         self.device_plugin_running(self._device_plugin_workers())
+        live = frozenset(h.pid for h in self.workers.live() if h.resource == DRIVER and h.pid)
+        pid = max(live, default=0)
+        if pid and pid != self._dra_pid:
+            self._dra_pid = pid
+            self._clean_migs(live, f"DRA worker {pid} started")
+
+    def _migs(self) -> MigRequests | None:
+        if self.migs is None and self._mig_maker is not None:
+            from supervisor.dra.migs import MigRequests
+
+            self.migs = MigRequests(
+                maker=self._mig_maker,
+                checkpoint_path=self.checkpoint_path,
+                node=lambda: self.reconciler.node,
+                answer=self._reply,
+                rediscover=self._rediscover,
+                on_count=self.metrics.dra_call,
+            )
+        return self.migs
+
+    def _clean_migs(self, live: frozenset[int], reason: str) -> None:
+        plan = self.reconciler.plans.get(DRIVER)
+        gpus = (
+            frozenset(d.gpu_uuid for d in plan.devices if d.partitionable)
+            if plan is not None
+            else frozenset()
+        )
+        migs = self._migs() if gpus else None
+        if migs is not None:
+            migs.reconcile(gpus, live, reason)
 
     def health_changed(self, book: HealthBook | None) -> None:
         """The health hub decided a change of devices: the pool's taints follow."""
@@ -262,14 +310,15 @@ class DraSide:
         memory = (
             (dra.memory_step, dra.memory_default, dra.memory_minimum) if dra and dra.memory_step else None
         )
-        key = (publish, node, shown, device_plugin_running, memory)
+        partitions = dra is not None and dra.mig_on_demand
+        key = (publish, node, shown, device_plugin_running, memory, partitions)
         if key == self._key:
             return
         self._key = key
         self._inputs = (plans, node, book)
         if publish and node is not None:
             wait = WAIT_FOR_DEVICE_PLUGIN if device_plugin_running else ""
-            self._want = PoolWant(True, node, conditions, wait, memory_sharing=memory)
+            self._want = PoolWant(True, node, conditions, wait, memory_sharing=memory, partitions=partitions)
         else:
             self._want = PoolWant(False)
         if self.publisher is not None:
@@ -346,4 +395,5 @@ class DraSide:
         out["released"] = self.released.status() if self.released is not None else None
         out["claim_status"] = self.claim_status.status() if self.claim_status is not None else None
         out["mps_claims"] = self.mps_claims.status() if self.mps_claims is not None else None
+        out["migs"] = self.migs.status() if self.migs is not None else None
         return out
