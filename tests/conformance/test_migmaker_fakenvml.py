@@ -5,7 +5,7 @@ structures and arrays are the binding's own in the child.
 
 Each scenario is written once over (`nvml`: the binding or the simulator, `control`: the library's
 control file or the simulator's fault injection) and returns a transcript of what MigMaker
-answered (its MadeMig, or MigError's kind, code and message); the scenario checks NVML's rules as
+answered (its MadeMigRecord, or MigError's kind, code and message); the scenario checks NVML's rules as
 it goes (nvml.h and NVIDIA's DRA driver v25.12.0 nvlib.go createMigDevice/deleteMigDevice, as
 tests/unit/test_migmaker.py cites them), and both backends' transcripts must be equal.
 """
@@ -39,7 +39,7 @@ class Appender(Control):
 
 
 def answer(fn: Callable[[], Any]) -> Any:
-    """What a MigMaker call answered, as JSON: a MadeMig's fields, a list of them, or the error."""
+    """What a MigMaker call answered, as JSON: a MadeMigRecord's fields, a list of them, or the error."""
     try:
         value = fn()
     except MigError as exc:

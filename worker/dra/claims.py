@@ -17,16 +17,15 @@ nodes, the demo, tests without an API server).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
-import threading
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from common.messages import ClaimReply, ClaimRequest
+from worker.dra.asking import Asking
 
 MAX_CLAIM_BYTES = 1 << 20  # a ResourceClaim is a few KiB; the API server caps objects at 1.5 MiB
 MAX_RESULTS = 32  # AllocationResultsMaxSize (resource.k8s.io/v1)
@@ -124,12 +123,6 @@ def parse_claim(data: bytes | str, where: str, what: str) -> dict[str, Any]:
     return obj
 
 
-class _Waiter:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.reply: ClaimReply | None = None
-
-
 class SupervisorClaimSource:
     """Claims the supervisor fetches from the API server, asked for over the control channel.
 
@@ -143,31 +136,16 @@ class SupervisorClaimSource:
         self, resource: str, send: Callable[[ClaimRequest], None], timeout: float = SUPERVISOR_TIMEOUT_S
     ) -> None:
         self.resource = resource
-        self.send = send
-        self.timeout = timeout
-        self._ids = itertools.count(1)
-        self._waiting: dict[str, _Waiter] = {}
-        self._lock = threading.Lock()
+        self._asking: Asking[ClaimReply] = Asking(send, timeout, error=ClaimError)
 
     def get(self, namespace: str, name: str) -> Mapping[str, Any]:
         check_ref(ClaimRef(namespace, name, "-"))
         what = f"claim {namespace}/{name}"
-        waiter = _Waiter()
-        with self._lock:
-            request_id = str(next(self._ids))
-            self._waiting[request_id] = waiter
-        try:
-            self.send(ClaimRequest(self.resource, request_id, namespace, name))
-            if not waiter.done.wait(self.timeout):
-                raise ClaimError(
-                    f"{what}: the supervisor, which fetches claims from the API server, did not answer "
-                    f"within {self.timeout:g}s"
-                )
-        finally:
-            with self._lock:
-                self._waiting.pop(request_id, None)
-        reply = waiter.reply
-        assert reply is not None
+        reply = self._asking.ask(
+            ClaimRequest(self.resource, "", namespace, name),
+            f"{what}: the supervisor, which fetches claims from the API server, did not answer",
+            raise_error=False,
+        )
         if reply.not_found:
             raise ClaimNotFound(f"{what} not found: {reply.error}")
         if reply.error:
@@ -176,15 +154,10 @@ class SupervisorClaimSource:
 
     def answer(self, reply: ClaimReply) -> None:
         """The supervisor's reply (main thread); one nobody waits for any more is dropped."""
-        with self._lock:
-            waiter = self._waiting.get(reply.request_id)
-        if waiter is not None:
-            waiter.reply = reply
-            waiter.done.set()
+        self._asking.answer(reply)
 
     def waiting(self) -> int:
-        with self._lock:
-            return len(self._waiting)
+        return self._asking.waiting()
 
 
 def _field(obj: Mapping[str, Any], path: str) -> Any:

@@ -63,11 +63,13 @@ from common.messages import (
     Message,
     PlanUpdate,
 )
+from common.migmessages import MigClaimReply, MigClaimRequest
 from common.model import DraSettings, ResourcePlan
 from common.mpsmessages import MpsClaimReply, MpsClaimRequest
 from worker.dra.claims import ClaimSource, DirectoryClaimSource, SupervisorClaimSource
 from worker.dra.claimspec import ClaimSpecs
 from worker.dra.figures import DraFigures
+from worker.dra.migdemand import SupervisorMig
 from worker.dra.mps import SupervisorMps
 from worker.dra.prepare import Preparer
 from worker.dra.services import DraPluginService, HealthService, RegistrationService
@@ -87,14 +89,17 @@ STANDALONE_TICK_S = 1.0
 
 def same_settings(a: ResourcePlan, b: ResourcePlan) -> bool:
     """Do two plans need the same sockets and claim source? (A drain is taken in place, and so is
-    the memory-sharing policy: the slices use it; a claim's share comes in its allocation.)"""
+        the memory-sharing policy: the slices use it; a claim's share comes in its allocation; and MIG on
+    demand: the plan's devices say which are made at prepare.)"""
     if a.dra is None or b.dra is None:
         return a.dra is b.dra
     return _sockets_and_source(a.dra) == _sockets_and_source(b.dra)
 
 
 def _sockets_and_source(dra: DraSettings) -> DraSettings:
-    return dataclasses.replace(dra, drain=False, memory_step=0, memory_default=0, memory_minimum=0)
+    return dataclasses.replace(
+        dra, drain=False, memory_step=0, memory_default=0, memory_minimum=0, mig_on_demand=False
+    )
 
 
 class DraWorker:
@@ -118,6 +123,8 @@ class DraWorker:
             source = self.claims
         # An MPS claim's daemon: the supervisor runs it (worker/dra/mps.py says why).
         self.mps = SupervisorMps(plan.resource, self._ask_mps) if args.control else None
+        # A MIG device made on demand: the supervisor makes it (worker/dra/migdemand.py).
+        self.mig = SupervisorMig(plan.resource, self._ask_mig) if args.control else None
         self.preparer = Preparer(
             plan,
             source,
@@ -128,6 +135,7 @@ class DraWorker:
             mps=self.mps,
             timeslicer=TimeSlicer.on_node(plan.allocate.driver_root),
             specs=ClaimSpecs(plan, dra.cdi_spec_dir) if dra.cdi_spec_dir else None,
+            mig=self.mig,
         )
         # NVIDIA's per-claim request figures (gpuvisor_dra_*), in every heartbeat's figures.
         self.figures = DraFigures(dra.pool)
@@ -180,6 +188,9 @@ class DraWorker:
         self.mailbox.post(lambda: self.link.send(request))
 
     def _ask_mps(self, request: MpsClaimRequest) -> None:
+        self.mailbox.post(lambda: self.link.send(request))
+
+    def _ask_mig(self, request: MigClaimRequest) -> None:
         self.mailbox.post(lambda: self.link.send(request))
 
     def _beat_soon(self) -> None:
@@ -255,6 +266,8 @@ class DraWorker:
             self.claims.answer(message)
         elif isinstance(message, MpsClaimReply) and self.mps is not None:
             self.mps.answer(message)
+        elif isinstance(message, MigClaimReply) and self.mig is not None:
+            self.mig.answer(message)
 
     def closing(self, started: bool) -> None:
         if started:

@@ -4,7 +4,7 @@ A claim allocated a MIG placement of a partitionable GPU (a plan device with `on
 MIG device made at prepare and destroyed at unprepare; a claim allocated the full GPU of such a
 GPU has MIG mode turned off first where it is on. The supervisor does both (it owns NVML:
 supervisor/dra/migs.py); this side asks (`SupervisorMig`, over the control channel, bounded by
-`TIMEOUT_S`) and keeps what was made in the claim's checkpoint entry (`MadeMig`), so that an
+`TIMEOUT_S`) and keeps what was made in the claim's checkpoint entry (`MadeMigRecord`), so that an
 unprepare after a restart destroys it and the supervisor keeps it while the claim is prepared.
 
 The claim's CDI spec names the made device: `made_record` is its plan record with the instance's
@@ -18,7 +18,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 
-from common.dracheckpoint import MadeMig
+from common.dracheckpoint import MadeMigRecord
 from common.migmessages import CREATE, DESTROY, FULL, MigClaimReply, MigClaimRequest
 from common.model import AllocatableDevice
 from worker.dra.asking import Asking
@@ -26,7 +26,7 @@ from worker.dra.asking import Asking
 TIMEOUT_S = 40.0  # a GPU instance takes about a second on a real GPU; MIG mode more
 
 
-def made_record(record: AllocatableDevice, made: MadeMig) -> AllocatableDevice:
+def made_record(record: AllocatableDevice, made: MadeMigRecord) -> AllocatableDevice:
     """The plan record of a placement, as the MIG device made at it."""
     return dataclasses.replace(record, uuid=made.uuid, mig_gi=made.gi_id, mig_ci=made.ci_id)
 
@@ -43,7 +43,7 @@ class SupervisorMig:
         self.pid = os.getpid() if pid is None else pid
         self._asking: Asking[MigClaimReply] = Asking(send, timeout)
 
-    def create(self, claim_uid: str, device: AllocatableDevice) -> MadeMig:
+    def create(self, claim_uid: str, device: AllocatableDevice) -> MadeMigRecord:
         """Make the MIG device of placement `device`; raises SharingError saying why not."""
         reply = self._ask(
             MigClaimRequest(
@@ -58,9 +58,9 @@ class SupervisorMig:
             ),
             f"make MIG device {device.id}",
         )
-        return MadeMig(device.gpu_uuid, reply.gi_id, reply.ci_id, reply.uuid)
+        return MadeMigRecord(device.gpu_uuid, reply.gi_id, reply.ci_id, reply.uuid)
 
-    def destroy(self, claim_uid: str, made: MadeMig) -> None:
+    def destroy(self, claim_uid: str, made: MadeMigRecord) -> None:
         self._ask(
             MigClaimRequest(
                 self.resource,

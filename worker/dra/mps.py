@@ -14,18 +14,16 @@ overrides it (NVIDIA's `MpsPerDevicePinnedMemoryLimit.Normalize`), each in whole
 down; a limit under 1 MiB is refused, as NVIDIA refuses it ("value set too low").
 
 `start` and `stop` run on a gRPC thread: the request goes to `send` (posted to the main thread,
-which owns the DEALER), the answer comes back through `answer` (main thread). Unanswered requests
-end at `timeout`, under the kubelet's 45 s prepare timeout.
+which owns the DEALER), the answer comes back through `answer` (main thread; worker.dra.asking).
+Unanswered requests end at `timeout`, under the kubelet's 45 s prepare timeout.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import threading
 from collections.abc import Callable, Sequence
 
 from common.mpsmessages import START, STOP, MpsClaimReply, MpsClaimRequest
+from worker.dra.asking import Asking
 from worker.dra.edits import CdiMount, ContainerEdits, MpsLimits, SharingError
 
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
@@ -69,12 +67,6 @@ def container_edits(pipe_dir: str, shm_dir: str) -> ContainerEdits:
     )
 
 
-class _MpsWaiter:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.reply: MpsClaimReply | None = None
-
-
 class SupervisorMps:
     """`ClaimMps` (worker/dra/edits.py) through the supervisor, over the control channel."""
 
@@ -82,11 +74,7 @@ class SupervisorMps:
         self, resource: str, send: Callable[[MpsClaimRequest], None], timeout: float = TIMEOUT_S
     ) -> None:
         self.resource = resource
-        self.send = send
-        self.timeout = timeout
-        self._ids = itertools.count(1)
-        self._waiting: dict[str, _MpsWaiter] = {}
-        self._lock = threading.Lock()
+        self._asking: Asking[MpsClaimReply] = Asking(send, timeout)
 
     def start(self, claim_uid: str, gpu_uuids: Sequence[str], limits: MpsLimits) -> ContainerEdits:
         if limits.active_thread_percentage is not None and not 1 <= limits.active_thread_percentage <= 100:
@@ -113,35 +101,15 @@ class SupervisorMps:
         self._ask(MpsClaimRequest(self.resource, "", STOP, claim_uid))
 
     def _ask(self, request: MpsClaimRequest) -> MpsClaimReply:
-        claim_uid, action = request.claim_uid, request.action
-        waiter = _MpsWaiter()
-        with self._lock:
-            request_id = str(next(self._ids))
-            self._waiting[request_id] = waiter
-        try:
-            self.send(dataclasses.replace(request, request_id=request_id))
-            if not waiter.done.wait(self.timeout):
-                raise SharingError(
-                    f"claim {claim_uid}: the supervisor, which runs MPS control daemons, did not answer "
-                    f"the {action} within {self.timeout:g}s"
-                )
-        finally:
-            with self._lock:
-                self._waiting.pop(request_id, None)
-        reply = waiter.reply
-        assert reply is not None
-        if reply.error:
-            raise SharingError(reply.error)
-        return reply
+        what = (
+            f"claim {request.claim_uid}: the supervisor, which runs MPS control daemons, did not answer "
+            f"the {request.action}"
+        )
+        return self._asking.ask(request, what)
 
     def answer(self, reply: MpsClaimReply) -> None:
         """The supervisor's reply (main thread); one nobody waits for any more is dropped."""
-        with self._lock:
-            waiter = self._waiting.get(reply.request_id)
-        if waiter is not None:
-            waiter.reply = reply
-            waiter.done.set()
+        self._asking.answer(reply)
 
     def waiting(self) -> int:
-        with self._lock:
-            return len(self._waiting)
+        return self._asking.waiting()

@@ -72,6 +72,7 @@ from worker.dra.claimspec import ClaimSpecError, ClaimSpecs, claim_device_id
 from worker.dra.config import Result, resolve
 from worker.dra.edits import ClaimMps, ContainerEdits, SharingError
 from worker.dra.figures import prepared_devices
+from worker.dra.migdemand import SupervisorMig, made_record
 from worker.dra.sharing import SharingSteps, TimeSlicer, edits_from_json
 from worker.healthboard import Health
 
@@ -128,6 +129,7 @@ class Preparer:
         mps: ClaimMps | None = None,
         timeslicer: TimeSlicer | None = None,
         specs: ClaimSpecs | None = None,
+        mig: SupervisorMig | None = None,
     ) -> None:
         if plan.dra is None:
             raise ValueError(f"plan {plan.resource} is no DRA plan")
@@ -140,6 +142,7 @@ class Preparer:
         self._on_change = on_change  # the checkpoint changed (from the gRPC threads)
         self._steps = SharingSteps(timeslicer, mps)
         self._specs = specs  # each claim's own CDI spec; None: the node-wide spec's IDs
+        self._mig = mig  # MIG devices made on demand, through the supervisor (worker.dra.migdemand)
         self._lock = threading.Lock()
         # Taken before `_lock`, never under it: one claim's sharing steps at a time.
         self._sharing_lock = threading.Lock()
@@ -243,7 +246,10 @@ class Preparer:
                         self._device(ref, a, s, by_id, new)
                         for a, s in zip(item.allocated, item.sharing, strict=True)
                     )
-                    if not any(d.sharing for d in devices):  # a shared claim's spec waits for its edits
+                    staged = any(d.sharing for d in devices) or any(
+                        by_id[d.device].partitionable for d in devices
+                    )
+                    if not staged:  # a staged claim's spec waits for its edits and its MIG devices
                         devices = self._write_spec(ref, devices, by_id, ContainerEdits())
                 except ClaimError as exc:
                     results[ref.uid] = PrepareResult(error=str(exc))
@@ -252,8 +258,8 @@ class Preparer:
                     results[ref.uid] = PrepareResult(error=f"claim {ref}: {exc}")
                     continue
                 claim = PreparedClaim(ref.uid, ref.namespace, ref.name, devices, self._clock())
-                if claim.shared:
-                    self._pending[claim.uid] = claim  # its devices are held while it is shared
+                if staged:
+                    self._pending[claim.uid] = claim  # its devices are held while it is staged
                     shared.append(claim)
                 else:
                     new.append(claim)
@@ -276,14 +282,22 @@ class Preparer:
         return results
 
     def _share(self, claim: PreparedClaim) -> PrepareResult:
-        """Apply a reserved claim's sharing, then record it; on any failure nothing stays applied."""
+        """Make a reserved claim's MIG devices and apply its sharing, then record it; on any
+        failure nothing stays made or applied."""
         what = f"claim {claim.namespace}/{claim.name}"
         with self._sharing_lock:
+            try:
+                claim = self._make(claim)
+            except SharingError as exc:
+                with self._lock:
+                    self._pending.pop(claim.uid, None)
+                return PrepareResult(error=f"{what}: {exc}")
             try:
                 with self._lock:
                     others = self._checkpoint.claims()
                 edits = self._steps.apply(claim, others)
             except SharingError as exc:
+                self._unmake(claim, undo=True)
                 with self._lock:
                     self._pending.pop(claim.uid, None)
                 return PrepareResult(error=f"{what}: {exc}")
@@ -306,6 +320,7 @@ class Preparer:
                     self._steps.teardown(claim, others)
                 except SharingError as exc:
                     log.error("%s: undoing its sharing after a failed record failed too: %s", what, exc)
+                self._unmake(claim, undo=True)
                 return PrepareResult(error=f"{what}: {error}")
         self._on_change()
         self._log_prepared(claim)
@@ -319,11 +334,64 @@ class Preparer:
         gone = [d.device for d in claim.devices if d.device not in by_id]
         if gone:  # the plan changed (a MIG change) while the sharing was applied
             return claim.devices, f"device {gone[0]} is not on this node any more"
+        for d in claim.devices:  # a MIG device made for the claim: the spec names the instance
+            if d.made is not None:
+                by_id[d.device] = made_record(by_id[d.device], d.made)
         ref = ClaimRef(claim.namespace, claim.name, claim.uid)
         try:
             return self._write_spec(ref, claim.devices, by_id, edits), ""
         except ClaimSpecError as exc:
             return claim.devices, str(exc)
+
+    def _make(self, claim: PreparedClaim) -> PreparedClaim:
+        """Make the claim's MIG devices of partitionable GPUs, and give it their full GPUs (MIG mode
+        off); raises SharingError with what was made destroyed again."""
+        by_id = {d.id: d for d in self._plan.devices}
+        records = [by_id.get(d.device) for d in claim.devices]
+        if not any(r is not None and r.partitionable for r in records):
+            return claim
+        if self._mig is None or self._specs is None:
+            raise SharingError(
+                "its devices are MIG placements made on demand (gpuvisor.dra.migOnDemand), which need the "
+                "supervisor and a CDI spec per claim; this DRA worker has "
+                + ("no supervisor" if self._mig is None else "no CDI spec dir")
+            )
+        devices: list[PreparedDevice] = []
+        try:
+            for d, record in zip(claim.devices, records, strict=True):
+                if record is None or not record.partitionable:
+                    devices.append(d)
+                elif record.on_demand:
+                    if d.sharing is not None:
+                        raise SharingError(
+                            f"device {d.device} is made on demand and cannot be shared ({d.sharing.strategy})"
+                        )
+                    devices.append(dataclasses.replace(d, made=self._mig.create(claim.uid, record)))
+                else:
+                    self._mig.full(claim.uid, record.gpu_uuid)
+                    devices.append(d)
+        except SharingError:
+            self._unmake(dataclasses.replace(claim, devices=tuple(devices)), undo=True)
+            raise
+        return dataclasses.replace(claim, devices=tuple(devices))
+
+    def _unmake(self, claim: PreparedClaim, *, undo: bool = False) -> None:
+        """Destroy the MIG devices made for the claim; raises SharingError (unless `undo`: a failed
+        prepare's, logged, and the supervisor's clean-up destroys what no claim holds)."""
+        for d in claim.devices:
+            if d.made is None:
+                continue
+            if self._mig is None:
+                raise SharingError(
+                    f"MIG device {d.made.uuid} was made for it, and this worker has no supervisor to destroy it"
+                )
+            try:
+                self._mig.destroy(claim.uid, d.made)
+            except SharingError as exc:
+                if not undo:
+                    raise
+                log.error("claim %s/%s: destroying MIG device %s after a failed prepare failed: %s",
+                          claim.namespace, claim.name, d.made.uuid, exc)  # fmt: skip
 
     @staticmethod
     def _log_prepared(claim: PreparedClaim) -> None:
@@ -444,6 +512,7 @@ class Preparer:
                 return ""  # another call unprepared it meanwhile
             try:
                 self._steps.teardown(current, others)
+                self._unmake(current)
             except SharingError as exc:
                 return f"{what}: {exc}"
             with self._lock:
