@@ -9,6 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 
@@ -105,3 +106,17 @@ def fill_filesystem(directory: str) -> str:
         while True:
             fh.write(b"\0" * 65536)
     return path
+
+
+def write_mig_minors(path: Path) -> None:
+    """The driver's /proc/driver/nvidia-caps/mig-minors layout for 8 GPUs: config, monitor, then
+    per GPU and GPU instance its access minor followed by its compute instances'."""
+    lines = ["config 1", "monitor 2"]
+    minor = 3
+    for gpu in range(8):
+        for gi in range(15):
+            lines.append(f"gpu{gpu}/gi{gi}/access {minor}")
+            for ci in range(8):
+                lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor + 1 + ci}")
+            minor += 9
+    path.write_text("\n".join(lines) + "\n")

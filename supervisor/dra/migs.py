@@ -24,7 +24,8 @@ gpuvisor's guards:
 
 A request that fails is answered with why (the worker's prepare fails with it, and the kubelet
 asks again); nothing here ends the thread. After each change the node is discovered again
-(`rediscover`), so the plans, the health book and the slices' taints know the instance.
+(`rediscover`, on the main loop, once for a burst of changes), so the plans, the health book and
+the slices' taints know the instance.
 
 Threads: one of its own ("gpuvisor-mig"), fed by a queue, so NVML's MIG calls (hundreds of
 milliseconds on a real GPU) never hold up the main loop, and two requests never race on a GPU.
@@ -101,7 +102,7 @@ class MigRequests:
         self.checkpoint_path = checkpoint_path
         self._node = node  # the node as last discovered (which GPU a UUID is, its device names)
         self._answer = answer  # (resource, reply): posted to the main loop, which owns the socket
-        self._rediscover = rediscover
+        self._rediscover = rediscover  # (trigger): thread-safe, it posts to the main loop
         self._on_count = on_count
         self._clock = clock
         self._queue: queue.Queue[MigClaimRequest | _Reconcile | None] = queue.Queue(MAX_QUEUE)
@@ -210,7 +211,8 @@ class MigRequests:
         self._answer(
             req.resource, MigClaimReply(req.request_id, uuid=made.uuid, gi_id=made.gi_id, ci_id=made.ci_id)
         )
-        return True
+        self._rediscover("mig-create")
+        return False  # rediscovered already
 
     def _full(self, maker: Maker, req: MigClaimRequest) -> bool:
         """Clear the way for a claim of the whole GPU; whether NVML changed."""

@@ -66,6 +66,7 @@ log = logging.getLogger("gpuvisor.dra")
 
 WAIT_FOR_DEVICE_PLUGIN = "the device plugin's workers are still stopping"
 NO_MPS = "this supervisor runs no MPS claim daemons"
+MIG_SETTLE_S = 0.25  # a MIG change's rediscovery waits this long for the rest of its burst
 NO_MIG = "this supervisor makes no MIG devices (gpuvisor.dra.migOnDemand needs NVML)"
 
 
@@ -140,6 +141,7 @@ class DraSide:
         # MIG devices made on demand (supervisor.dra.migs), made when the first plan asks for them.
         self._mig_maker = mig_maker
         self._rediscover = rediscover
+        self._post, self._timers = post, timers
         self.migs: MigRequests | None = None
         self._dra_pid = 0  # the DRA worker process last seen: a new one has what no claim holds cleaned up
         self.publisher: SlicePublisher | None = None
@@ -248,10 +250,20 @@ class DraSide:
                 checkpoint_path=self.checkpoint_path,
                 node=lambda: self.reconciler.node,
                 answer=self._reply,
-                rediscover=self._rediscover,
+                rediscover=lambda trigger: self._post(lambda: self._rediscover_soon(trigger)),
                 on_count=self.metrics.dra_call,
             )
         return self.migs
+
+    def _rediscover_soon(self, trigger: str) -> None:
+        """After a MIG change (main loop): a new instance at once (its XIDs are told apart from its
+        GPU's only once discovery knows it); a destroy or a mode change within MIG_SETTLE_S, one
+        for all of a burst, so a pod's claims unprepared one after another do not each wait."""
+        if trigger == "mig-create":
+            self._timers.cancel("mig-rediscover")
+            self._rediscover(trigger)
+        elif self._timers.when("mig-rediscover") is None:
+            self._timers.call_later("mig-rediscover", MIG_SETTLE_S, lambda: self._rediscover(trigger))
 
     def _clean_migs(self, live: frozenset[int], reason: str) -> None:
         plan = self.reconciler.plans.get(DRIVER)

@@ -11,6 +11,9 @@ A real supervisor and DRA worker, the DRA kubelet stand-in (v1 client) and claim
   `nvidia-cuda-mps-control` (a Python process forking its daemon), so the figure is gpuvisor's
   path around a daemon start, not a real daemon's own start time; then its unprepare (the daemon
   stopped);
+- prepare and unprepare latency of a MIG device made on demand (gpuvisor.dra.migOnDemand): the
+  supervisor creates the GPU and compute instance at the claim's placement in the simulator, the
+  claim's spec names it, and the unprepare destroys it;
 - prepare latency of a memory share (gpuvisor.dra.memorySharing: a result with a shareID and
   consumedCapacity.memory): the first share of a GPU starts the GPU's one MPS daemon (the
   fake's, as above), a second share of it joins the running daemon; each claim's spec carries
@@ -94,6 +97,7 @@ def run(quick: bool) -> list[Row]:
                 unhealthy, healthy = _health(node, events)
         finally:
             mpsfake.kill_daemons(Path(mps_base))  # only the daemons this benchmark's fake started
+    made, destroyed = _mig_on_demand(30 if quick else 200)
     slices = _slices(200 if quick else 2000)
     api_rows = _with_api_server(20 if quick else 60, 5 if quick else 20)
     note = f"{claims} claims, one GPU each, v1"
@@ -131,6 +135,22 @@ def run(quick: bool) -> list[Row]:
             "a second share of the GPU: a client of its running daemon",
         ),
         Row("prepare p99 with a memory share, daemon running", p99(joined.ms()), "ms"),
+        Row(
+            "prepare p50 with a MIG device made on demand",
+            p50(made.ms()),
+            "ms",
+            "",
+            f"{len(made.samples)} claims (gpuvisor.dra.migOnDemand, dgx-h100 simulator): the supervisor creates the "
+            "GPU and compute instance, the spec names it",
+        ),
+        Row("prepare p99 with a MIG device made on demand", p99(made.ms()), "ms"),
+        Row(
+            "unprepare p50 with a MIG device made on demand",
+            p50(destroyed.ms()),
+            "ms",
+            "",
+            "its instances destroyed",
+        ),
         Row("xid->UNHEALTHY p50", p50(unhealthy), "ms", "", f"{events} events, at the health stream"),
         Row("xid->UNHEALTHY p99", p99(unhealthy), "ms"),
         Row("reset->HEALTHY p50", p50(healthy), "ms"),
@@ -220,6 +240,43 @@ def _memory_shares(node: DraNode, count: int) -> tuple[Timer, Timer]:
             first.samples.pop()
             joined.samples.pop()
     return first, joined
+
+
+def _mig_on_demand(count: int) -> tuple[Timer, Timer]:
+    """Claims of 1g.10gb placements of a dgx-h100's GPUs in turn, each prepared (its instance
+    made) and unprepared (destroyed); 10 warm-up rounds (the first turns MIG mode on)."""
+    from tests.helpers import write_mig_minors
+
+    made, destroyed = Timer(), Timer()
+    with short_tmpdir("gvbg") as base:
+        minors = Path(base) / "mig-minors"
+        write_mig_minors(minors)
+        args = (
+            "--mode",
+            "dra",
+            "--log-level",
+            "warning",
+            "--dra-mig-on-demand",
+            "--mig-minors-path",
+            str(minors),
+        )
+        with DraNode("dgx-h100", args=args) as node:
+            node.wait_registered()
+            for i in range(count + 10):
+                device = f"gpu-{i % 8}-mig-1g10gb-19-{i % 7}"
+                ref = node.claim(f"m{i}", [device])
+                with made:
+                    result = node.dra.prepare(DRIVER, [ref], timeout=WAIT_S * 3)
+                if result.claims[ref[2]].error:
+                    raise RuntimeError(f"MIG on demand prepare failed: {result.claims[ref[2]].error}")
+                with destroyed:
+                    result = node.dra.unprepare(DRIVER, [ref], timeout=WAIT_S * 3)
+                if result.claims[ref[2]].error:
+                    raise RuntimeError(f"MIG on demand unprepare failed: {result.claims[ref[2]].error}")
+                if i < 10:
+                    made.samples.pop()
+                    destroyed.samples.pop()
+    return made, destroyed
 
 
 def _gpu_uuids(node: DraNode) -> list[str]:

@@ -14,21 +14,11 @@ from pathlib import Path
 
 from supervisor.cdi.spec import CDI_CLASS, CDI_VENDOR
 from tests.harness import SimNode
-from tests.helpers import short_tmpdir, wait_until
+from tests.helpers import short_tmpdir, wait_until, write_mig_minors
 
 GPU = "nvidia.com/gpu"
 MIG_3G = "nvidia.com/mig-3g.40gb"
 SPEC_NAME = f"{CDI_VENDOR}-{CDI_CLASS}.json"
-
-
-def write_minors(path: Path) -> None:
-    """A mig-minors file that covers every GPU instance the simulator may create."""
-    lines = ["config 1", "monitor 2"]
-    for gpu in range(8):
-        for gi in range(15):
-            lines.append(f"gpu{gpu}/gi{gi}/access {1000 + 100 * gpu + 2 * gi}")
-            lines.append(f"gpu{gpu}/gi{gi}/ci0/access {1000 + 100 * gpu + 2 * gi + 1}")
-    path.write_text("\n".join(lines) + "\n")
 
 
 def spec_names(spec_dir: Path) -> set[str]:
@@ -41,7 +31,7 @@ def test_cdi_spec_follows_the_devices_and_outlives_the_supervisor() -> None:
     """Spec written at start naming Allocate's cdi_devices; replaced after a MIG change; kept after SIGTERM."""
     with short_tmpdir("gvc") as base:
         spec_dir, minors = Path(base) / "cdi", Path(base) / "mig-minors"
-        write_minors(minors)
+        write_mig_minors(minors)
         args = [
             "--mig-strategy", "mixed",
             "--device-list-strategy", "cdi-cri",

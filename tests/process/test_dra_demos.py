@@ -35,25 +35,11 @@ from supervisor.mps.claims import daemon_id
 from tests import demospecs, mpsfake, smifake
 from tests.dranode import DraNode
 from tests.drascheduler import Allocator, KubeletClaims, Unschedulable, instantiate, pool_devices, to_v1
-from tests.helpers import gone, short_tmpdir, wait_until
+from tests.helpers import gone, short_tmpdir, wait_until, write_mig_minors
 from tests.kubeapi import RunningApiServer
 
 INTERVALS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}  # NVIDIA's setTimeSlice values
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"  # sharing.go GetCDIContainerEdits
-
-
-def write_minors(path: Path) -> None:
-    """The driver's /proc/driver/nvidia-caps/mig-minors layout: config, monitor, then per GPU and
-    GPU instance its access minor followed by its compute instances'."""
-    lines = ["config 1", "monitor 2"]
-    minor = 3
-    for gpu in range(8):
-        for gi in range(15):
-            lines.append(f"gpu{gpu}/gi{gi}/access {minor}")
-            for ci in range(8):
-                lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor + 1 + ci}")
-            minor += 9
-    path.write_text("\n".join(lines) + "\n")
 
 
 @dataclass
@@ -85,7 +71,7 @@ def _start(stack: contextlib.ExitStack, kind: str) -> Cluster:
     profile = base / f"{kind}.yaml"
     profile.write_text(demospecs.node_profile(mig=kind == "a100-mig"))
     minors = base / "mig-minors"
-    write_minors(minors)
+    write_mig_minors(minors)
     fake = mpsfake.install(base)
     smi = base / "smi"
     smifake.install(smi, [demospecs.gpu_uuid(i) for i in range(8)])
