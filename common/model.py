@@ -164,7 +164,8 @@ class AllocatableDevice:
 
     @property
     def is_mig(self) -> bool:
-        return self.mig_gi is not None
+        """A MIG device: one that exists, or a placement of one made on demand."""
+        return self.mig_gi is not None or self.on_demand
 
 
 @dataclass(frozen=True)

@@ -123,3 +123,48 @@ def test_one_smallest_instance_is_created_seen_and_destroyed(driver: list[Driver
         assert pynvml.nvmlDeviceGetMigMode(h) == mode
         return
     pytest.skip("no GPU with MIG mode enabled (and none pending) has room for one more instance")
+
+
+def test_mig_on_demand_makes_and_destroys_a_device_at_a_free_placement(
+    driver: list[DriverGpu], nvml: None
+) -> None:
+    """MIG on demand's NVML side on a real GPU with MIG mode already enabled (never enabled here):
+    the GPU's options (supervisor.node.migplace) include a placement that no instance overlaps;
+    MigMaker creates the device there, lists it among the GPU's instances, and destroys it,
+    leaving the MIG devices and the MIG mode as they were. Prints how long the create took."""
+    import time
+
+    from supervisor.node.migmaker import MigError, MigMaker
+    from supervisor.node.migplace import mig_options
+
+    candidates = [g for g in driver if g.mig_enabled]
+    if not candidates:
+        pytest.skip("no GPU here has MIG mode enabled (this test never enables it)")
+    maker = MigMaker(pynvml)
+    for g in sorted(candidates, key=lambda c: c.index):
+        h = pynvml.nvmlDeviceGetHandleByIndex(g.index)
+        mode = pynvml.nvmlDeviceGetMigMode(h)
+        if mode != [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]:
+            continue
+        before = mig_uuids(h)
+        for option in sorted(mig_options(pynvml, h), key=lambda o: o.placement_size):
+            start = time.monotonic()
+            try:
+                made = maker.create(g.uuid, option.gi_profile_id, option.placement_start)
+            except MigError as exc:
+                if exc.kind == "taken":
+                    continue  # an instance there: the next placement
+                if exc.code == pynvml.NVML_ERROR_NO_PERMISSION:
+                    pytest.skip(NOT_PERMITTED)
+                raise
+            took = (time.monotonic() - start) * 1000
+            try:
+                assert made.uuid.startswith("MIG-") and made.uuid not in before
+                assert made.uuid in {m.uuid for m in maker.instances(g.uuid)}
+            finally:
+                maker.destroy(g.uuid, made.gi_id, made.ci_id)
+            print(f"MIG {option.profile} at placement {option.placement_start} made in {took:.0f} ms")
+            assert mig_uuids(h) == before
+            assert pynvml.nvmlDeviceGetMigMode(h) == mode
+            return
+    pytest.skip("no GPU with MIG mode enabled has a free placement")

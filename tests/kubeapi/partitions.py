@@ -195,14 +195,21 @@ def _problems_134(spec: dict[str, Any]) -> list[str]:
                 f"the total number of shared counters must not exceed {MAX_SHARED_COUNTERS}",
             )
         )
+    return problems + _set_problems(sets, None, ".name")
+
+
+def _set_problems(sets: list[Any], limit: int | None, duplicate_at: str) -> list[str]:
+    """Each counter set's name and counters, and names given twice (1.34 says the duplicate at
+    `.name`, 1.35 at the set)."""
+    problems: list[str] = []
     names: set[str] = set()
     for i, counter_set in enumerate(sets):
         at = f"spec.sharedCounters[{i}]"
         name = counter_set.get("name", "")
         problems += _name_problems(name, f"{at}.name")
-        problems += _counters_problems(counter_set.get("counters"), f"{at}.counters", None)
+        problems += _counters_problems(counter_set.get("counters"), f"{at}.counters", limit)
         if name in names:
-            problems.append(f"{at}.name: Duplicate value: {_value(name)}")
+            problems.append(f"{at}{duplicate_at}: Duplicate value: {_value(name)}")
         names.add(name)
     return problems
 
@@ -230,16 +237,7 @@ def _problems_135(spec: dict[str, Any]) -> list[str]:
     sets = spec.get("sharedCounters") or []
     if len(sets) > MAX_COUNTER_SETS:
         return [*problems, _too_many("spec.sharedCounters", len(sets), MAX_COUNTER_SETS)]
-    names: set[str] = set()
-    for i, counter_set in enumerate(sets):
-        at = f"spec.sharedCounters[{i}]"
-        name = counter_set.get("name", "")
-        problems += _name_problems(name, f"{at}.name")
-        problems += _counters_problems(counter_set.get("counters"), f"{at}.counters", MAX_COUNTERS_PER_SET)
-        if name in names:
-            problems.append(f"{at}: Duplicate value: {_value(name)}")
-        names.add(name)
-    return problems
+    return problems + _set_problems(sets, MAX_COUNTERS_PER_SET, "")
 
 
 def consumes_counters(spec: dict[str, Any]) -> bool:

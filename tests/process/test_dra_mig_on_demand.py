@@ -123,6 +123,13 @@ def _start(api: RunningApiServer, profile: str, version: str = "1.34.0") -> DraN
     return DraNode(profile, args=(*ARGS, "--mig-minors-path", str(minors)), api=api)
 
 
+def _up(node: DraNode, profile: str, index: int) -> str:
+    """Wait until the node serves and its partitionable slices are published; GPU `index`'s UUID."""
+    node.wait_registered()
+    assert wait_until(lambda: _published(node), 30), node.log()[-3000:]
+    return str(load_simulator(profile).gpu_uuids()[index])
+
+
 def _published(node: DraNode) -> bool:
     return any("consumesCounters" in d for s in node.slices() for d in s["spec"].get("devices", []))
 
@@ -137,9 +144,7 @@ def test_two_claims_for_different_profiles_share_one_gpu_and_go_with_their_unpre
     its CDI spec names the instance and the checkpoint records it; a full-GPU claim of that GPU no
     longer fits; each unprepare destroys its instance."""
     with _start(api, two_h100, version) as node:
-        node.wait_registered()
-        assert wait_until(lambda: _published(node), 30), node.log()[-3000:]
-        gpu = load_simulator(two_h100).gpu_uuids()[0]
+        gpu = _up(node, two_h100, 0)
         big = _allocate(api, "big", "3g.40gb", gpu)
         small = _allocate(api, "small", "1g.10gb", gpu)
         with pytest.raises(Unschedulable):
@@ -167,9 +172,7 @@ def test_a_placement_taken_by_hand_is_refused_naming_the_instance(
     allocated the overlapping 1g.10gb placement 0 gets an error that names the instance in the
     way, and nothing is left made for it."""
     with _start(api, two_h100) as node:
-        node.wait_registered()
-        assert wait_until(lambda: _published(node), 30), node.log()[-3000:]
-        gpu = load_simulator(two_h100).gpu_uuids()[1]
+        gpu = _up(node, two_h100, 1)
         node.command("sim", {"action": "create-instance", "device": gpu, "gi_profile": 9, "placement": 0})
         (hand,) = _instances(node, gpu)
         ref = api.state.add_claim("default", "race", POOL, ["gpu-1-mig-1g10gb-19-0"])
@@ -201,9 +204,7 @@ def test_what_a_crash_leaves_is_destroyed_and_what_a_claim_holds_is_kept(
     keeps the layout, as the driver does). Then a prepare interrupted by a kill of the DRA worker,
     wherever the kill lands, leaves exactly the instances checkpointed claims hold."""
     with _start(api, two_h100) as node:
-        node.wait_registered()
-        assert wait_until(lambda: _published(node), 30), node.log()[-3000:]
-        gpu = load_simulator(two_h100).gpu_uuids()[0]
+        gpu = _up(node, two_h100, 0)
         kept = _allocate(api, "kept", "2g.20gb", gpu)
         assert _prepare(node, kept) == ""
         held = _made(node)[kept[2]]["uuid"]
@@ -248,9 +249,7 @@ def test_an_unprepare_after_a_restart_destroys_the_instance(api: RunningApiServe
     """A claim prepared before the supervisor restarts (SIGTERM, as an upgrade does) is unprepared
     after it: its instance, read from the checkpoint's record, is destroyed."""
     with _start(api, two_h100) as node:
-        node.wait_registered()
-        assert wait_until(lambda: _published(node), 30), node.log()[-3000:]
-        gpu = load_simulator(two_h100).gpu_uuids()[0]
+        gpu = _up(node, two_h100, 0)
         ref = _allocate(api, "after", "4g.40gb", gpu)
         assert _prepare(node, ref) == ""
         made = _made(node)[ref[2]]
@@ -288,9 +287,7 @@ def test_a_made_devices_xid_taints_its_placement_and_shows_in_its_claim(
     full GPU too, the other placements not), and its claim's status turns its Healthy condition
     False (XID 48 holds until the GPU is reset, which a GPU with instances in use does not get)."""
     with _start(api, two_h100) as node:
-        node.wait_registered()
-        assert wait_until(lambda: _published(node), 30), node.log()[-3000:]
-        gpu = load_simulator(two_h100).gpu_uuids()[0]
+        gpu = _up(node, two_h100, 0)
         ref = _allocate(api, "sick", "1g.10gb", gpu)
         assert _prepare(node, ref) == ""
         device, made = _device(api, "sick"), _made(node)[ref[2]]["uuid"]

@@ -25,12 +25,14 @@ prepared devices by type, as NVIDIA's plugin counts them (worker.dra.figures: `g
 Claims come from the supervisor (a `ClaimRequest` over the DEALER, answered by a `ClaimReply`:
 the supervisor holds the node's API client), or from `--dra-claims-dir` when the plan names one.
 An MPS claim's control daemon is the supervisor's too (`mps`, worker.dra.mps.SupervisorMps: an
-`MpsClaimRequest` answered by an `MpsClaimReply`); without `--control` there is none (`mps` None).
+`MpsClaimRequest` answered by an `MpsClaimReply`); so is a MIG device made on demand (`mig`,
+worker.dra.migdemand.SupervisorMig: a `MigClaimRequest` answered by a `MigClaimReply`); without
+`--control` there is neither (`mps` and `mig` None).
 
 A plan update with new devices (a MIG change, a reload) waits for their health snapshot and then
 swaps the device list in place; prepared claims keep what they were answered. A draining plan (a
-switch to device-plugin mode) is taken the same way, in place, as is gpuvisor.dra.memorySharing
-(the slices' policy; a claim's share comes in its allocation). A plan update that changes the
+switch to device-plugin mode) is taken the same way, in place, as are gpuvisor.dra.memorySharing
+(the slices' policy; a claim's share comes in its allocation) and gpuvisor.dra.migOnDemand. A plan update that changes the
 DRA settings themselves (sockets' directories, pool, claims dir) ends the process cleanly, so
 that the supervisor restarts it on the new plan file with fresh sockets.
 

@@ -45,46 +45,24 @@ class SupervisorMig:
 
     def create(self, claim_uid: str, device: AllocatableDevice) -> MadeMigRecord:
         """Make the MIG device of placement `device`; raises SharingError saying why not."""
-        reply = self._ask(
-            MigClaimRequest(
-                self.resource,
-                "",
-                CREATE,
-                claim_uid,
-                device.gpu_uuid,
-                gi_profile_id=device.mig_gi_profile_id,
-                placement_start=device.mig_placement_start,
-                worker_pid=self.pid,
-            ),
-            f"make MIG device {device.id}",
-        )
+        where = {"gi_profile_id": device.mig_gi_profile_id, "placement_start": device.mig_placement_start}
+        reply = self._ask(CREATE, claim_uid, device.gpu_uuid, f"make MIG device {device.id}", **where)
         return MadeMigRecord(device.gpu_uuid, reply.gi_id, reply.ci_id, reply.uuid)
 
     def destroy(self, claim_uid: str, made: MadeMigRecord) -> None:
-        self._ask(
-            MigClaimRequest(
-                self.resource,
-                "",
-                DESTROY,
-                claim_uid,
-                made.gpu_uuid,
-                gi_id=made.gi_id,
-                ci_id=made.ci_id,
-                worker_pid=self.pid,
-            ),
-            f"destroy MIG device {made.uuid}",
-        )
+        what = f"destroy MIG device {made.uuid}"
+        self._ask(DESTROY, claim_uid, made.gpu_uuid, what, gi_id=made.gi_id, ci_id=made.ci_id)
 
     def full(self, claim_uid: str, gpu_uuid: str) -> None:
         """Clear the way for the claim to get GPU `gpu_uuid` whole (MIG mode off)."""
-        self._ask(
-            MigClaimRequest(self.resource, "", FULL, claim_uid, gpu_uuid, worker_pid=self.pid),
-            f"give GPU {gpu_uuid} whole",
-        )
+        self._ask(FULL, claim_uid, gpu_uuid, f"give GPU {gpu_uuid} whole")
 
-    def _ask(self, request: MigClaimRequest, what: str) -> MigClaimReply:
+    def _ask(self, action: str, claim_uid: str, gpu_uuid: str, what: str, **fields: int) -> MigClaimReply:
+        request = MigClaimRequest(
+            self.resource, "", action, claim_uid, gpu_uuid, worker_pid=self.pid, **fields
+        )
         return self._asking.ask(
-            request, f"claim {request.claim_uid}: the supervisor, which makes MIG devices, did not {what}"
+            request, f"claim {claim_uid}: the supervisor, which makes MIG devices, did not {what}"
         )
 
     def answer(self, reply: MigClaimReply) -> None:
