@@ -45,6 +45,7 @@ class MigClaimRequest(_Flat):
         ("gi_id", _int),
         ("ci_id", _int),
         ("worker_pid", _int),
+        ("mig_uuid", _str),
     )
 
     resource: str
@@ -57,6 +58,7 @@ class MigClaimRequest(_Flat):
     gi_id: int = 0
     ci_id: int = 0
     worker_pid: int = 0  # the asking DRA worker's: what it made is its to record, while it lives
+    mig_uuid: str = ""  # a destroy: the instance's UUID (GPU instance IDs are reused)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,15 @@ gpuvisor's guards:
 - full: a claim for the whole GPU turns MIG mode off where it is on, only while the GPU has no
   instance (refused, naming them, where it has) and no prepared claim holds a device of it.
 - destroy: the compute instance, then the GPU instance; one gone already is destroyed.
-- what no claim holds is destroyed (`reconcile`): at the start of the DRA side, and each time the
-  DRA worker process changes (a crash, a restart), every instance on a partitionable GPU that no
-  checkpointed claim holds goes: what a crash between an instance's creation and its record left,
-  or an instance made by hand. Kept: those a checkpointed claim holds, and those made here for a
-  DRA worker that still lives (it records them or undoes them itself). A checkpoint that cannot
-  be read destroys nothing.
+- what no claim holds is destroyed (`reconcile`): each time the DRA worker process changes (the
+  supervisor's start, a crash, a restart) and every `CLEAN_S` (supervisor.dra.side), every
+  instance on a partitionable GPU that no checkpointed claim holds goes: what a crash between an
+  instance's creation and its record left, or an instance made by hand. Kept: those a
+  checkpointed claim holds (by its record, or by its device's name), and those made here for a
+  DRA worker that still lives, for `GRACE_S` (it records them or undoes them itself). A
+  checkpoint that cannot be read destroys nothing. A destroy names the instance's UUID: GPU
+  instance IDs are reused, and another claim's instance at the same IDs is never destroyed; a
+  create asked again for the same claim and placement is answered with the instance made for it.
 
 A request that fails is answered with why (the worker's prepare fails with it, and the kubelet
 asks again); nothing here ends the thread. After each change the node is discovered again
@@ -33,6 +36,7 @@ milliseconds on a real GPU) never hold up the main loop, and two requests never 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -45,11 +49,14 @@ from common.dracheckpoint import CheckpointError, read_claims
 from common.messages import Json, Message
 from common.migmessages import CREATE, DESTROY, FULL, MigClaimReply, MigClaimRequest
 from common.model import Node
-from supervisor.node.draplan import gpu_device_name, mig_device_name
+from supervisor.node.draplan import gpu_device_name, static_migs
 
 log = logging.getLogger("gpuvisor.dra")
 
 MAX_QUEUE = 1024  # requests waiting; a DRA worker asks one claim's devices at a time
+# An instance made for a DRA worker that still lives, and not in the checkpoint this long after,
+# is not going to be: its prepare failed or gave up (the kubelet's call lasts 45 s at most).
+GRACE_S = 120.0
 
 
 class Made(Protocol):
@@ -76,6 +83,15 @@ class Maker(Protocol):
     def instances(self, gpu_uuid: str) -> Iterable[Made]: ...
     def mig_mode(self, gpu_uuid: str) -> Mode: ...
     def set_mig_mode(self, gpu_uuid: str, on: bool) -> Mode: ...
+
+
+@dataclass(frozen=True)
+class _Made:
+    worker_pid: int
+    made_at: float  # monotonic
+    claim_uid: str
+    uuid: str
+    at: tuple[int, int]  # (GI profile id, placement start)
 
 
 @dataclass(frozen=True)
@@ -107,7 +123,8 @@ class MigRequests:
         self._clock = clock
         self._queue: queue.Queue[MigClaimRequest | _Reconcile | None] = queue.Queue(MAX_QUEUE)
         self._thread: threading.Thread | None = None
-        self._made_for: dict[tuple[str, int, int], tuple[int, float]] = {}  # -> (worker pid, made at)
+        # What was made here and not yet destroyed here: (GPU, GI, CI) -> who asked, when, for what.
+        self._made_for: dict[tuple[str, int, int], _Made] = {}
         self.counts: dict[str, int] = {"created": 0, "destroyed": 0, "failed": 0, "cleaned": 0}
         self.last_error = ""
 
@@ -167,11 +184,7 @@ class MigRequests:
             if req.action == CREATE:
                 changed = self._create(maker, req)
             elif req.action == DESTROY:
-                maker.destroy(req.gpu_uuid, req.gi_id, req.ci_id)
-                self._made_for.pop((req.gpu_uuid, req.gi_id, req.ci_id), None)
-                self._count(DESTROY, "ok")
-                self._reply(req)
-                changed = True
+                changed = self._destroy(maker, req)
             elif req.action == FULL:
                 changed = self._full(maker, req)
             else:
@@ -183,8 +196,37 @@ class MigRequests:
         if changed:
             self._rediscover("mig")
 
+    def _destroy(self, maker: Maker, req: MigClaimRequest) -> bool:
+        """Destroy the claim's MIG device, if it is still the one there: GPU instance IDs are reused,
+        so an instance at (GI, CI) with another UUID is another claim's, and the claim's own is gone."""
+        key = (req.gpu_uuid, req.gi_id, req.ci_id)
+        there = next(
+            (m for m in maker.instances(req.gpu_uuid) if (m.gi_id, m.ci_id) == (req.gi_id, req.ci_id)), None
+        )
+        if there is None or (req.mig_uuid and there.uuid != req.mig_uuid):
+            if there is not None:
+                log.info("MIG device %s of claim %s is gone already (GPU instance %d is %s's now): not destroyed",
+                         req.mig_uuid, req.claim_uid, req.gi_id, there.uuid)  # fmt: skip
+            self._reply(req)
+            return False
+        maker.destroy(req.gpu_uuid, req.gi_id, req.ci_id)
+        self._made_for.pop(key, None)
+        self._count(DESTROY, "ok")
+        self._reply(req)
+        return True
+
     def _create(self, maker: Maker, req: MigClaimRequest) -> bool:
-        """Make the claim's MIG device; whether NVML changed."""
+        """Make the claim's MIG device; whether NVML changed. A claim asking again for the device
+        made for it at that placement (its first answer came too late) gets that one."""
+        at = (req.gi_profile_id, req.placement_start)
+        live = {m.uuid for m in maker.instances(req.gpu_uuid)}
+        for (gpu, gi, ci), was in self._made_for.items():
+            if gpu == req.gpu_uuid and (was.claim_uid, was.at) == (req.claim_uid, at) and was.uuid in live:
+                self._made_for[(gpu, gi, ci)] = dataclasses.replace(
+                    was, worker_pid=req.worker_pid, made_at=self._clock()
+                )
+                self._answer(req.resource, MigClaimReply(req.request_id, uuid=was.uuid, gi_id=gi, ci_id=ci))
+                return False
         toggled = False
         if not maker.mig_mode(req.gpu_uuid).current:
             holder = self._holder(req.gpu_uuid, req.claim_uid)
@@ -202,7 +244,9 @@ class MigRequests:
             if toggled:
                 self._rediscover("mig")
             raise
-        self._made_for[(made.gpu_uuid, made.gi_id, made.ci_id)] = (req.worker_pid, self._clock())
+        self._made_for[(made.gpu_uuid, made.gi_id, made.ci_id)] = _Made(
+            req.worker_pid, self._clock(), req.claim_uid, made.uuid, at
+        )
         self._count(CREATE, "ok")
         log.info(
             "MIG device %s made on GPU %s (GPU instance %d, compute instance %d) for claim %s",
@@ -261,10 +305,18 @@ class MigRequests:
         names = {d.device for c in claims for d in c.devices}
         node = self._node()
         for gpu in node.gpus if node is not None else ():
-            for mig in gpu.mig_devices:
-                if mig_device_name(gpu, mig) in names:  # a placement's name is its instance's
+            for mig, name in static_migs(gpu):
+                if name in names:  # a placement's name is its instance's
                     held.add((gpu.uuid, mig.gi_id, mig.ci_id))
         return held
+
+    def _still_coming(self, was: _Made, item: _Reconcile) -> bool:
+        """May the record of an instance made here still come? Its worker lives and made it less
+        than GRACE_S ago, or it was made after this clean-up was asked for (by a worker the caller
+        did not know yet)."""
+        if was.made_at >= item.asked_at:
+            return True
+        return bool(was.worker_pid) and was.worker_pid in item.live and self._clock() - was.made_at < GRACE_S
 
     def _clean(self, item: _Reconcile) -> None:
         maker = self._maker()
@@ -286,8 +338,8 @@ class MigRequests:
                 continue
             for m in found:
                 key = (m.gpu_uuid, m.gi_id, m.ci_id)
-                pid, made_at = self._made_for.get(key, (0, float("-inf")))
-                if key in held or (pid and pid in item.live) or made_at >= item.asked_at:
+                was = self._made_for.get(key)
+                if key in held or (was is not None and self._still_coming(was, item)):
                     continue
                 try:
                     maker.destroy(m.gpu_uuid, m.gi_id, m.ci_id)
@@ -314,6 +366,7 @@ class MigRequests:
     def _reply(self, req: MigClaimRequest, *, error: str = "") -> None:
         if error:
             self.counts["failed"] += 1
+            self._on_count(f"mig:{req.action}", "refused")
             log.warning(
                 "MIG %s for claim %s on GPU %s refused: %s", req.action, req.claim_uid, req.gpu_uuid, error
             )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,6 +67,7 @@ log = logging.getLogger("gpuvisor.dra")
 
 WAIT_FOR_DEVICE_PLUGIN = "the device plugin's workers are still stopping"
 NO_MPS = "this supervisor runs no MPS claim daemons"
+CLEAN_S = 60.0  # between two clean-ups of MIG devices no claim holds (supervisor.dra.migs)
 MIG_SETTLE_S = 0.25  # a MIG change's rediscovery waits this long for the rest of its burst
 NO_MIG = "this supervisor makes no MIG devices (gpuvisor.dra.migOnDemand needs NVML)"
 
@@ -144,6 +146,7 @@ class DraSide:
         self._post, self._timers = post, timers
         self.migs: MigRequests | None = None
         self._dra_pid = 0  # the DRA worker process last seen: a new one has what no claim holds cleaned up
+        self._next_clean = 0.0  # ...and so does every CLEAN_S
         self.publisher: SlicePublisher | None = None
         self.released: ReleasedResources | None = None
         self.claim_status: ClaimStatusWriter | None = None
@@ -235,11 +238,14 @@ class DraSide:
         """Every loop turn: once the last device-plugin worker is gone, the slices may go out; a
         new DRA worker process has the MIG devices no claim holds cleaned up."""
         self.device_plugin_running(self._device_plugin_workers())
+        if self._mig_maker is None:
+            return
         live = frozenset(h.pid for h in self.workers.live() if h.resource == DRIVER and h.pid)
-        pid = max(live, default=0)
-        if pid and pid != self._dra_pid:
-            self._dra_pid = pid
-            self._clean_migs(live, f"DRA worker {pid} started")
+        pid, now = max(live, default=0), time.monotonic()
+        if pid and (pid != self._dra_pid or now >= self._next_clean):
+            reason = f"DRA worker {pid} started" if pid != self._dra_pid else "periodic"
+            self._dra_pid, self._next_clean = pid, now + CLEAN_S
+            self._clean_migs(live, reason)
 
     def _migs(self) -> MigRequests | None:
         if self.migs is None and self._mig_maker is not None:

@@ -91,13 +91,18 @@ def dra_devices(node: Node) -> list[tuple[Gpu, MigDevice | None, str]]:
         if not gpu.mig_enabled or gpu.mig_options:
             out.append((gpu, None, gpu_device_name(gpu)))
             continue
-        migs = sorted(gpu.mig_devices, key=lambda m: m.index)
-        names = [mig_device_name(gpu, m) for m in migs]
-        for mig, name in zip(migs, names, strict=True):
-            if names.count(name) > 1:
-                name = f"{name}-ci{mig.ci_id}"
-            out.append((gpu, mig, name[:MAX_NAME].rstrip("-")))
+        out += [(gpu, mig, name) for mig, name in static_migs(gpu)]
     return out
+
+
+def static_migs(gpu: Gpu) -> list[tuple[MigDevice, str]]:
+    """The GPU's MIG devices that exist, each with its DRA device name (see the module docstring)."""
+    migs = sorted(gpu.mig_devices, key=lambda m: m.index)
+    names = [mig_device_name(gpu, m) for m in migs]
+    return [
+        (mig, (f"{name}-ci{mig.ci_id}" if names.count(name) > 1 else name)[:MAX_NAME].rstrip("-"))
+        for mig, name in zip(migs, names, strict=True)
+    ]
 
 
 def _static(node: Node) -> list[AllocatableDevice]:

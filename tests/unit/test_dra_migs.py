@@ -38,7 +38,9 @@ class Rig:
             node=lambda: self.node,
             answer=self._answer,
             rediscover=self._rediscover,
+            clock=lambda: self.now,
         )
+        self.now = 1000.0
         self.gpu = self.node.gpus[0].uuid
         self._ids = 0
 
@@ -138,6 +140,7 @@ def test_the_clean_up_keeps_what_claims_hold_and_what_a_live_worker_made(rig: Ri
     live = rig.ask(CREATE, claim_uid="c", gi_profile_id=19, placement_start=2)
     hand = rig.maker.create(rig.gpu, 19, 3)
     rig.node = rig.nvml.discover()
+    rig.now += 1
     rig.requests.reconcile(frozenset({rig.gpu}), frozenset({7}), "test")
     assert wait_until(lambda: hand.uuid not in rig.uuids(), 10)
     assert rig.uuids() == {recorded.uuid, by_name.uuid, live.uuid}
@@ -157,3 +160,39 @@ def test_an_unreadable_checkpoint_destroys_nothing(rig: Rig) -> None:
     assert wait_until(lambda: "x" in rig.replies, 10)
     assert "unknown MIG action" in rig.replies["x"].error
     assert rig.uuids() == {hand.uuid}
+
+
+def test_a_destroy_spares_another_claims_instance_at_reused_ids(rig: Rig) -> None:
+    """GPU instance IDs are reused: a destroy retried after its instance went and another claim's
+    got the same IDs names the old UUID, is answered as done, and the other instance stays."""
+    first = rig.ask(CREATE, gi_profile_id=19, placement_start=0)
+    assert rig.ask(DESTROY, gi_id=first.gi_id, ci_id=first.ci_id, mig_uuid=first.uuid).error == ""
+    second = rig.ask(CREATE, claim_uid="u2", gi_profile_id=19, placement_start=0)
+    assert (second.gi_id, second.ci_id) == (first.gi_id, first.ci_id)  # reused, as NVML reuses them
+    assert rig.ask(DESTROY, gi_id=first.gi_id, ci_id=first.ci_id, mig_uuid=first.uuid).error == ""
+    assert rig.uuids() == {second.uuid}
+
+
+def test_a_create_asked_again_for_the_same_claim_and_placement_gets_the_same_device(rig: Rig) -> None:
+    """The worker's wait ended before the answer and the kubelet asks again: the instance made for
+    that claim at that placement is the answer, not a `taken` refusal."""
+    first = rig.ask(CREATE, gi_profile_id=9, placement_start=4)
+    again = rig.ask(CREATE, gi_profile_id=9, placement_start=4)
+    assert again.error == "" and again.uuid == first.uuid and rig.uuids() == {first.uuid}
+    other = rig.ask(CREATE, claim_uid="u2", gi_profile_id=9, placement_start=4)
+    assert "taken" in other.error
+
+
+def test_a_live_workers_unrecorded_instance_goes_after_the_grace(rig: Rig) -> None:
+    """Made for a DRA worker that still lives but never recorded (its prepare gave up): kept while
+    its record may still come, destroyed by a clean-up GRACE_S after it was made."""
+    from supervisor.dra.migs import GRACE_S
+
+    made = rig.ask(CREATE, gi_profile_id=19, placement_start=5)
+    rig.now += 10
+    rig.requests.reconcile(frozenset({rig.gpu}), frozenset({7}), "periodic")
+    rig.ask(FULL, claim_uid="probe", gpu_uuid=rig.node.gpus[1].uuid)  # after the clean-up, in order
+    assert rig.uuids() == {made.uuid}
+    rig.now += GRACE_S
+    rig.requests.reconcile(frozenset({rig.gpu}), frozenset({7}), "periodic")
+    assert wait_until(lambda: rig.uuids() == set(), 10)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
@@ -43,6 +44,8 @@ class Asking(Generic[R]):
         self.send = send
         self.timeout = timeout
         self.error = error  # what a wait without an answer raises
+        # This process's own IDs: a reply meant for a worker killed meanwhile never wakes its successor.
+        self._prefix = f"{os.getpid()}.{os.urandom(3).hex()}"
         self._ids = itertools.count(1)
         self._waiting: dict[str, _Waiter[R]] = {}
         self._lock = threading.Lock()
@@ -53,7 +56,7 @@ class Asking(Generic[R]):
         (unless `raise_error` is False: the caller reads it)."""
         waiter: _Waiter[R] = _Waiter()
         with self._lock:
-            request_id = str(next(self._ids))
+            request_id = f"{self._prefix}-{next(self._ids)}"
             self._waiting[request_id] = waiter
         try:
             self.send(dataclasses.replace(request, request_id=request_id))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from typing import Any
 
 from common.dracheckpoint import MadeMigRecord
 from common.migmessages import CREATE, DESTROY, FULL, MigClaimReply, MigClaimRequest
@@ -51,13 +52,15 @@ class SupervisorMig:
 
     def destroy(self, claim_uid: str, made: MadeMigRecord) -> None:
         what = f"destroy MIG device {made.uuid}"
-        self._ask(DESTROY, claim_uid, made.gpu_uuid, what, gi_id=made.gi_id, ci_id=made.ci_id)
+        self._ask(
+            DESTROY, claim_uid, made.gpu_uuid, what, gi_id=made.gi_id, ci_id=made.ci_id, mig_uuid=made.uuid
+        )
 
     def full(self, claim_uid: str, gpu_uuid: str) -> None:
         """Clear the way for the claim to get GPU `gpu_uuid` whole (MIG mode off)."""
         self._ask(FULL, claim_uid, gpu_uuid, f"give GPU {gpu_uuid} whole")
 
-    def _ask(self, action: str, claim_uid: str, gpu_uuid: str, what: str, **fields: int) -> MigClaimReply:
+    def _ask(self, action: str, claim_uid: str, gpu_uuid: str, what: str, **fields: Any) -> MigClaimReply:
         request = MigClaimRequest(
             self.resource, "", action, claim_uid, gpu_uuid, worker_pid=self.pid, **fields
         )
