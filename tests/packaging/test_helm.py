@@ -1091,6 +1091,22 @@ def test_a_named_config_may_choose_dra_for_its_nodes(tmp_path: Path) -> None:
     assert _loaded_config(docs, plugin, tmp_path, node_label="dra").mode == "dra"
 
 
+def test_a_config_with_mig_on_demand_grants_what_mig_needs(tmp_path: Path) -> None:
+    """A config of config.map with gpuvisor.dra.migOnDemand: the plugin may create and destroy MIG
+    instances, so it gets what a MIG strategy gets (SYS_ADMIN, NVIDIA_MIG_MONITOR_DEVICES), and the
+    node labelled with it loads the setting."""
+    text = "version: v1\ngpuvisor:\n  mode: dra\n  dra: {migOnDemand: true}\n"
+    docs = _render({"config": {"map": {"migs": text}, "default": "migs"}})
+    plugin = _plugin(docs)
+    assert _capabilities_added(plugin) == ["SYS_ADMIN"]
+    assert _env(plugin)["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    assert _loaded_config(docs, plugin, tmp_path).dra_mig_on_demand is True
+    plain = _render(
+        {"config": {"map": {"plain": "version: v1\ngpuvisor: {mode: dra}\n"}, "default": "plain"}}
+    )
+    assert _capabilities_added(_plugin(plain)) == []
+
+
 def test_device_plugin_mode_has_nothing_of_dra() -> None:
     """The default install (and configs that never say dra) mounts no plugin dir, grants nothing of
     resource.k8s.io and makes no DeviceClass."""

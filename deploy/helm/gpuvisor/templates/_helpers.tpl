@@ -211,6 +211,10 @@ chart assumes MIG for an external ConfigMap. gpuvisor.features.* (true/false) ov
 {{- range $configs -}}
   {{- if (include "gpuvisor.get" (dict "in" . "path" (list "sharing" "mps")) | fromJson).v -}}{{- $_ := set $f "mps" true -}}{{- end -}}
 {{- end -}}
+{{- /* MIG devices made on demand: creating and destroying instances takes what a MIG strategy does. */ -}}
+{{- range $configs -}}
+  {{- if eq (toString (include "gpuvisor.get" (dict "in" . "path" (list "gpuvisor" "dra" "migOnDemand")) | fromJson).v) "true" -}}{{- $_ := set $f "mig" true -}}{{- end -}}
+{{- end -}}
 {{- $cdi := list "cdi-annotations" "cdi-cri" -}}
 {{- $mounts := list "volume-mounts" -}}
 {{- if kindIs "string" $v.deviceListStrategy -}}
