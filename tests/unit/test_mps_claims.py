@@ -10,6 +10,7 @@ api/nvidia.com/resource/v1beta1/sharing.go (MpsPerDevicePinnedMemoryLimit.Normal
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 
 import pytest
@@ -93,7 +94,9 @@ def test_worker_side_sends_the_request_and_returns_nvidias_edits() -> None:
 
     mps = SupervisorMps("gpu.nvidia.com", send)
     edits = mps.start(UID, (A, B), MpsLimits(active_thread_percentage=20, pinned_memory_limit=MIB))
-    assert sent[0] == MpsClaimRequest("gpu.nvidia.com", "1", "start", UID, f"{A},{B}", 20, {A: 1.0, B: 1.0})
+    rid = sent[0].request_id  # this process's own IDs (worker.dra.asking): "<pid>.<random>-<n>"
+    assert rid.startswith(f"{os.getpid()}.") and rid.endswith("-1")
+    assert sent[0] == MpsClaimRequest("gpu.nvidia.com", rid, "start", UID, f"{A},{B}", 20, {A: 1.0, B: 1.0})
     options = ("rw", "nosuid", "nodev", "bind")
     assert edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
     assert edits.mounts == (
