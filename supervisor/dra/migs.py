@@ -190,7 +190,6 @@ class MigRequests:
             else:
                 self._reply(req, error=f"unknown MIG action {req.action!r:.40}")
         except Exception as exc:  # NVML's refusal (MigError, NVMLError): the claim's error
-            self._count(req.action, "failed")
             self.last_error = str(exc)
             self._reply(req, error=str(exc) or type(exc).__name__)
         if changed:

@@ -31,6 +31,7 @@ class Rig:
         self.checkpoint = Checkpoint(str(tmp))
         self.replies: dict[str, MigClaimReply] = {}
         self.rediscovered: list[str] = []
+        self.counted: list[tuple[str, str]] = []
         self.done = threading.Condition()
         self.requests = MigRequests(
             maker=lambda: self.maker,
@@ -39,6 +40,7 @@ class Rig:
             answer=self._answer,
             rediscover=self._rediscover,
             clock=lambda: self.now,
+            on_count=lambda what, result: self.counted.append((what, result)),
         )
         self.now = 1000.0
         self.gpu = self.node.gpus[0].uuid
@@ -119,6 +121,15 @@ def test_an_overlapping_placement_is_refused_naming_the_instance(rig: Rig) -> No
     second = rig.ask(CREATE, claim_uid="u2", gi_profile_id=19, placement_start=2)
     assert "taken" in second.error and first.uuid in second.error
     assert rig.uuids() == {first.uuid}
+
+
+def test_a_refusal_is_counted_once(rig: Rig) -> None:
+    """A create NVML refuses is one `refused` in the metrics and one `failed` in the status, not
+    also a `failed` metric beside it; the create before it is one `ok`."""
+    rig.ask(CREATE, gi_profile_id=9, placement_start=0)
+    rig.ask(CREATE, claim_uid="u2", gi_profile_id=19, placement_start=2)
+    assert rig.counted == [("mig:create", "ok"), ("mig:create", "refused")]
+    assert rig.requests.status()["failed"] == 1 and rig.requests.status()["created"] == 1
 
 
 def test_the_clean_up_keeps_what_claims_hold_and_what_a_live_worker_made(rig: Rig) -> None:
