@@ -140,8 +140,20 @@ def node_api(api: RunningApiServer) -> RunningApiServer:
     return api
 
 
+QUICK_INTERVAL_S = 0.3
+
+
 @pytest.fixture
-def writer(node_api: RunningApiServer) -> Iterator[NodeHealthWriter]:
+def quick_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer's pause after a pass that wrote (5 s) made short, so a test of several writes in
+    turn does not sleep it out each time; the storm test puts the real one back."""
+    from supervisor.cluster import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "MIN_INTERVAL_S", QUICK_INTERVAL_S)
+
+
+@pytest.fixture
+def writer(node_api: RunningApiServer, quick_pacing: None) -> Iterator[NodeHealthWriter]:
     client = KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="test", version="test")
     w = NodeHealthWriter(client, node=NODE, retry=Backoff(0.05, 0.2))
     w.start()
@@ -167,9 +179,12 @@ def test_the_writer_sets_the_condition_and_leaves_the_kubelets(
 
 
 def test_a_storm_of_changes_is_a_few_writes_of_the_newest(
-    node_api: RunningApiServer, writer: NodeHealthWriter
+    node_api: RunningApiServer, writer: NodeHealthWriter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """200 wanted conditions in a burst: the Node ends with the last, written a handful of times."""
+    from supervisor.cluster import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "MIN_INTERVAL_S", 5.0)  # the real pause between writes
     for i in range(200):
         writer.want(NodeCondition("True", "XidCriticalError", f"change {i}"))
     assert wait_until(
@@ -230,7 +245,7 @@ def test_after_a_failed_call_the_node_is_read_again_before_the_next_write(
 
 
 def test_a_resync_reads_the_node_again_and_repairs_it(
-    node_api: RunningApiServer, monkeypatch: pytest.MonkeyPatch
+    node_api: RunningApiServer, monkeypatch: pytest.MonkeyPatch, quick_pacing: None
 ) -> None:
     """Every RESYNC_S the writer reads the Node again, so a condition someone else changed is put
     back although the writer's own last PATCH said otherwise."""
