@@ -88,7 +88,7 @@ def test_a_create_turns_mig_mode_on_makes_the_device_and_a_destroy_removes_it(ri
     reply = rig.ask(CREATE, gi_profile_id=19, placement_start=3)
     assert reply.error == "" and reply.uuid.startswith("MIG-")
     assert rig.maker.mig_mode(rig.gpu).current and rig.uuids() == {reply.uuid}
-    assert "mig-create" in rig.rediscovered
+    assert wait_until(lambda: "mig-create" in rig.rediscovered, 10)  # asked for after the reply
     for _ in range(2):
         assert rig.ask(DESTROY, gi_id=reply.gi_id, ci_id=reply.ci_id).error == ""
     assert rig.uuids() == set()
