@@ -43,12 +43,25 @@ def test_the_xid_tables_are_generated_from_the_default_rules() -> None:
     assert "\n".join(line for line in doc.splitlines() if line.startswith("|")) == table
 
 
+# What .ci/run may add to the README's pytest command: how much it prints, not what runs or how.
+_CI_OUTPUT_ONLY = re.compile(r"-q|-p no:cacheprovider|--durations=\d+")
+
+
+def _pytest_args(text: str) -> list[str]:
+    line = next(ln for ln in text.splitlines() if ".venv/bin/python -m pytest" in ln and "-m unit" not in ln)
+    return re.sub(r"-p no:", "-p_no:", line.split(".venv/bin/python -m pytest", 1)[1]).split()
+
+
 def test_ci_runs_the_readme_test_command() -> None:
-    """.ci/run runs the same pytest command the README's quick start gives."""
+    """.ci/run runs the pytest command the README's quick start gives, the same arguments (the
+    process count among them), adding only ones that change what it prints."""
     with open(os.path.join(REPO, ".ci", "run"), encoding="utf-8") as fh:
         ci = fh.read()
-    assert ".venv/bin/pip install -e '.[test]'" in _readme() and ".venv/bin/python -m pytest" in _readme()
-    assert ".venv/bin/pip install -q -e '.[test]'" in ci and ".venv/bin/python -m pytest" in ci
+    assert ".venv/bin/pip install -e '.[test]'" in _readme() and ".venv/bin/pip install -q -e '.[test]'" in ci
+    readme, ci_args = _pytest_args(_readme()), _pytest_args(ci)
+    assert readme and "-n" in readme
+    extra = [a.replace("-p_no:", "-p no:") for a in ci_args if a not in readme]
+    assert [a for a in ci_args if a in readme] == readme and all(_CI_OUTPUT_ONLY.fullmatch(a) for a in extra)
 
 
 def test_the_dra_examples_are_valid_kubernetes_objects() -> None:
