@@ -83,7 +83,7 @@ def test_a_step_that_raises_is_counted_and_the_turn_goes_on(
     monkeypatch.setattr(sup.hub, "tick", broken)
     ran: list[str] = []
     monkeypatch.setattr(sup, "check_ready", lambda: ran.append("readiness"))
-    monkeypatch.setattr(sup, "wait", lambda: [])  # the fake clock's timers never come due: no real sleep
+    monkeypatch.setattr(sup, "wait", lambda: [])  # not the idle tick's real 10 s poll, twice
     sup.turn()
     sup.turn()
     assert housekeeping_errors(sup, "health") == 2.0 and ran == ["readiness", "readiness"]
