@@ -14,6 +14,7 @@ import pytest
 
 from common.backoff import Backoff
 from common.messages import Json
+from supervisor.cluster import writer as writer_module
 from supervisor.cluster.health import (
     CONDITION_TYPE,
     NodeCondition,
@@ -145,15 +146,13 @@ QUICK_INTERVAL_S = 0.3
 
 @pytest.fixture
 def quick_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The writer's pause after a pass that wrote (5 s) made short, so a test of several writes in
-    turn does not sleep it out each time; the storm test puts the real one back."""
-    from supervisor.cluster import writer as writer_module
-
+    """The writer's pause after a pass that wrote (5 s) made short, for a test of several writes
+    in turn that would otherwise sleep it out each time (the writer reads it at every pass)."""
     monkeypatch.setattr(writer_module, "MIN_INTERVAL_S", QUICK_INTERVAL_S)
 
 
 @pytest.fixture
-def writer(node_api: RunningApiServer, quick_pacing: None) -> Iterator[NodeHealthWriter]:
+def writer(node_api: RunningApiServer) -> Iterator[NodeHealthWriter]:
     client = KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="test", version="test")
     w = NodeHealthWriter(client, node=NODE, retry=Backoff(0.05, 0.2))
     w.start()
@@ -179,12 +178,9 @@ def test_the_writer_sets_the_condition_and_leaves_the_kubelets(
 
 
 def test_a_storm_of_changes_is_a_few_writes_of_the_newest(
-    node_api: RunningApiServer, writer: NodeHealthWriter, monkeypatch: pytest.MonkeyPatch
+    node_api: RunningApiServer, writer: NodeHealthWriter
 ) -> None:
     """200 wanted conditions in a burst: the Node ends with the last, written a handful of times."""
-    from supervisor.cluster import writer as writer_module
-
-    monkeypatch.setattr(writer_module, "MIN_INTERVAL_S", 5.0)  # the real pause between writes
     for i in range(200):
         writer.want(NodeCondition("True", "XidCriticalError", f"change {i}"))
     assert wait_until(
@@ -194,7 +190,7 @@ def test_a_storm_of_changes_is_a_few_writes_of_the_newest(
 
 
 def test_after_the_first_write_a_change_is_one_patch_without_a_read(
-    node_api: RunningApiServer, writer: NodeHealthWriter
+    node_api: RunningApiServer, quick_pacing: None, writer: NodeHealthWriter
 ) -> None:
     """The Node is read once, before the first write; after it, the answer to each PATCH says what
     the Node holds: a change is one PATCH and no GET, and lastTransitionTime still moves only when
@@ -220,7 +216,7 @@ def test_after_the_first_write_a_change_is_one_patch_without_a_read(
 
 
 def test_after_a_failed_call_the_node_is_read_again_before_the_next_write(
-    node_api: RunningApiServer, writer: NodeHealthWriter
+    node_api: RunningApiServer, quick_pacing: None, writer: NodeHealthWriter
 ) -> None:
     """Any failed call (here an Event, with the condition in step) means the Node may have changed
     meanwhile: the next condition write reads it first, so lastTransitionTime is kept from the
@@ -249,8 +245,6 @@ def test_a_resync_reads_the_node_again_and_repairs_it(
 ) -> None:
     """Every RESYNC_S the writer reads the Node again, so a condition someone else changed is put
     back although the writer's own last PATCH said otherwise."""
-    from supervisor.cluster import writer as writer_module
-
     monkeypatch.setattr(writer_module, "RESYNC_S", 0.3)
     client = KubeClient(load_credentials(str(node_api.kubeconfig), {}), component="test", version="test")
     w = NodeHealthWriter(client, node=NODE, retry=Backoff(0.05, 0.2))
@@ -291,7 +285,9 @@ def test_a_restarted_writer_changes_nothing_that_is_right(
         again.stop()
 
 
-def test_after_an_outage_the_node_catches_up(node_api: RunningApiServer, writer: NodeHealthWriter) -> None:
+def test_after_an_outage_the_node_catches_up(
+    node_api: RunningApiServer, quick_pacing: None, writer: NodeHealthWriter
+) -> None:
     """Server away: the wanted condition and the Events wait (failures counted); back: both are written."""
     writer.want(GOOD)
     assert wait_until(lambda: writer.status()["written"] is True)
