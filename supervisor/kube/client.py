@@ -173,11 +173,13 @@ class KubeClient:
     def get(self, path: str, *, what: str, query: Mapping[str, str] | None = None) -> Any:
         return self.request("GET", path, what=what, query=query)
 
-    def stream(
-        self, path: str, *, what: str, query: Mapping[str, str], timeout: float
-    ) -> Generator[dict[str, Any], None, None]:
+    def stream(self, path: str, *, what: str, query: Mapping[str, str], timeout: float) -> WatchStream:
         """A watch, on a connection of its own: each JSON line of the answer as it arrives, until
-        the server ends the stream. `timeout` bounds the wait for one line. Raises ApiError (a bad
+        the server ends the stream. `timeout` bounds the wait for one line.
+
+        The request is sent, and the answer's status read, before this returns (a refusal raises
+        here, not at the first line): once it returns, the server is watching. The lines are read
+        as it is iterated; closing it, read or not, closes the connection. Raises ApiError (a bad
         answer, an event over MAX_LINE_BYTES, a broken stream) or Stopped."""
         self._acquire()
         try:
@@ -185,9 +187,17 @@ class KubeClient:
         except _ServerClosed as closed:  # on a new connection: no retry, a failed watch
             raise self._no_answer("GET", what, closed.error) from None
         resp = call.answer
-        try:
-            if resp.status != 200:
+        if resp.status != 200:
+            try:
                 raise self._error(resp, self._read(resp, MAX_BODY_BYTES, what), what, call.retry_after)
+            finally:
+                self._done(call, keep=False)
+        return WatchStream(self._lines(call, what), lambda: self._done(call, keep=False))
+
+    def _lines(self, call: _Call, what: str) -> Generator[dict[str, Any], None, None]:
+        """A watch's answer, a JSON object a line; the connection is closed when it ends."""
+        resp = call.answer
+        try:
             while True:
                 try:
                     line = resp.readline(MAX_LINE_BYTES + 1)
@@ -466,6 +476,25 @@ class KubeClient:
             )
         text = data.decode("utf-8", errors="replace").strip()[:200]
         return ApiError(what, resp.status, resp.reason, text, plain=True, retry_after=retry_after)
+
+
+class WatchStream:
+    """A watch's answer (KubeClient.stream): iterating it gives its events; close() ends the
+    connection, also before the first is read (a generator not yet started would keep it)."""
+
+    def __init__(self, lines: Generator[dict[str, Any], None, None], close: Callable[[], None]) -> None:
+        self._lines = lines
+        self._close = close
+
+    def __iter__(self) -> WatchStream:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        return next(self._lines)
+
+    def close(self) -> None:
+        self._lines.close()
+        self._close()
 
 
 class _Call:

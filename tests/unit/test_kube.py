@@ -490,15 +490,11 @@ def test_a_working_watch_that_breaks_waits_its_spread_before_the_first_retry(
         started = time.monotonic()
         assert wait_until(lambda: w.state == "watching", 15)
         spread = len(waits)
-        # "watching" is the client's state once its request is sent: the fake may not have taken
-        # the watch's epoch yet, and an expiry before that ends nothing. Expire again until one
-        # ends the watch (each that does not costs no wait: the watch never broke).
-        ok = False
-        for _ in range(3):
-            node_api.state.expire_watches()
-            ok = wait_until(lambda: w.relists == 1, 5)
-            if ok:
-                break
+        # "watching" means the server answered the watch, so it holds the watch's epoch: one
+        # expiry ends it. (ObjectWatch used to say "watching" before the request was sent, and
+        # this test expired again and again, once ending the new watch too under load.)
+        node_api.state.expire_watches()
+        ok = wait_until(lambda: w.relists == 1, 30)
         assert ok, (
             w.status(),
             len(waits),
@@ -707,15 +703,35 @@ def test_fake_refuses_what_rbac_does_not_allow(node_api: RunningApiServer) -> No
 
 
 def test_fake_watch_from_a_compacted_version_is_410(node_api: RunningApiServer) -> None:
-    """A watch from a version at or before the last compaction is answered 410 Gone."""
+    """A watch from a version at or before the last compaction is answered 410 Gone (raised by
+    stream() itself, which reads the answer's status before it returns)."""
     node_api.state.set_node_label(NODE, "x", "1")
     node_api.state.compact()
-    stream = kube(node_api).stream(
-        "/api/v1/nodes", what="watch", query={"watch": "true", "resourceVersion": "1"}, timeout=5
-    )
     with pytest.raises(ApiError) as err:
-        next(stream)
+        kube(node_api).stream(
+            "/api/v1/nodes", what="watch", query={"watch": "true", "resourceVersion": "1"}, timeout=5
+        )
     assert err.value.gone
+
+
+def test_a_watch_is_open_at_the_server_once_stream_returns(node_api: RunningApiServer) -> None:
+    """stream() sends the request and reads the status before it returns, not at the first line:
+    the watch is open at the server with no line read (ObjectWatch says "watching" only then), and
+    closing the stream unread closes it there."""
+    node_api.state.bookmark_s = 0.2  # the server finds a stream's client gone when it next writes
+    client = kube(node_api)
+    try:
+        stream = client.stream(
+            "/api/v1/nodes",
+            what="watch",
+            query={"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": "30"},
+            timeout=30,
+        )
+        assert sum(node_api.state.tally.snapshot()[1].values()) == 1
+        stream.close()
+        assert wait_until(lambda: not node_api.state.tally.snapshot()[1], 10)
+    finally:
+        client.close()
 
 
 def test_fake_refuses_events_that_break_the_rules(node_api: RunningApiServer) -> None:
