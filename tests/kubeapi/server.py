@@ -70,6 +70,15 @@ def _certificates(directory: Path) -> tuple[bytes, Path, Path]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    live: set[socket.socket]  # RunningApiServer.live: the connections open now
+
+    def shutdown_request(self, request: Any) -> None:
+        """Closed (socketserver shuts it down and closes it once its handler is done), then
+        forgotten: a connection leaves `live` only when its client can see it closed."""
+        try:
+            super().shutdown_request(request)
+        finally:
+            self.live.discard(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-answer (a stop, a test cutting connections) is no error."""
@@ -98,6 +107,7 @@ class RunningApiServer:
         """Serve (again, on the same port after stop())."""
         handler = type("Handler", (ApiHandler,), {"state": self.state, "live": self.live})
         httpd = _Server(("127.0.0.1", self.port), handler)
+        httpd.live = self.live
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self._cert_file, self._key_file)
         httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
