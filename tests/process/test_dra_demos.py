@@ -216,7 +216,10 @@ def mps_home(spec: dict[str, Any]) -> Path | None:
 
 
 def mps_claims(node: DraNode) -> Any:
-    return node.command("status")["cluster"]["dra"]["mps_claims"]
+    """status' cluster.dra.mps_claims; None while a supervisor just started has no DRA side yet
+    (its status says `cluster: null` until the side starts)."""
+    cluster = node.command("status").get("cluster") or {}
+    return (cluster.get("dra") or {}).get("mps_claims")
 
 
 def daemon_pid(home: Path) -> int:
